@@ -1,0 +1,36 @@
+"""The exception hierarchy: every error the project raises on purpose is an ``XsimError``."""
+
+from __future__ import annotations
+
+
+class XsimError(Exception):
+    """Base class of every error xsim-adapters raises on purpose."""
+
+
+class PlanError(XsimError, ValueError):
+    """A deployment plan is malformed: the message names the YAML path, the expectation, the value."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        self.detail = message
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+class InfeasiblePlanError(XsimError, ValueError):
+    """A well-formed plan cannot run (e.g. a stage does not fit in device memory)."""
+
+
+class TraceError(XsimError, ValueError):
+    """A trace on disk is missing, damaged or of an unsupported schema version."""
+
+
+class BackendError(XsimError, RuntimeError):
+    """A backend failed to finish a replay; the message carries the simulator's own words."""
+
+
+class BackendUnavailable(XsimError, RuntimeError):
+    """A backend cannot run on this machine (missing dependency); the message says what is missing."""
+
+
+class BackendContractError(XsimError, TypeError):
+    """A registered backend plugin does not satisfy the backend contract."""

@@ -1,0 +1,257 @@
+"""The validated deployment plan: frozen dataclasses, one per YAML section.
+
+Units are in every field name. A ``Plan`` is only ever built by :func:`xsim_adapters.plan.load_plan`
+(or :func:`xsim_adapters.plan.plan_from_dict`), which validates everything; code downstream may
+assume every invariant documented here holds.
+
+Global numbering (used by the trace, the topology and every backend):
+- device groups are numbered in plan order; a group's devices are numbered 0..n-1 as
+  ``node_in_group * gpus_per_node + local_index``;
+- the global rank of device ``d`` of group ``g`` is ``sum(devices of groups before g) + d``;
+- the global node (server) index likewise: ``sum(nodes of groups before g) + d // gpus_per_node``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Schedule = Literal["gpipe", "1f1b"]
+Resharding = Literal["lcm", "gather_p2p_scatter", "direct"]
+Granularity = Literal["step", "chunked"]
+RingOrder = Literal["hetero_aware", "natural"]
+ScaleOutTopology = Literal["leaf_spine", "fat_tree"]
+LinkEventKind = Literal["degrade", "fail", "restore"]
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Transformer shape. ``kv_heads < heads`` means grouped-query attention."""
+
+    name: str
+    layers: int
+    hidden: int
+    ffn_hidden: int
+    heads: int
+    kv_heads: int
+    seq_len: int
+    vocab: int
+    dtype: str = "bf16"
+    gated_mlp: bool = True  # SwiGLU (Llama): three FFN matrices; False: GELU (GPT): two
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """Batching, pipeline schedule and memory-saving options."""
+
+    global_batch: int  # sequences per iteration, over all replicas
+    micro_batch: int  # sequences per micro-batch
+    schedule: Schedule = "1f1b"
+    optimizer: str = "adam"
+    zero_stage: int = 0  # 0..3 (ZeRO-1 shards optimizer state over the DP owners, ...)
+    recompute: bool = False  # full activation recompute: one extra forward before each backward
+    sequence_parallel: bool = False  # TP all-reduce -> reduce-scatter + all-gather
+    causal_attention_halving: bool = False  # count only half of the s^2 attention FLOPs
+
+    @property
+    def total_micro_batches(self) -> int:
+        return self.global_batch // self.micro_batch
+
+
+@dataclass(frozen=True)
+class DeviceType:
+    """A GPU model. ``efficiency`` is the fraction of peak dense TFLOP/s reached by GEMMs."""
+
+    name: str
+    peak_tflops: float  # dense bf16
+    hbm_GB: float
+    hbm_GBps: float
+    scaleup_GBps: float  # NVLink (or PCIe) bandwidth per GPU, one direction
+    nic_gbps: float  # scale-out NIC per GPU
+    efficiency: float = 0.5
+    # Optional measured per-layer times (CSV with columns op, time_us; see docs). Resolved path.
+    profile: str | None = None
+    source: str = ""  # where the numbers come from
+
+
+@dataclass(frozen=True)
+class DeviceGroup:
+    """Identical devices on ``nodes`` servers of ``gpus_per_node`` each."""
+
+    name: str
+    type: str  # key into Plan.device_types
+    nodes: int
+    gpus_per_node: int
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class ScaleOut:
+    """The scale-out fabric between servers."""
+
+    topology: ScaleOutTopology = "leaf_spine"
+    link_gbps: float = 400.0  # switch-to-switch links
+    latency_us: float = 1.0  # per link
+    oversubscription: float = 1.0  # leaf downlink capacity / uplink capacity
+    rail_optimized: bool = False  # GPU i of every server on leaf (rail) i
+    nodes_per_leaf: int = 4  # servers under one leaf (ignored when rail_optimized)
+    spines: int = 0  # 0: derived from oversubscription
+    fat_tree_k: int = 0  # 3-tier fat tree radix; 0: smallest that fits
+
+
+@dataclass(frozen=True)
+class ScaleUp:
+    """The scale-up domain inside a server: an NVSwitch star at each device type's bandwidth."""
+
+    latency_us: float = 0.5
+    tp_across_nodes: bool = True  # False: a stage's TP group must stay inside one server
+
+
+@dataclass(frozen=True)
+class ExplicitLink:
+    """An extra link between two named topology nodes (parallel links are allowed)."""
+
+    src: str
+    dst: str
+    gbps: float
+    latency_us: float = 1.0
+
+
+@dataclass(frozen=True)
+class LinkEvent:
+    """At ``at_us`` set the links between ``src`` and ``dst`` to ``factor`` of nominal (fail: 0)."""
+
+    at_us: float
+    kind: LinkEventKind
+    src: str
+    dst: str
+    factor: float = 1.0
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    scale_out: ScaleOut = field(default_factory=ScaleOut)
+    scale_up: ScaleUp = field(default_factory=ScaleUp)
+    links: tuple[ExplicitLink, ...] = ()
+    events: tuple[LinkEvent, ...] = ()
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: one TP group over devices [start, stop) of one group, layers [a, b)."""
+
+    group: str
+    devices: tuple[int, int]
+    tp: int
+    layers: tuple[int, int]
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One data-parallel replica: an ordered pipeline of stages."""
+
+    stages: tuple[Stage, ...]
+    micro_batches: int  # resolved: micro-batches this replica runs per iteration
+    batch_share: float | None = None  # as written in the plan (None: split by speed)
+
+    @property
+    def pp(self) -> int:
+        return len(self.stages)
+
+
+@dataclass(frozen=True)
+class CollectivesSpec:
+    resharding: Resharding = "lcm"
+    channels: int = 1  # rings per collective; bytes split by each ring's bottleneck bandwidth
+    granularity: Granularity = "step"
+    chunks: int = 4  # pipelined chunks per ring step when granularity == "chunked"
+    ring_order: RingOrder = "hetero_aware"
+    dp_bucket_layers: int = 1  # DP sync granularity along a segment (layers per bucket)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated deployment plan. ``device_types`` holds every type the groups use."""
+
+    name: str
+    model: ModelSpec
+    training: TrainingSpec
+    device_types: dict[str, DeviceType]
+    device_groups: tuple[DeviceGroup, ...]
+    network: NetworkSpec
+    replicas: tuple[Replica, ...]
+    collectives: CollectivesSpec = field(default_factory=CollectivesSpec)
+    seed: int = 0
+
+    def __hash__(self) -> int:  # dict field: hash by identity of the frozen content's repr
+        return hash(repr(self))
+
+    @property
+    def dp(self) -> int:
+        return len(self.replicas)
+
+    def group(self, name: str) -> DeviceGroup:
+        for g in self.device_groups:
+            if g.name == name:
+                return g
+        raise KeyError(name)
+
+    def group_rank_offset(self, name: str) -> int:
+        """Global rank of device 0 of group ``name``."""
+        off = 0
+        for g in self.device_groups:
+            if g.name == name:
+                return off
+            off += g.num_devices
+        raise KeyError(name)
+
+    def group_node_offset(self, name: str) -> int:
+        """Global server index of the first server of group ``name``."""
+        off = 0
+        for g in self.device_groups:
+            if g.name == name:
+                return off
+            off += g.nodes
+        raise KeyError(name)
+
+    @property
+    def num_ranks(self) -> int:
+        return sum(g.num_devices for g in self.device_groups)
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(g.nodes for g in self.device_groups)
+
+    def stage_ranks(self, stage: Stage) -> tuple[int, ...]:
+        """Global ranks of a stage's TP group, in device order."""
+        off = self.group_rank_offset(stage.group)
+        return tuple(range(off + stage.devices[0], off + stage.devices[1]))
+
+    def rank_info(self, rank: int) -> tuple[DeviceGroup, int, int]:
+        """(group, device index in group, global server index) of a global rank."""
+        off = 0
+        node_off = 0
+        for g in self.device_groups:
+            if rank < off + g.num_devices:
+                d = rank - off
+                return g, d, node_off + d // g.gpus_per_node
+            off += g.num_devices
+            node_off += g.nodes
+        raise IndexError(f"rank {rank} out of range (plan has {off} ranks)")

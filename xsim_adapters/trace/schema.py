@@ -1,0 +1,133 @@
+"""The trace: the contract between the workload generator and every backend.
+
+In memory a :class:`Trace` is two pandas frames plus a manifest:
+
+``ops`` (one row per op, ``op_id`` dense 0..N-1 and equal to the row index, sorted by op_id):
+
+==============  =======  ===============================================================
+column          dtype    meaning
+==============  =======  ===============================================================
+op_id           int64    dense id, global across device groups
+kind            int8     ``KIND_COMPUTE`` (0), ``KIND_FLOW`` (1), ``KIND_BARRIER`` (2)
+rank            int32    owner: compute rank, flow source, barrier owner (-1 if none)
+dst             int32    flow destination rank; -1 for other kinds
+bytes           int64    flow payload bytes; 0 for other kinds
+duration_ns     int64    compute duration; 0 for other kinds
+phase           int8     index into ``PHASES``
+replica         int16    data-parallel replica (-1: none, e.g. a DP sync barrier)
+stage           int16    pipeline stage within the replica (-1: none)
+microbatch      int32    micro-batch (-1: none)
+layer_start     int16    first layer covered (-1: none; -2 embedding; model.layers: head)
+layer_stop      int16    one past the last layer covered (-1: none)
+collective      int32    collective id (-1: none); ids are global and dense
+step            int32    ring step within the collective (-1: none)
+channel         int16    ring / channel within the collective (-1: none)
+==============  =======  ===============================================================
+
+``deps`` (edges, global across groups): ``pred`` int64, ``succ`` int64; an op starts when all of
+its predecessors have ended. There are no implicit dependencies: compute ops of one rank are
+chained by explicit edges in the order the rank runs them, so a backend only executes the DAG.
+
+``collectives`` (one row per collective): ``collective`` int32, ``kind`` (str: all_reduce,
+reduce_scatter, all_gather, reshard, p2p), ``phase`` int8, ``bytes`` int64 (payload S per rank
+for ring collectives, total moved for reshard/p2p), ``ranks`` (str, comma-joined ring order),
+``algorithm`` (str), ``channels`` int16, ``sync_group`` int32 (DP sync group, -1 otherwise),
+``layer_start``/``layer_stop`` int16, ``chunk`` int32 (LCM multi-ring chunk index, -1 otherwise).
+
+``manifest`` (dict, JSON on disk): ``schema_version``, ``plan_name``, ``plan_digest``,
+``generator`` settings, ``ranks`` (list of {rank, group, node, device_type, local}),
+``op_counts`` (per kind and phase), ``num_ops``, ``num_deps``, ``groups`` (names).
+
+On disk (see :mod:`xsim_adapters.trace.io`)::
+
+    DIR/manifest.json
+    DIR/groups/<device group>.parquet   ops whose ``rank`` is in that group (barriers with
+                                        rank -1 go to the first group)
+    DIR/deps.parquet
+    DIR/collectives.parquet
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+SCHEMA_VERSION = 1
+
+KIND_COMPUTE = 0
+KIND_FLOW = 1
+KIND_BARRIER = 2
+KINDS = ("compute", "flow", "barrier")
+
+PHASES = ("fwd", "bwd", "recompute", "tp", "pp", "reshard", "dp", "optim")
+PHASE_INDEX = {p: i for i, p in enumerate(PHASES)}
+COMPUTE_PHASES = ("fwd", "bwd", "recompute", "optim")
+COMM_PHASES = ("tp", "pp", "reshard", "dp")
+
+LAYER_EMBEDDING = -2  # layer_start value for the embedding lookup
+
+OP_COLUMNS: dict[str, Any] = {
+    "op_id": np.int64,
+    "kind": np.int8,
+    "rank": np.int32,
+    "dst": np.int32,
+    "bytes": np.int64,
+    "duration_ns": np.int64,
+    "phase": np.int8,
+    "replica": np.int16,
+    "stage": np.int16,
+    "microbatch": np.int32,
+    "layer_start": np.int16,
+    "layer_stop": np.int16,
+    "collective": np.int32,
+    "step": np.int32,
+    "channel": np.int16,
+}
+DEP_COLUMNS: dict[str, Any] = {"pred": np.int64, "succ": np.int64}
+COLLECTIVE_COLUMNS: dict[str, Any] = {
+    "collective": np.int32,
+    "kind": object,
+    "phase": np.int8,
+    "bytes": np.int64,
+    "ranks": object,
+    "algorithm": object,
+    "channels": np.int16,
+    "sync_group": np.int32,
+    "layer_start": np.int16,
+    "layer_stop": np.int16,
+    "chunk": np.int32,
+}
+
+
+@dataclass
+class Trace:
+    """A backend-agnostic trace: ops, dependency edges, collectives and a manifest."""
+
+    ops: pd.DataFrame
+    deps: pd.DataFrame
+    collectives: pd.DataFrame
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.ops)
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.manifest["ranks"])
+
+    def flows(self) -> pd.DataFrame:
+        return self.ops[self.ops["kind"] == KIND_FLOW]
+
+    def computes(self) -> pd.DataFrame:
+        return self.ops[self.ops["kind"] == KIND_COMPUTE]
+
+    def phase_name(self, idx: int) -> str:
+        return PHASES[idx]
+
+
+def empty_ops() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in OP_COLUMNS.items()})
