@@ -13,6 +13,7 @@ rank            int32    owner: compute rank, flow source, barrier owner (-1 if 
 dst             int32    flow destination rank; -1 for other kinds
 bytes           int64    flow payload bytes; 0 for other kinds
 duration_ns     int64    compute duration; 0 for other kinds
+flops           float64  model FLOPs the compute op performs on its rank (0 for other kinds)
 phase           int8     index into ``PHASES``
 replica         int16    data-parallel replica (-1: none, e.g. a DP sync barrier)
 stage           int16    pipeline stage within the replica (-1: none)
@@ -36,7 +37,10 @@ for ring collectives, total moved for reshard/p2p), ``ranks`` (str, comma-joined
 
 ``manifest`` (dict, JSON on disk): ``schema_version``, ``plan_name``, ``plan_digest``,
 ``generator`` settings, ``ranks`` (list of {rank, group, node, device_type, local}),
-``op_counts`` (per kind and phase), ``num_ops``, ``num_deps``, ``groups`` (names).
+``op_counts`` (per kind and phase), ``num_ops``, ``num_deps``, ``groups`` (names),
+``device_types`` ({name: {peak_tflops, hbm_GBps, scaleup_GBps, nic_gbps, efficiency}}),
+``workload`` ({global_batch, micro_batch, seq_len, tokens_per_iteration, schedule, dp,
+replicas: [{replica, pp, tp: [..], micro_batches, layers: [[a, b], ..]}]}).
 
 On disk (see :mod:`xsim_adapters.trace.io`)::
 
@@ -76,6 +80,7 @@ OP_COLUMNS: dict[str, Any] = {
     "dst": np.int32,
     "bytes": np.int64,
     "duration_ns": np.int64,
+    "flops": np.float64,
     "phase": np.int8,
     "replica": np.int16,
     "stage": np.int16,
