@@ -40,6 +40,27 @@ class Topology:
     def num_ranks(self) -> int:
         return len(self.rank_node)
 
+    @property
+    def router(self) -> Any:
+        """The ECMP router; built from ``nodes``/``links`` on first use if the builder set none."""
+        if self._router is None:
+            from .routing import Router  # late import: routing imports nothing from here
+
+            self._router = Router(self.nodes, self.links)
+        return self._router
+
     def path(self, src_rank: int, dst_rank: int, key: int) -> np.ndarray:
         """Link ids (int32, in order) from GPU ``src_rank`` to GPU ``dst_rank`` for flow ``key``."""
-        return self._router.path(int(self.rank_node[src_rank]), int(self.rank_node[dst_rank]), key)
+        return self.router.path(int(self.rank_node[src_rank]), int(self.rank_node[dst_rank]), key)
+
+    def paths_for(
+        self, src_ranks: np.ndarray, dst_ranks: np.ndarray, keys: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Paths of many flows at once, as CSR ``(offsets int64[n+1], link_ids int32)``.
+
+        Flow ``i`` crosses ``link_ids[offsets[i]:offsets[i+1]]``, the same links as
+        ``path(src_ranks[i], dst_ranks[i], keys[i])``. Use this for every flow of a trace.
+        """
+        src = self.rank_node[np.asarray(src_ranks, dtype=np.int64)]
+        dst = self.rank_node[np.asarray(dst_ranks, dtype=np.int64)]
+        return self.router.paths_for(src, dst, np.asarray(keys, dtype=np.int64))

@@ -1,0 +1,210 @@
+"""Deterministic ECMP routing over a :class:`~xsim_adapters.topology.model.Topology` graph.
+
+Rules (the same for every backend, so "the same plan" means the same paths everywhere):
+
+- GPUs never forward: a path touches a GPU only at its two ends.
+- Two GPUs of the same server talk over the scale-up domain (``tier == "scale_up"`` links,
+  GPU -> NVSwitch -> GPU); GPUs of different servers over every other link (NICs, fabric,
+  explicit links). If a plane has no route, the whole graph is tried before giving up.
+- Among equal-cost (fewest hops) paths, each hop picks one of its candidate next links (sorted by
+  link id) by a stable hash of the flow key and the hop index. The key is first reduced to one
+  of ``BUCKETS`` buckets, so paths are cached per (source node, destination node, bucket) and
+  millions of flows between a few thousand GPU pairs are routed from a small cache.
+
+Python's ``hash()`` of strings is salted per process, so only integer mixing (splitmix64) is used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..errors import PlanError
+
+BUCKETS = 256  # ECMP buckets per (src, dst) pair; more than any fabric here has equal paths
+
+_M64 = (1 << 64) - 1
+
+
+def stable_hash(x: int) -> int:
+    """splitmix64 of a non-negative integer: a stable, well-mixed 64-bit hash."""
+    z = (x + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def stable_hash_array(x: np.ndarray) -> np.ndarray:
+    """Vectorized :func:`stable_hash` (uint64 in, uint64 out; arithmetic wraps mod 2**64)."""
+    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def bucket_of(keys: np.ndarray) -> np.ndarray:
+    """ECMP bucket (int64 in [0, BUCKETS)) of each flow key."""
+    return (stable_hash_array(np.asarray(keys, dtype=np.int64)) % np.uint64(BUCKETS)).astype(
+        np.int64
+    )
+
+
+def _csr(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, order): positions of ``keys`` grouped by key value 0..n-1, stable."""
+    order = np.argsort(keys, kind="stable")
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys, minlength=n), out=offsets[1:])
+    return offsets, order
+
+
+def _gather_ranges(offsets: np.ndarray, starts_of: np.ndarray) -> np.ndarray:
+    """Concatenated index ranges [offsets[i], offsets[i+1]) for every i in ``starts_of``."""
+    starts = offsets[starts_of]
+    lens = offsets[starts_of + 1] - starts
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    shift = np.repeat(starts - (np.cumsum(lens) - lens), lens)
+    return shift + np.arange(total, dtype=np.int64)
+
+
+class _Plane:
+    """A subset of the links with CSR adjacency, and BFS distances cached per destination."""
+
+    def __init__(self, mask: np.ndarray, src: np.ndarray, dst: np.ndarray, n: int) -> None:
+        ids = np.flatnonzero(mask).astype(np.int64)
+        self.n = n
+        in_off, in_order = _csr(dst[ids], n)
+        self.in_off = in_off
+        self.in_src = src[ids][in_order]
+        out_off, out_order = _csr(src[ids], n)
+        out_ids = ids[out_order]  # sorted by src, then by link id (ids ascending, stable sort)
+        self.out_links: list[list[int]] = []
+        self.out_dsts: list[list[int]] = []
+        out_dst = dst[out_ids]
+        for u in range(n):
+            a, b = int(out_off[u]), int(out_off[u + 1])
+            self.out_links.append(out_ids[a:b].tolist())
+            self.out_dsts.append(out_dst[a:b].tolist())
+        self._dist: dict[int, list[int]] = {}
+
+    def dist(self, target: int, is_gpu: np.ndarray) -> list[int]:
+        """Hop distance of every node to ``target`` (-1: unreachable); GPUs are not expanded."""
+        got = self._dist.get(target)
+        if got is not None:
+            return got
+        dist = np.full(self.n, -1, dtype=np.int64)
+        dist[target] = 0
+        frontier = np.array([target], dtype=np.int64)
+        d = 0
+        while frontier.size:
+            srcs = self.in_src[_gather_ranges(self.in_off, frontier)]
+            srcs = np.unique(srcs[dist[srcs] < 0])
+            d += 1
+            dist[srcs] = d
+            frontier = srcs[~is_gpu[srcs]]  # a GPU may start a path but never forwards one
+        out = dist.tolist()
+        self._dist[target] = out
+        return out
+
+
+class Router:
+    """ECMP router built from a topology's ``nodes`` and ``links`` frames alone."""
+
+    def __init__(self, nodes: pd.DataFrame, links: pd.DataFrame) -> None:
+        n = len(nodes)
+        self.num_nodes = n
+        self.names = nodes["name"].astype(str).tolist()
+        self.is_gpu = (nodes["kind"].astype(str) == "gpu").to_numpy()
+        self.server = nodes["server"].to_numpy(dtype=np.int64)
+        src = links["src"].to_numpy(dtype=np.int64)
+        dst = links["dst"].to_numpy(dtype=np.int64)
+        scale_up = (links["tier"].astype(str) == "scale_up").to_numpy()
+        everything = np.ones(len(links), dtype=bool)
+        self._planes = {
+            "scale_up": _Plane(scale_up, src, dst, n),
+            "scale_out": _Plane(~scale_up, src, dst, n),
+            "all": _Plane(everything, src, dst, n),
+        }
+        self._cache: dict[int, np.ndarray] = {}
+
+    # -- one path -------------------------------------------------------------------------
+    def path(self, src_node: int, dst_node: int, key: int) -> np.ndarray:
+        """Link ids (int32, in order) from node ``src_node`` to ``dst_node`` for flow ``key``."""
+        bucket = stable_hash(int(key) & _M64) % BUCKETS
+        return self._path_bucket(int(src_node), int(dst_node), int(bucket))
+
+    def _path_bucket(self, s: int, t: int, bucket: int) -> np.ndarray:
+        ck = (s * self.num_nodes + t) * BUCKETS + bucket
+        got = self._cache.get(ck)
+        if got is not None:
+            return got
+        if s == t:
+            out = np.zeros(0, dtype=np.int32)
+        else:
+            same_server = self.server[s] >= 0 and self.server[s] == self.server[t]
+            first = "scale_up" if same_server else "scale_out"
+            out = self._walk(self._planes[first], s, t, bucket)
+            if out is None:
+                out = self._walk(self._planes["all"], s, t, bucket)
+            if out is None:
+                raise PlanError(
+                    "network", f"no route from {self.names[s]} to {self.names[t]} in the topology"
+                )
+        self._cache[ck] = out
+        return out
+
+    def _walk(self, plane: _Plane, s: int, t: int, bucket: int) -> np.ndarray | None:
+        dist = plane.dist(t, self.is_gpu)
+        if dist[s] < 0:
+            return None
+        is_gpu = self.is_gpu
+        u = s
+        hop = 0
+        out: list[int] = []
+        while u != t:
+            want = dist[u] - 1
+            cands = [
+                (link, v)
+                for link, v in zip(plane.out_links[u], plane.out_dsts[u], strict=True)
+                if dist[v] == want and (v == t or not is_gpu[v])
+            ]
+            if len(cands) == 1:
+                link, u = cands[0]
+            else:
+                link, u = cands[stable_hash(bucket * 1_000_003 + hop) % len(cands)]
+            out.append(link)
+            hop += 1
+        return np.asarray(out, dtype=np.int32)
+
+    # -- many paths -----------------------------------------------------------------------
+    def paths_for(
+        self, src_nodes: np.ndarray, dst_nodes: np.ndarray, keys: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Paths of many flows as CSR: (offsets int64 of length n+1, link ids int32).
+
+        Flow ``i`` crosses ``link_ids[offsets[i]:offsets[i+1]]``, identical to
+        ``path(src_nodes[i], dst_nodes[i], keys[i])``.
+        """
+        s = np.asarray(src_nodes, dtype=np.int64)
+        t = np.asarray(dst_nodes, dtype=np.int64)
+        b = bucket_of(np.asarray(keys, dtype=np.int64))
+        combined = (s * self.num_nodes + t) * BUCKETS + b
+        uniq, inverse = np.unique(combined, return_inverse=True)
+        paths = []
+        for ck in uniq.tolist():
+            pair, bucket = divmod(ck, BUCKETS)
+            u, v = divmod(pair, self.num_nodes)
+            paths.append(self._path_bucket(u, v, bucket))
+        ulen = np.fromiter((len(p) for p in paths), dtype=np.int64, count=len(paths))
+        uoff = np.zeros(len(paths) + 1, dtype=np.int64)
+        np.cumsum(ulen, out=uoff[1:])
+        flat = np.concatenate(paths) if paths else np.zeros(0, dtype=np.int32)
+        lens = ulen[inverse]
+        offsets = np.zeros(len(s) + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        total = int(offsets[-1])
+        if total == 0:
+            return offsets, np.zeros(0, dtype=np.int32)
+        idx = np.repeat(uoff[inverse] - offsets[:-1], lens) + np.arange(total, dtype=np.int64)
+        return offsets, flat[idx].astype(np.int32, copy=False)
