@@ -1,0 +1,42 @@
+// The driver's input: a small text format written by xsim_htsim.input (see docs/htsim.md).
+// Everything is in integers: bits per second, picoseconds, bytes, dense ids.
+#ifndef XSIM_HTSIM_INPUT_H
+#define XSIM_HTSIM_INPUT_H
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace xsim {
+
+enum OpKind : uint8_t { OP_COMPUTE = 0, OP_FLOW = 1, OP_BARRIER = 2 };
+
+struct LinkSpec {
+    uint32_t src_node, dst_node;
+    uint64_t bps;         // capacity, bits per second
+    uint64_t latency_ps;  // propagation + switching
+    bool from_host;       // the link leaves a GPU: its queue is the host (NIC) queue
+};
+
+struct OpSpec {
+    OpKind kind;
+    uint64_t value;       // compute: duration in ps; flow: payload bytes; barrier: 0
+    int32_t src_rank, dst_rank;  // flows only (-1 otherwise)
+    int32_t fwd_route, rev_route;  // flows only: route ids (-1: a local flow, no network)
+};
+
+struct Input {
+    uint32_t num_nodes = 0;
+    std::vector<LinkSpec> links;
+    std::vector<std::vector<uint32_t>> routes;  // link ids, source to destination
+    std::vector<OpSpec> ops;
+    std::vector<uint64_t> succ_start;  // CSR: successors of op i are succ[succ_start[i]..succ_start[i+1])
+    std::vector<uint32_t> succ;
+};
+
+// Parse the input file; on a malformed file set `error` (naming the line) and return false.
+bool read_input(const std::string& path, Input& in, std::string& error);
+
+}  // namespace xsim
+
+#endif

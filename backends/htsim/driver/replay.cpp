@@ -1,0 +1,296 @@
+// The replayer (see replay.h). Flows complete at the receiver: when the sink holds every payload
+// byte, which is what a consumer of the data waits for (the sender's final ACK comes one return
+// latency later and gates nothing in the DAG).
+#include "replay.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "compositequeue.h"
+#include "ndp.h"
+#include "roce.h"
+
+namespace xsim {
+
+namespace {
+
+// A RoCE sink that tells the replayer when its cumulative ACK covers the whole flow.
+class RoceFlowSink : public RoceSink {
+public:
+    RoceFlowSink(Replayer* r, uint32_t op, uint64_t bytes) : _r(r), _op(op), _bytes(bytes) {}
+    void receivePacket(Packet& pkt) override {
+        RoceSink::receivePacket(pkt);
+        if (!_fired && _cumulative_ack >= _bytes) {
+            _fired = true;
+            _r->flow_done(_op);
+        }
+    }
+private:
+    Replayer* _r;
+    uint32_t _op;
+    uint64_t _bytes;
+    bool _fired = false;
+};
+
+// The same for NDP.
+class NdpFlowSink : public NdpSink {
+public:
+    NdpFlowSink(NdpPullPacer* pacer, Replayer* r, uint32_t op, uint64_t bytes)
+        : NdpSink(pacer), _r(r), _op(op), _bytes(bytes) {}
+    void receivePacket(Packet& pkt) override {
+        NdpSink::receivePacket(pkt);
+        if (!_fired && _cumulative_ack >= _bytes) {
+            _fired = true;
+            _r->flow_done(_op);
+        }
+    }
+private:
+    Replayer* _r;
+    uint32_t _op;
+    uint64_t _bytes;
+    bool _fired = false;
+};
+
+}  // namespace
+
+NdpScanner::NdpScanner(EventList& ev, simtime_picosec period)
+    : EventSource(ev, "xsim_ndp_scanner"), _period(period) {}
+
+void NdpScanner::add(NdpSrc* src) {
+    _live.push_back(src);
+    if (!_armed) {
+        _armed = true;
+        eventlist().sourceIsPendingRel(*this, _period);
+    }
+}
+
+void NdpScanner::retire(NdpSrc* src) { _retired.push_back(src); }
+
+void NdpScanner::doNextEvent() {
+    if (!_retired.empty()) {
+        // Drop finished flows in one pass so a long run never scans its history.
+        std::sort(_retired.begin(), _retired.end());
+        _live.erase(std::remove_if(_live.begin(), _live.end(),
+                                   [this](NdpSrc* s) {
+                                       return std::binary_search(_retired.begin(),
+                                                                 _retired.end(), s);
+                                   }),
+                    _live.end());
+        _retired.clear();
+    }
+    simtime_picosec now = eventlist().now();
+    for (NdpSrc* s : _live) s->rtx_timer_hook(now, _period);
+    // Sleep when idle, so an event list with no live flows drains and a stuck DAG is detected.
+    _armed = !_live.empty();
+    if (_armed) eventlist().sourceIsPendingRel(*this, _period);
+}
+
+Replayer::Replayer(EventList& ev, const Input& in, const Options& opt)
+    : EventSource(ev, "xsim_replayer"), _in(in), _opt(opt) {
+    size_t n = in.ops.size();
+    _pending.assign(n, 0);
+    for (uint32_t s : in.succ) _pending[s]++;
+    _start.assign(n, 0);
+    _end.assign(n, 0);
+    _ended.assign(n, 0);
+    if (_opt.protocol == PROTO_NDP) {
+        _ndp_src.assign(n, nullptr);
+        _scanner = new NdpScanner(ev, timeFromUs((uint32_t)9));
+    }
+}
+
+bool Replayer::build(std::string& error) {
+    int64_t qbytes = _opt.queue_bytes;
+    if (qbytes < 0) {
+        // RoCE has no congestion control here: deep buffers stand in for a lossless (PFC)
+        // fabric. NDP trims, so it wants shallow switch queues (htsim's default, 15 packets).
+        qbytes = _opt.protocol == PROTO_ROCE ? ((int64_t)1 << 36) : (int64_t)15 * _opt.mtu;
+    }
+    if (qbytes < (int64_t)_opt.mtu) {
+        error = "queue of " + std::to_string(qbytes) + " bytes cannot hold one " +
+                std::to_string(_opt.mtu) + "-byte packet";
+        return false;
+    }
+    const int64_t host_bytes = (int64_t)1 << 36;  // NIC queues hold what the host offers
+    for (size_t i = 0; i < _in.links.size(); i++) {
+        const LinkSpec& l = _in.links[i];
+        BaseQueue* q;
+        if (_opt.protocol == PROTO_NDP) {
+            if (l.from_host)
+                q = new PriorityQueue(l.bps, host_bytes, eventlist(), nullptr);
+            else
+                q = new CompositeQueue(l.bps, qbytes, eventlist(), nullptr);
+        } else {
+            q = new Queue(l.bps, l.from_host ? host_bytes : qbytes, eventlist(), nullptr);
+        }
+        q->setName("link" + std::to_string(i));
+        _queues.push_back(q);
+        Pipe* p = new Pipe(l.latency_ps, eventlist());
+        p->setName("pipe" + std::to_string(i));
+        _pipes.push_back(p);
+    }
+    for (size_t r = 0; r < _in.routes.size(); r++) {
+        const std::vector<uint32_t>& hops = _in.routes[r];
+        for (size_t j = 1; j < hops.size(); j++) {
+            if (_in.links[hops[j - 1]].dst_node != _in.links[hops[j]].src_node) {
+                error = "route " + std::to_string(r) + " is not connected: link " +
+                        std::to_string(hops[j - 1]) + " ends at node " +
+                        std::to_string(_in.links[hops[j - 1]].dst_node) + ", link " +
+                        std::to_string(hops[j]) + " starts at node " +
+                        std::to_string(_in.links[hops[j]].src_node);
+                return false;
+            }
+        }
+        if (hops.empty()) {
+            error = "route " + std::to_string(r) + " has no links (a local flow must use -1)";
+            return false;
+        }
+    }
+    return true;
+}
+
+Route* Replayer::make_route(int32_t route_id, PacketSink* endpoint) const {
+    const std::vector<uint32_t>& hops = _in.routes[route_id];
+    Route* rt = new Route();
+    for (uint32_t l : hops) {
+        rt->push_back(_queues[l]);
+        rt->push_back(_pipes[l]);
+    }
+    rt->push_back(endpoint);
+    return rt;
+}
+
+NdpPullPacer* Replayer::pacer_for(uint32_t link) {
+    // One pacer per receiving link: a GPU that receives over NVLink and over its NIC at the same
+    // time is pulled at each link's own speed.
+    auto it = _pacers.find(link);
+    if (it != _pacers.end()) return it->second;
+    NdpPullPacer* p = new NdpPullPacer(eventlist(), _in.links[link].bps, 0.99);
+    _pacers[link] = p;
+    return p;
+}
+
+void Replayer::start_flow(uint32_t op) {
+    const OpSpec& f = _in.ops[op];
+    if (f.fwd_route < 0 || f.value == 0) {
+        _finished.push_back(op);  // a local copy or an empty message costs no network time
+        return;
+    }
+    _flows_started++;
+    const std::vector<uint32_t>& fwd = _in.routes[f.fwd_route];
+    simtime_picosec now = eventlist().now();
+    if (_opt.protocol == PROTO_ROCE) {
+        RoceSrc* src = new RoceSrc(nullptr, nullptr, eventlist(), _in.links[fwd.front()].bps);
+        RoceFlowSink* snk = new RoceFlowSink(this, op, f.value);
+        src->set_dst(f.dst_rank);
+        src->set_flowsize(f.value);
+        snk->set_src(f.src_rank);
+        Route* out = make_route(f.fwd_route, snk);
+        Route* back = make_route(f.rev_route, src);
+        out->set_reverse(back);
+        back->set_reverse(out);
+        src->connect(out, back, *snk, now);
+    } else {
+        NdpSrc* src = new NdpSrc(nullptr, nullptr, eventlist(), false);
+        uint32_t cwnd = _opt.cwnd_pkts;
+        if (cwnd == 0) {
+            // 1.5 x the bandwidth-delay product of this route (bottleneck rate, both ways).
+            uint64_t rate = UINT64_MAX;
+            simtime_picosec rtt = 0;
+            for (uint32_t l : fwd) {
+                rate = std::min(rate, _in.links[l].bps);
+                rtt += _in.links[l].latency_ps;
+            }
+            for (uint32_t l : _in.routes[f.rev_route]) rtt += _in.links[l].latency_ps;
+            double bdp_pkts = (double)rate * ((double)rtt * 1e-12) / 8.0 / _opt.mtu;
+            cwnd = std::max<uint32_t>(4, (uint32_t)std::ceil(1.5 * bdp_pkts) + 2);
+        }
+        src->setCwnd(cwnd * Packet::data_packet_size());
+        src->set_dst(f.dst_rank);
+        src->set_flowsize(f.value);
+        NdpFlowSink* snk = new NdpFlowSink(pacer_for(fwd.back()), this, op, f.value);
+        snk->set_src(f.src_rank);
+        Route* out = make_route(f.fwd_route, snk);
+        Route* back = make_route(f.rev_route, src);
+        out->set_reverse(back);
+        back->set_reverse(out);
+        src->connect(out, back, *snk, now);
+        _scanner->add(src);
+        _ndp_src[op] = src;
+    }
+}
+
+void Replayer::flow_done(uint32_t op) {
+    if (_scanner && _ndp_src[op]) {
+        _scanner->retire(_ndp_src[op]);
+        _ndp_src[op] = nullptr;
+    }
+    _finished.push_back(op);
+    drain();
+}
+
+void Replayer::op_done(uint32_t op) {
+    _end[op] = eventlist().now();
+    _ended[op] = 1;
+    _done_count++;
+    for (uint64_t k = _in.succ_start[op]; k < _in.succ_start[op + 1]; k++) {
+        uint32_t s = _in.succ[k];
+        if (--_pending[s] == 0) _ready.push_back(s);
+    }
+}
+
+// Process the worklists without recursion: barriers and zero-time ops can chain arbitrarily
+// deep, and flow completions arrive from inside htsim's packet handlers.
+void Replayer::drain() {
+    if (_draining) return;
+    _draining = true;
+    while (!_ready.empty() || !_finished.empty()) {
+        if (!_finished.empty()) {
+            uint32_t op = _finished.back();
+            _finished.pop_back();
+            op_done(op);
+            continue;
+        }
+        uint32_t op = _ready.back();
+        _ready.pop_back();
+        _start[op] = eventlist().now();
+        const OpSpec& o = _in.ops[op];
+        if (o.kind == OP_FLOW) {
+            start_flow(op);
+        } else if (o.kind == OP_COMPUTE && o.value > 0) {
+            simtime_picosec t = eventlist().now() + o.value;
+            _timers.push(Timer(t, op));
+            eventlist().sourceIsPending(*this, t);
+        } else {
+            _finished.push_back(op);
+        }
+    }
+    _draining = false;
+}
+
+void Replayer::doNextEvent() {
+    simtime_picosec now = eventlist().now();
+    while (!_timers.empty() && _timers.top().first <= now) {
+        _finished.push_back(_timers.top().second);
+        _timers.pop();
+    }
+    drain();
+}
+
+std::vector<uint32_t> Replayer::unfinished(size_t limit) const {
+    std::vector<uint32_t> ids;
+    for (uint32_t i = 0; i < _ended.size() && ids.size() < limit; i++)
+        if (!_ended[i]) ids.push_back(i);
+    return ids;
+}
+
+uint64_t Replayer::run() {
+    for (uint32_t i = 0; i < _in.ops.size(); i++)
+        if (_pending[i] == 0) _ready.push_back(i);
+    drain();
+    uint64_t events = 0;
+    while (_done_count < _in.ops.size() && EventList::doNextEvent()) events++;
+    return events;
+}
+
+}  // namespace xsim

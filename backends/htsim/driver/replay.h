@@ -1,0 +1,96 @@
+// The replayer: builds one htsim queue + pipe per directed link of our topology, then executes
+// the op DAG on htsim's event list. A flow is created when its last predecessor ends (never up
+// front, so host queues and timer scanners only ever see live flows); compute is a timed event.
+#ifndef XSIM_HTSIM_REPLAY_H
+#define XSIM_HTSIM_REPLAY_H
+
+#include <cstdint>
+#include <map>
+#include <queue>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "eventlist.h"
+#include "input.h"
+#include "pipe.h"
+#include "queue.h"
+#include "route.h"
+
+class NdpSrc;
+class NdpPullPacer;
+
+namespace xsim {
+
+enum Protocol { PROTO_ROCE, PROTO_NDP };
+
+struct Options {
+    Protocol protocol = PROTO_ROCE;
+    uint32_t mtu = 9000;          // bytes per data packet
+    int64_t queue_bytes = -1;     // switch queue capacity; -1: protocol default
+    uint32_t cwnd_pkts = 0;       // NDP initial window; 0: 1.5 x the route's bandwidth-delay
+    uint32_t seed = 1;
+};
+
+// Walks NDP sources that are still sending, every `period`, so their retransmission timers run;
+// unlike htsim's NdpRtxTimerScanner it forgets a flow once it is done, and sleeps when idle.
+class NdpScanner : public EventSource {
+public:
+    NdpScanner(EventList& ev, simtime_picosec period);
+    void add(NdpSrc* src);
+    void retire(NdpSrc* src);
+    void doNextEvent() override;
+private:
+    simtime_picosec _period;
+    std::vector<NdpSrc*> _live;
+    std::vector<NdpSrc*> _retired;
+    bool _armed = false;
+};
+
+class Replayer : public EventSource {
+public:
+    Replayer(EventList& ev, const Input& in, const Options& opt);
+    // Build queues and pipes; false (with `error`) if htsim cannot build the network.
+    bool build(std::string& error);
+    // Run until every op has ended or nothing is left to simulate. Returns events processed.
+    uint64_t run();
+    // Called by a flow's sink when the last payload byte has arrived.
+    void flow_done(uint32_t op);
+    void doNextEvent() override;  // compute timers
+
+    const std::vector<simtime_picosec>& start_ps() const { return _start; }
+    const std::vector<simtime_picosec>& end_ps() const { return _end; }
+    uint64_t ops_done() const { return _done_count; }
+    uint64_t flows_started() const { return _flows_started; }
+    // Ids of up to `limit` ops that have not ended, lowest first.
+    std::vector<uint32_t> unfinished(size_t limit) const;
+
+private:
+    void op_done(uint32_t op);
+    void drain();
+    void start_flow(uint32_t op);
+    Route* make_route(int32_t route_id, PacketSink* endpoint) const;
+    NdpPullPacer* pacer_for(uint32_t link);
+
+    const Input& _in;
+    Options _opt;
+    std::vector<BaseQueue*> _queues;  // by link id
+    std::vector<Pipe*> _pipes;        // by link id
+    std::vector<uint32_t> _pending;   // unfinished predecessors per op
+    std::vector<simtime_picosec> _start, _end;
+    std::vector<char> _ended;
+    std::vector<uint32_t> _ready;     // worklist: ops whose predecessors are done
+    std::vector<uint32_t> _finished;  // worklist: ops that ended at now()
+    bool _draining = false;
+    uint64_t _done_count = 0;
+    uint64_t _flows_started = 0;
+    typedef std::pair<simtime_picosec, uint32_t> Timer;
+    std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> _timers;
+    std::map<uint32_t, NdpPullPacer*> _pacers;  // NDP: one pull pacer per receiving link
+    std::vector<NdpSrc*> _ndp_src;              // NDP: source of each live flow op
+    NdpScanner* _scanner = nullptr;
+};
+
+}  // namespace xsim
+
+#endif
