@@ -1,0 +1,53 @@
+"""All metrics of one run in one object: :func:`compute_metrics` -> :class:`Metrics`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from ..backends.base import Timeline
+from ..trace.schema import Trace
+from .ranks import rank_metrics
+from .straggler import straggler_frame
+from .summary import device_type_summary, replica_summary, summary
+from .timeline import timeline_frame
+
+
+@dataclass
+class Metrics:
+    """Metrics of one backend run of one trace.
+
+    ``timeline``: ops with start/end (:func:`timeline_frame`); ``ranks``: per-rank metrics;
+    ``stragglers``: per (sync, participant) waits; ``replicas`` / ``device_types``: summaries;
+    ``summary``: the headline dict (JSON-ready).
+    """
+
+    backend: str
+    timeline: pd.DataFrame
+    ranks: pd.DataFrame
+    stragglers: pd.DataFrame
+    replicas: pd.DataFrame
+    device_types: pd.DataFrame
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def compute_metrics(trace: Trace, timeline: Timeline) -> Metrics:
+    """Every metric of ``timeline`` (one backend's replay of ``trace``); times in ns.
+
+    Raises BackendError if the timeline does not cover every op of the trace.
+    """
+    tf = timeline_frame(trace, timeline)
+    st = straggler_frame(trace, tf)
+    rk = rank_metrics(trace, tf, st)
+    sm = summary(trace, tf, rk, timeline.backend, timeline.stats)
+    return Metrics(
+        backend=timeline.backend,
+        timeline=tf,
+        ranks=rk,
+        stragglers=st,
+        replicas=replica_summary(trace, rk),
+        device_types=device_type_summary(trace, rk, sm["iteration_time_ns"]),
+        summary=sm,
+    )

@@ -1,0 +1,116 @@
+"""Per-rank metrics of one iteration (definitions in ``docs/metrics.md``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..trace.schema import COMM_PHASES, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX, Trace
+from .intervals import clip, union_length
+from .straggler import straggler_by_rank, straggler_frame
+from .timeline import rank_table
+
+RANK_COLUMNS = (
+    "rank", "group", "device_type", "replica", "stage",
+    "iteration_time_ns", "compute_ns", "comm_ns", "exposed_comm_ns",
+    "bubble_ns", "bubble_fraction", "straggler_wait_ns", "caused_wait_ns", "idle_ns",
+    *(f"comm_{p}_ns" for p in COMM_PHASES),
+    "flops",
+)
+# Columns that add up meaningfully over ranks (summary totals).
+SUMMABLE_COLUMNS = (
+    "compute_ns", "comm_ns", "exposed_comm_ns", "bubble_ns", "straggler_wait_ns", "idle_ns",
+    *(f"comm_{p}_ns" for p in COMM_PHASES),
+    "flops",
+)
+
+
+def _comm_arrays(flows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(rank, start, end, phase) with every flow twice: once for its sender, once its receiver."""
+    src = flows["rank"].to_numpy(dtype=np.int64)
+    dst = flows["dst"].to_numpy(dtype=np.int64)
+    s = flows["start_ns"].to_numpy()
+    e = flows["end_ns"].to_numpy()
+    ph = flows["phase"].to_numpy()
+    return (np.concatenate([src, dst]), np.concatenate([s, s]), np.concatenate([e, e]),
+            np.concatenate([ph, ph]))
+
+
+def rank_metrics(trace: Trace, tf: pd.DataFrame,
+                 stragglers: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per rank with times in ns (columns :data:`RANK_COLUMNS`).
+
+    ``tf`` is :func:`~xsim_adapters.metrics.timeline.timeline_frame`; ``stragglers`` is
+    :func:`~xsim_adapters.metrics.straggler.straggler_frame` (computed if not given).
+
+    - ``iteration_time_ns``: end of the rank's last op (ops it owns and flows it receives);
+      the iteration starts at 0.
+    - ``compute_ns``: length of the union of its compute intervals.
+    - ``comm_ns`` / ``comm_<phase>_ns``: union of the intervals of flows it sends or receives.
+    - ``exposed_comm_ns``: communication time not overlapped by its own compute.
+    - ``bubble_ns``: inside [first fwd start, last bwd end], time it neither computes nor takes
+      part in a ``tp`` flow; ``bubble_fraction`` = bubble_ns / iteration_time_ns.
+    - ``straggler_wait_ns`` / ``caused_wait_ns``: see :mod:`.straggler`.
+    - ``idle_ns`` = iteration_time_ns - compute_ns; ``flops``: model FLOPs of its compute ops.
+    """
+    rt = rank_table(trace)
+    n = len(rt)
+    kind = tf["kind"].to_numpy()
+    comp = tf[kind == KIND_COMPUTE]
+    flows = tf[kind == KIND_FLOW]
+    c_rank = comp["rank"].to_numpy(dtype=np.int64)
+    c_s = comp["start_ns"].to_numpy()
+    c_e = comp["end_ns"].to_numpy()
+    f_rank, f_s, f_e, f_ph = _comm_arrays(flows)
+
+    # Iteration end per rank: owned ops and received flows.
+    own = tf[tf["rank"] >= 0]
+    it = np.zeros(n)
+    np.maximum.at(it, own["rank"].to_numpy(dtype=np.int64), own["end_ns"].to_numpy())
+    np.maximum.at(it, f_rank, f_e)
+
+    compute_ns = union_length(c_rank, c_s, c_e, n)
+    comm_ns = union_length(f_rank, f_s, f_e, n)
+    both = union_length(np.concatenate([c_rank, f_rank]), np.concatenate([c_s, f_s]),
+                        np.concatenate([c_e, f_e]), n)
+    out = rt[["rank", "group", "device_type", "replica", "stage"]].copy()
+    out["iteration_time_ns"] = it
+    out["compute_ns"] = compute_ns
+    out["comm_ns"] = comm_ns
+    out["exposed_comm_ns"] = both - compute_ns
+    out["bubble_ns"] = _bubble(comp, c_rank, c_s, c_e, f_rank, f_s, f_e, f_ph, n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["bubble_fraction"] = np.where(it > 0, out["bubble_ns"].to_numpy() / it, 0.0)
+    if stragglers is None:
+        stragglers = straggler_frame(trace, tf)
+    sb = straggler_by_rank(stragglers, n)
+    out["straggler_wait_ns"] = sb["straggler_wait_ns"].to_numpy()
+    out["caused_wait_ns"] = sb["caused_wait_ns"].to_numpy()
+    out["idle_ns"] = it - compute_ns
+    for p in COMM_PHASES:
+        m = f_ph == PHASE_INDEX[p]
+        out[f"comm_{p}_ns"] = union_length(f_rank[m], f_s[m], f_e[m], n)
+    out["flops"] = np.bincount(c_rank, weights=comp["flops"].to_numpy(dtype=np.float64),
+                               minlength=n)[:n]
+    return out[list(RANK_COLUMNS)]
+
+
+def _bubble(comp: pd.DataFrame, c_rank: np.ndarray, c_s: np.ndarray, c_e: np.ndarray,
+            f_rank: np.ndarray, f_s: np.ndarray, f_e: np.ndarray, f_ph: np.ndarray,
+            n: int) -> np.ndarray:
+    """Pipeline bubble per rank (ns): its window minus the busy time (compute or tp) inside it."""
+    ph = comp["phase"].to_numpy()
+    lo = np.full(n, np.inf)
+    hi = np.full(n, -np.inf)
+    fwd = ph == PHASE_INDEX["fwd"]
+    bwd = ph == PHASE_INDEX["bwd"]
+    np.minimum.at(lo, c_rank[fwd], c_s[fwd])
+    np.maximum.at(hi, c_rank[bwd], c_e[bwd])
+    has = np.isfinite(lo) & np.isfinite(hi) & (hi > lo)
+    lo = np.where(has, lo, 0.0)
+    hi = np.where(has, hi, 0.0)
+    tp = f_ph == PHASE_INDEX["tp"]
+    k = np.concatenate([c_rank, f_rank[tp]])
+    s, e = clip(np.concatenate([c_s, f_s[tp]]), np.concatenate([c_e, f_e[tp]]), lo[k], hi[k])
+    busy = union_length(k, s, e, n)
+    return np.where(has, (hi - lo) - busy, 0.0)

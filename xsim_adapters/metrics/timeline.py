@@ -1,0 +1,78 @@
+"""Join a trace's ops with a backend's timeline, and per-rank facts from the manifest."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..backends.base import Timeline
+from ..errors import TraceError
+from ..trace.schema import KIND_COMPUTE, KINDS, PHASES, Trace
+
+
+def check_timeline(trace: Trace, timeline: Timeline) -> None:
+    """Raise BackendError unless the timeline covers every op of the trace (see Timeline)."""
+    timeline.check_complete(trace)
+
+
+def rank_table(trace: Trace) -> pd.DataFrame:
+    """One row per global rank: rank, group, node, device_type, replica, stage.
+
+    ``replica`` and ``stage`` are those of the rank's first compute op (-1 if it computes
+    nothing), because the manifest lists ranks by device, not by pipeline position.
+    """
+    ranks = trace.manifest.get("ranks")
+    if not ranks:
+        raise TraceError("trace manifest has no 'ranks' list; metrics need the rank catalogue")
+    rt = pd.DataFrame(ranks)
+    missing = {"rank", "group", "device_type"} - set(rt.columns)
+    if missing:
+        raise TraceError(f"trace manifest 'ranks' entries lack {sorted(missing)}")
+    rt = rt.sort_values("rank").reset_index(drop=True)
+    n = len(rt)
+    if not np.array_equal(rt["rank"].to_numpy(), np.arange(n)):
+        raise TraceError("trace manifest 'ranks' must be numbered 0..N-1 without gaps")
+    if "node" not in rt.columns:
+        rt["node"] = -1
+    ops = trace.ops
+    comp = ops[ops["kind"] == KIND_COMPUTE]
+    first = comp.drop_duplicates("rank", keep="first")
+    replica = np.full(n, -1, dtype=np.int64)
+    stage = np.full(n, -1, dtype=np.int64)
+    r = first["rank"].to_numpy()
+    ok = (r >= 0) & (r < n)
+    replica[r[ok]] = first["replica"].to_numpy()[ok]
+    stage[r[ok]] = first["stage"].to_numpy()[ok]
+    rt["replica"] = replica
+    rt["stage"] = stage
+    return rt[["rank", "group", "node", "device_type", "replica", "stage"]]
+
+
+def timeline_frame(trace: Trace, timeline: Timeline) -> pd.DataFrame:
+    """The trace's ops with ``start_ns``/``end_ns`` (float, ns) from ``timeline``.
+
+    Adds ``kind_name``, ``phase_name``, ``group`` and ``device_type`` (of the op's owner rank:
+    compute rank, flow source; empty for barriers without a rank) and ``elapsed_ns`` (end - start).
+    Raises BackendError if the timeline does not cover every op.
+    """
+    check_timeline(trace, timeline)
+    tf = trace.ops.copy()
+    tl = timeline.frame
+    tf["start_ns"] = tl["start_ns"].to_numpy(dtype=np.float64)
+    tf["end_ns"] = tl["end_ns"].to_numpy(dtype=np.float64)
+    tf["elapsed_ns"] = tf["end_ns"] - tf["start_ns"]
+    tf["kind_name"] = pd.Categorical.from_codes(
+        tf["kind"].to_numpy(dtype=np.int64), categories=list(KINDS)
+    )
+    tf["phase_name"] = pd.Categorical.from_codes(
+        tf["phase"].to_numpy(dtype=np.int64), categories=list(PHASES)
+    )
+    rt = rank_table(trace)
+    owner = tf["rank"].to_numpy(dtype=np.int64)
+    has = (owner >= 0) & (owner < len(rt))
+    idx = np.where(has, owner, 0)
+    groups = rt["group"].astype(str).to_numpy()[idx]
+    types = rt["device_type"].astype(str).to_numpy()[idx]
+    tf["group"] = pd.Categorical(np.where(has, groups, ""))
+    tf["device_type"] = pd.Categorical(np.where(has, types, ""))
+    return tf
