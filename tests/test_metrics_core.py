@@ -1,0 +1,174 @@
+"""Metrics on hand-built traces with closed-form answers (no backend involved)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_metrics_helpers import TraceBuilder, asap_timeline, one_f_one_b, ring_all_reduce
+
+from xsim_adapters.backends.base import Timeline
+from xsim_adapters.errors import BackendError
+from xsim_adapters.metrics import (
+    RANK_COLUMNS,
+    compare,
+    compute_metrics,
+    union_blocks,
+    union_length,
+)
+
+
+def test_union_length_merges_overlaps_and_ignores_empty() -> None:
+    key = np.array([0, 0, 0, 1, 1, 2])
+    s = np.array([0.0, 5.0, 2.0, 0.0, 10.0, 7.0])
+    e = np.array([3.0, 6.0, 4.0, 1.0, 12.0, 7.0])
+    assert union_length(key, s, e, 4).tolist() == [5.0, 3.0, 0.0, 0.0]
+    k, lo, hi = union_blocks(key, s, e)
+    assert k.tolist() == [0, 0, 1, 1]
+    assert lo.tolist() == [0.0, 5.0, 0.0, 10.0]
+    assert hi.tolist() == [4.0, 6.0, 1.0, 12.0]
+
+
+def test_union_length_touching_intervals_form_one_block() -> None:
+    k, lo, hi = union_blocks(np.array([3, 3]), np.array([0.0, 10.0]), np.array([10.0, 20.0]))
+    assert (k.tolist(), lo.tolist(), hi.tolist()) == ([3], [0.0], [20.0])
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (2, 4), (3, 3)])
+def test_1f1b_equal_stages_bubble_is_closed_form(p: int, m: int) -> None:
+    f, b = 100, 200
+    trace = one_f_one_b(p, m, f, b)
+    met = compute_metrics(trace, asap_timeline(trace))
+    r = met.ranks
+    assert list(r.columns) == list(RANK_COLUMNS)
+    it = (m + p - 1) * (f + b)
+    assert met.summary["iteration_time_ns"] == it
+    s0 = r.loc[r["stage"] == 0].iloc[0]
+    assert s0["iteration_time_ns"] == it
+    assert s0["bubble_ns"] == (p - 1) * (f + b)
+    assert s0["bubble_fraction"] == pytest.approx((p - 1) / (m + p - 1), abs=1e-12)
+    assert (r["compute_ns"] == m * (f + b)).all()
+    # The last stage's window starts at its first forward: no bubble inside it.
+    assert r.loc[r["stage"] == p - 1, "bubble_ns"].iloc[0] == 0.0
+    assert (r["idle_ns"] == r["iteration_time_ns"] - r["compute_ns"]).all()
+
+
+def _dp_pair(late_bwd: int, via_barrier: bool) -> tuple:
+    """Two replicas of one rank each; replica 1's backward ends ``late_bwd`` ns later."""
+    tb = TraceBuilder([("a", "H100"), ("b", "A100")], {"H100": 1000.0, "A100": 300.0})
+    f0 = tb.compute(0, 100, "fwd", 0, 0, 0, flops=1e9)
+    b0 = tb.compute(0, 200, "bwd", 0, 0, 0, (f0,), flops=2e9)
+    f1 = tb.compute(1, 100, "fwd", 1, 0, 0, flops=1e9)
+    b1 = tb.compute(1, 200 + late_bwd, "bwd", 1, 0, 0, (f1,), flops=2e9)
+    ready = {0: b0, 1: b1}
+    if via_barrier:
+        bar = tb.barrier((b0, b1))
+        ready = {0: bar, 1: bar}
+    last = ring_all_reduce(tb, 0, [0, 1], 800, ready)
+    tb.compute(0, 50, "optim", 0, 0, -1, (last[0],))
+    tb.compute(1, 50, "optim", 1, 0, -1, (last[1],))
+    return tb.build(), (b0, b1)
+
+
+@pytest.mark.parametrize("via_barrier", [False, True])
+def test_dp_straggler_wait_is_the_backward_difference(via_barrier: bool) -> None:
+    trace, _ = _dp_pair(late_bwd=300, via_barrier=via_barrier)
+    met = compute_metrics(trace, asap_timeline(trace, gbps=8.0))
+    st = met.stragglers[met.stragglers["kind"] == "dp"].set_index("waiter")
+    assert st.loc[0, "wait_ns"] == 300.0
+    assert st.loc[1, "wait_ns"] == 0.0
+    assert (st["culprit"] == 1).all()
+    assert st.loc[0, "ready_ns"] == 300.0 and st.loc[1, "ready_ns"] == 600.0
+    r = met.ranks.set_index("rank")
+    assert r.loc[0, "straggler_wait_ns"] == 300.0
+    assert r.loc[1, "caused_wait_ns"] == 300.0
+    assert r.loc[0, "caused_wait_ns"] == 0.0
+    assert met.summary["max_straggler"] == {"rank": 1, "caused_wait_ns": 300.0}
+
+
+def test_dp_comm_exposed_and_summary_numbers() -> None:
+    trace, _ = _dp_pair(late_bwd=300, via_barrier=False)
+    met = compute_metrics(trace, asap_timeline(trace, gbps=8.0))
+    r = met.ranks.set_index("rank")
+    # 2 ranks, 800 B: chunks of 400 B at 8 Gb/s = 400 ns; 2(n-1) = 2 steps.
+    # Rank 0 sends at [300, 700) (its step 0 does not wait for rank 1), receives rank 1's step 0
+    # at [600, 1000), then step 1 both ways at [1000, 1400): comm = [300, 1400) = 1100 ns.
+    assert r.loc[0, "comm_ns"] == 1100.0
+    assert r.loc[0, "comm_dp_ns"] == 1100.0
+    assert r.loc[0, "exposed_comm_ns"] == 1100.0  # no compute overlaps it
+    assert r.loc[1, "comm_ns"] == 1400.0 - 300.0
+    # iteration: 1400 + optim 50
+    assert met.summary["iteration_time_ns"] == 1450.0
+    assert met.summary["tokens_per_s"] == pytest.approx(4096 / 1450e-9)
+    dt = met.summary["device_types"]
+    # H100 rank: 3e9 FLOPs over 1450 ns = 2069 TFLOP/s achieved vs 1000 peak (toy numbers).
+    assert dt["H100"]["achieved_tflops_per_gpu"] == pytest.approx(3e9 / 1450e-9 / 1e12)
+    assert dt["A100"]["mfu"] == pytest.approx(3e9 / 1450e-9 / 1e12 / 300.0)
+    assert met.summary["mfu"] == pytest.approx(6e9 / 1450e-9 / 1e12 / 1300.0)
+    assert met.summary["phases"]["dp"] == 1100.0 + 1100.0
+    assert met.summary["phases"]["bwd"] == 200.0 + 500.0
+
+
+def test_exposed_comm_excludes_overlap_with_own_compute() -> None:
+    tb = TraceBuilder([("g", "H100"), ("g", "H100")])
+    c = tb.compute(0, 100, "fwd", 0, 0, 0)
+    tb.flow(0, 1, 100, "tp", ())          # [0, 100) at 8 Gb/s: fully under the compute
+    tb.flow(0, 1, 200, "tp", ())          # [0, 200): 100 ns exposed
+    tb.compute(0, 100, "bwd", 0, 0, 0, (c,))
+    trace = tb.build()
+    met = compute_metrics(trace, asap_timeline(trace))
+    r = met.ranks.set_index("rank")
+    assert r.loc[0, "comm_ns"] == 200.0 and r.loc[0, "comm_tp_ns"] == 200.0
+    assert r.loc[0, "exposed_comm_ns"] == 0.0  # compute covers [0, 200)
+    assert r.loc[1, "exposed_comm_ns"] == 200.0  # rank 1 never computes
+    assert r.loc[1, "idle_ns"] == 200.0
+
+
+def test_pp_receive_wait_attributed_to_sender() -> None:
+    tb = TraceBuilder([("g", "H100"), ("g", "H100")])
+    f0 = tb.compute(0, 100, "fwd", 0, 0, 0)
+    a = tb.flow(0, 1, 10, "pp", (f0,))  # 10 ns
+    f1 = tb.compute(1, 100, "fwd", 0, 1, 0, (a,))
+    b1 = tb.compute(1, 200, "bwd", 0, 1, 0, (f1,))
+    g = tb.flow(1, 0, 10, "pp", (b1,))
+    tb.compute(0, 200, "bwd", 0, 0, 0, (f0, g))
+    trace = tb.build()
+    met = compute_metrics(trace, asap_timeline(trace))
+    st = met.stragglers.set_index("op_id")
+    # Activation: rank 1 has no earlier compute (ready 0), sender ready at 100.
+    assert st.loc[a, ["waiter", "culprit", "wait_ns"]].tolist() == [1, 0, 100.0]
+    # Gradient: rank 0 ready at 100 (its forward), rank 1 sends at 110 + 100 + 200 = 410.
+    assert st.loc[g, ["waiter", "culprit", "wait_ns"]].tolist() == [0, 1, 310.0]
+    r = met.ranks.set_index("rank")
+    assert r.loc[0, "straggler_wait_ns"] == 310.0 and r.loc[0, "caused_wait_ns"] == 100.0
+    # Pipeline window of rank 0: [0, 620); computing 300 of it.
+    assert r.loc[0, "bubble_ns"] == 620.0 - 300.0
+
+
+def test_incomplete_timeline_is_rejected() -> None:
+    trace = one_f_one_b(2, 2, 10, 20)
+    tl = asap_timeline(trace)
+    tl.frame.loc[3, "end_ns"] = np.nan
+    with pytest.raises(BackendError, match="1 ops never completed"):
+        compute_metrics(trace, tl)
+    short = Timeline("x", tl.frame.iloc[:-1])
+    with pytest.raises(BackendError, match="partial timeline"):
+        compute_metrics(trace, short)
+
+
+def test_compare_identical_and_shifted_timelines() -> None:
+    trace = one_f_one_b(3, 4, 100, 200)
+    a = asap_timeline(trace, backend="a")
+    same = compare(trace, a, asap_timeline(trace, backend="b"))
+    assert (same.metrics["abs_diff"].fillna(0) == 0).all()
+    assert (same.ops["end_diff_ns"] == 0).all()
+    frame = a.frame.copy()
+    frame[["start_ns", "end_ns"]] *= 1.1  # b is uniformly 10 % slower
+    cmp = compare(trace, a, Timeline("b", frame))
+    row = cmp.metrics.set_index("metric").loc["iteration_time_ns"]
+    assert row["value_a"] == 1800.0
+    assert row["value_b"] == pytest.approx(1980.0)
+    assert row["rel_diff"] == pytest.approx(0.1)
+    assert set(cmp.metrics["backend_b"]) == {"b"}
+    ranks = cmp.ranks.set_index("rank")
+    assert ranks.loc[0, "compute_ns_diff"] == pytest.approx(0.1 * 4 * 300.0)
+    assert len(cmp.ops) == trace.num_ops
