@@ -1,0 +1,185 @@
+"""Writer of the driver's input: the trace's ops, dependency CSR and routed flows, and the links.
+
+Format (text, one record per line, integers only, ``#`` lines ignored)::
+
+    xsim-htsim 1
+    nodes <N>
+    links <L>
+    <src_node> <dst_node> <bps> <latency_ps> <from_gpu 0|1>      L lines, link id = line order
+    routes <R>
+    <hops> <link_id> ...                                          R lines, route id = line order
+    ops <N_ops>
+    C <duration_ps>                                              compute
+    F <bytes> <src_rank> <dst_rank> <route> <reverse_route>      flow (-1 -1: a local flow)
+    B                                                            barrier
+    succ <E>
+    <k> <succ_op> ...                                            N_ops lines: successors of op i
+    end
+
+Routes are the topology's own ECMP paths (``Topology.path(src, dst, op_id)`` forward and
+``Topology.path(dst, src, op_id)`` for ACKs), deduplicated in order of first use, so htsim
+routes every flow exactly as the flow backend does. The output is a pure function of the trace
+and topology (byte-identical across runs) and is written atomically.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from xsim_adapters.errors import BackendError
+from xsim_adapters.topology.model import Topology
+from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, Trace
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    """What was written: counts, for stats and tests."""
+
+    links: int
+    routes: int
+    ops: int
+    flows: int
+    edges: int
+    bytes_written: int
+
+
+def _flow_paths(topology: Topology, src: np.ndarray, dst: np.ndarray, keys: np.ndarray):
+    """Paths as CSR (offsets, link ids) for flows src[i] -> dst[i] keyed by keys[i]."""
+    router = topology._router
+    nodes_src = topology.rank_node[src]
+    nodes_dst = topology.rank_node[dst]
+    bulk = getattr(router, "paths_for", None)
+    if bulk is not None:  # the topology's vectorized router: same paths, one call
+        off, ids = bulk(nodes_src, nodes_dst, keys)
+        return np.asarray(off, dtype=np.int64), np.asarray(ids, dtype=np.int64)
+    paths = [topology.path(int(s), int(d), int(k)) for s, d, k in zip(src, dst, keys, strict=True)]
+    off = np.zeros(len(paths) + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in paths], out=off[1:])
+    ids = np.concatenate(paths).astype(np.int64) if paths else np.zeros(0, dtype=np.int64)
+    return off, ids
+
+
+def _route_ids(off: np.ndarray, ids: np.ndarray, table: dict[bytes, int]) -> list[int]:
+    """Route id of each CSR path, adding new paths to ``table`` in order of first use."""
+    out = []
+    for i in range(len(off) - 1):
+        seg = ids[off[i] : off[i + 1]]
+        if len(seg) == 0:
+            out.append(-1)
+            continue
+        key = seg.tobytes()
+        rid = table.get(key)
+        if rid is None:
+            rid = table[key] = len(table)
+        out.append(rid)
+    return out
+
+
+def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> InputInfo:
+    """Write the driver input for ``trace`` on ``topology`` to ``path`` (atomically).
+
+    Times go out in picoseconds (``duration_ns * 1000``), capacities in bits per second
+    (``round(gbps * 1e9)``), latencies in picoseconds (``round(latency_ns * 1000)``).
+    Raises BackendError if the topology cannot be expressed (a link of zero capacity) or a
+    flow has no route between distinct GPUs.
+    """
+    ops = trace.ops
+    n = len(ops)
+    links = topology.links
+    nodes = topology.nodes
+    gbps = links["gbps"].to_numpy(dtype=np.float64)
+    if len(links) and not (gbps > 0).all():
+        bad = int(np.flatnonzero(~(gbps > 0))[0])
+        raise BackendError(
+            f"htsim: link {bad} has capacity {gbps[bad]} Gb/s; htsim needs every link to have"
+            " a positive capacity (a failed link must be removed from the topology)"
+        )
+    is_gpu = (nodes["kind"].to_numpy() == "gpu").astype(np.int8)
+    lsrc = links["src"].to_numpy(dtype=np.int64)
+    ldst = links["dst"].to_numpy(dtype=np.int64)
+    bps = np.rint(gbps * 1e9).astype(np.int64)
+    lat = np.rint(links["latency_ns"].to_numpy(dtype=np.float64) * 1000.0).astype(np.int64)
+    lines = [f"xsim-htsim {FORMAT_VERSION}", f"nodes {len(nodes)}", f"links {len(links)}"]
+    lines += [
+        f"{a} {b} {c} {d} {e}"
+        for a, b, c, d, e in zip(
+            lsrc.tolist(), ldst.tolist(), bps.tolist(), lat.tolist(),
+            is_gpu[lsrc].tolist(), strict=True,
+        )
+    ]
+
+    kind = ops["kind"].to_numpy()
+    flow_idx = np.flatnonzero(kind == KIND_FLOW)
+    fsrc = ops["rank"].to_numpy()[flow_idx].astype(np.int64)
+    fdst = ops["dst"].to_numpy()[flow_idx].astype(np.int64)
+    remote = fsrc != fdst  # a flow to oneself is a local copy: no network route
+    table: dict[bytes, int] = {}
+    fwd = np.full(len(flow_idx), -1, dtype=np.int64)
+    rev = np.full(len(flow_idx), -1, dtype=np.int64)
+    if remote.any():
+        r_idx = np.flatnonzero(remote)
+        keys = flow_idx[r_idx].astype(np.int64)
+        f_off, f_ids = _flow_paths(topology, fsrc[r_idx], fdst[r_idx], keys)
+        b_off, b_ids = _flow_paths(topology, fdst[r_idx], fsrc[r_idx], keys)
+        f_rid = _route_ids(f_off, f_ids, table)
+        b_rid = _route_ids(b_off, b_ids, table)
+        missing = [i for i, (a, b) in enumerate(zip(f_rid, b_rid, strict=True)) if a < 0 or b < 0]
+        if missing:
+            op = int(keys[missing[0]])
+            raise BackendError(
+                f"htsim: flow op {op} ({int(fsrc[r_idx][missing[0]])} -> "
+                f"{int(fdst[r_idx][missing[0]])}) has no route in the topology"
+            )
+        fwd[r_idx] = f_rid
+        rev[r_idx] = b_rid
+    lines.append(f"routes {len(table)}")
+    for key in table:  # dicts keep insertion order: route id = position
+        hops = np.frombuffer(key, dtype=np.int64)
+        lines.append(f"{len(hops)} " + " ".join(map(str, hops.tolist())))
+
+    lines.append(f"ops {n}")
+    dur_ps = (ops["duration_ns"].to_numpy(dtype=np.int64) * 1000).tolist()
+    nbytes = ops["bytes"].to_numpy(dtype=np.int64).tolist()
+    flow_pos = np.full(n, -1, dtype=np.int64)
+    flow_pos[flow_idx] = np.arange(len(flow_idx))
+    fpos = flow_pos.tolist()
+    fsrc_l, fdst_l, fwd_l, rev_l = fsrc.tolist(), fdst.tolist(), fwd.tolist(), rev.tolist()
+    for i, k in enumerate(kind.tolist()):
+        if k == KIND_COMPUTE:
+            lines.append(f"C {dur_ps[i]}")
+        elif k == KIND_FLOW:
+            j = fpos[i]
+            lines.append(f"F {nbytes[i]} {fsrc_l[j]} {fdst_l[j]} {fwd_l[j]} {rev_l[j]}")
+        elif k == KIND_BARRIER:
+            lines.append("B")
+        else:
+            raise BackendError(f"htsim: op {i} has unknown kind {k}")
+
+    pred = trace.deps["pred"].to_numpy(dtype=np.int64)
+    succ = trace.deps["succ"].to_numpy(dtype=np.int64)
+    order = np.lexsort((succ, pred))
+    pred, succ = pred[order], succ[order]
+    starts = np.searchsorted(pred, np.arange(n + 1))
+    lines.append(f"succ {len(succ)}")
+    succ_l = succ.tolist()
+    st = starts.tolist()
+    for i in range(n):
+        seg = succ_l[st[i] : st[i + 1]]
+        lines.append(f"{len(seg)} " + " ".join(map(str, seg)) if seg else "0")
+    lines.append("end")
+    text = "\n".join(lines) + "\n"
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return InputInfo(
+        links=len(links), routes=len(table), ops=n, flows=len(flow_idx), edges=len(succ),
+        bytes_written=len(text),
+    )

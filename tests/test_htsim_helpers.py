@@ -1,0 +1,134 @@
+"""Hand-built traces and topologies for the htsim backend tests (no generator needed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from xsim_adapters.topology import Router, Topology
+from xsim_adapters.trace.schema import (
+    COLLECTIVE_COLUMNS,
+    DEP_COLUMNS,
+    KIND_BARRIER,
+    KIND_COMPUTE,
+    KIND_FLOW,
+    OP_COLUMNS,
+    PHASE_INDEX,
+    Trace,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+DRIVER_SRC = REPO / "backends" / "htsim" / "driver"
+DATA = Path(__file__).resolve().parent / "data" / "htsim"
+
+
+class TraceBuilder:
+    """Builds a Trace op by op; op ids are dense in creation order."""
+
+    def __init__(self, num_ranks: int) -> None:
+        self.rows: list[dict] = []
+        self.edges: list[tuple[int, int]] = []
+        self.num_ranks = num_ranks
+
+    def _add(self, kind: int, rank: int, phase: str, **kw: int) -> int:
+        op = len(self.rows)
+        row = {c: -1 for c in OP_COLUMNS}
+        row.update(op_id=op, kind=kind, rank=rank, bytes=0, duration_ns=0, flops=0.0,
+                   phase=PHASE_INDEX[phase])
+        row.update(kw)
+        self.rows.append(row)
+        return op
+
+    def compute(self, rank: int, duration_ns: int) -> int:
+        return self._add(KIND_COMPUTE, rank, "fwd", duration_ns=duration_ns)
+
+    def flow(self, src: int, dst: int, nbytes: int, **kw: int) -> int:
+        return self._add(KIND_FLOW, src, "dp", dst=dst, bytes=nbytes, **kw)
+
+    def barrier(self) -> int:
+        return self._add(KIND_BARRIER, -1, "dp")
+
+    def dep(self, pred: int, succ: int) -> None:
+        self.edges.append((pred, succ))
+
+    def build(self) -> Trace:
+        ops = pd.DataFrame(self.rows, columns=list(OP_COLUMNS)).astype(OP_COLUMNS)
+        deps = pd.DataFrame(self.edges, columns=["pred", "succ"]).astype(DEP_COLUMNS)
+        coll = pd.DataFrame({c: pd.Series([], dtype=t) for c, t in COLLECTIVE_COLUMNS.items()})
+        manifest = {"schema_version": 1, "ranks": [{"rank": r} for r in range(self.num_ranks)],
+                    "num_ops": len(ops)}
+        return Trace(ops=ops, deps=deps, collectives=coll, manifest=manifest)
+
+
+def ring_allreduce(tb: TraceBuilder, ranks: list[int], size_bytes: int) -> tuple[int, int]:
+    """Ring all-reduce lowered by hand: 2(n-1) steps of S/n bytes, rank i -> rank i+1."""
+    n = len(ranks)
+    chunk = size_bytes // n
+    start, end = tb.barrier(), tb.barrier()
+    prev = [start] * n
+    for step in range(2 * (n - 1)):
+        cur = []
+        for i in range(n):
+            f = tb.flow(ranks[i], ranks[(i + 1) % n], chunk, step=step, collective=0)
+            tb.dep(prev[i], f)
+            cur.append(f)
+        prev = [cur[(i - 1) % n] for i in range(n)]
+    for f in prev:
+        tb.dep(f, end)
+    return start, end
+
+
+def star(n: int, gbps: float | list[float], latency_ns: float = 500.0) -> Topology:
+    """``n`` GPUs on one switch; GPU i's cable runs at gbps[i] both ways."""
+    speeds = [float(gbps)] * n if np.isscalar(gbps) else [float(g) for g in gbps]
+    nodes = pd.DataFrame({
+        "node_id": np.arange(n + 1, dtype=np.int32),
+        "kind": ["gpu"] * n + ["nvswitch"],
+        "name": [f"gpu{i}" for i in range(n)] + ["nvs0"],
+        "rank": np.array(list(range(n)) + [-1], dtype=np.int32),
+        "server": np.array([0] * (n + 1), dtype=np.int32),
+    })
+    src, dst, bw = [], [], []
+    for i in range(n):
+        src += [i, n]
+        dst += [n, i]
+        bw += [speeds[i], speeds[i]]
+    links = pd.DataFrame({
+        "link_id": np.arange(2 * n, dtype=np.int32),
+        "src": np.array(src, dtype=np.int32),
+        "dst": np.array(dst, dtype=np.int32),
+        "gbps": np.array(bw, dtype=np.float64),
+        "latency_ns": np.full(2 * n, latency_ns),
+        "tier": ["scale_up"] * (2 * n),
+    })
+    topo = Topology(nodes=nodes, links=links, rank_node=np.arange(n, dtype=np.int32))
+    topo._router = Router(nodes, links)
+    return topo
+
+
+def driver_path(tmp_factory) -> Path:
+    """The driver to test: $XSIM_HTSIM_DRIVER, else built from our source against $HTSIM_DIR.
+
+    Skips the test (saying how to enable it) when neither is available.
+    """
+    env = os.environ.get("XSIM_HTSIM_DRIVER")
+    if env:
+        return Path(env)
+    htsim_dir = os.environ.get("HTSIM_DIR")
+    if not htsim_dir:
+        pytest.skip("needs htsim: set HTSIM_DIR to a csg-htsim checkout built with "
+                    "`cd sim && make` (the test builds the driver), or set XSIM_HTSIM_DRIVER "
+                    "to a built driver")
+    out = tmp_factory.mktemp("htsim-driver")
+    proc = subprocess.run(
+        ["make", "-s", "-C", str(DRIVER_SRC), f"HTSIM_DIR={htsim_dir}", f"OUT={out}"],
+        capture_output=True, text=True, check=False,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"building the htsim driver failed:\n{proc.stdout}\n{proc.stderr}")
+    return out / "xsim-htsim"
