@@ -116,23 +116,26 @@ class TraceBuilder:
 def ring_allreduce(tb: TraceBuilder, ranks: list[int], size_bytes: int) -> tuple[int, int]:
     """Hand-lowered ring all-reduce: 2(n-1) steps of S/n bytes, rank i -> rank i+1.
 
-    Step k's flow out of rank i waits for step k-1's flow into rank i (the chunk it forwards).
-    Returns (start barrier, end barrier).
+    Step k's flow out of rank i waits for step k-1's flow into rank i (the chunk it forwards)
+    and for rank i's own step k-1 send (one send at a time). Returns (start, end) barriers.
     """
     n = len(ranks)
     chunk = size_bytes // n
     start = tb.barrier()
     end = tb.barrier()
-    prev = [start] * n  # prev[i]: the op rank i waits for before its next send
+    recv = [start] * n  # recv[i]: the last flow into rank i
+    sent = [start] * n  # sent[i]: rank i's last send
     for step in range(2 * (n - 1)):
         cur = []
         for i in range(n):
             f = tb.flow(ranks[i], ranks[(i + 1) % n], chunk, step=step, collective=0)
-            tb.dep(prev[i], f)
+            tb.dep(recv[i], f)
+            if sent[i] != recv[i]:
+                tb.dep(sent[i], f)
             cur.append(f)
-        # the flow into rank i+1 enables rank i+1's next send
-        prev = [cur[(i - 1) % n] for i in range(n)]
-    for f in prev:
+        sent = cur
+        recv = [cur[(i - 1) % n] for i in range(n)]
+    for f in recv:
         tb.dep(f, end)
     return start, end
 
