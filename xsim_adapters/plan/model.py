@@ -62,6 +62,9 @@ class TrainingSpec:
     recompute: bool = False  # full activation recompute: one extra forward before each backward
     sequence_parallel: bool = False  # TP all-reduce -> reduce-scatter + all-gather
     causal_attention_halving: bool = False  # count only half of the s^2 attention FLOPs
+    # FlashAttention-style kernels keep no s^2 attention scores for backward (memory estimate:
+    # the 5*a*s/h term of Korthikanti et al. drops out). Added by the plan engineer.
+    flash_attention: bool = True
 
     @property
     def total_micro_batches(self) -> int:
@@ -79,7 +82,8 @@ class DeviceType:
     scaleup_GBps: float  # NVLink (or PCIe) bandwidth per GPU, one direction
     nic_gbps: float  # scale-out NIC per GPU
     efficiency: float = 0.5
-    # Optional measured per-layer times (CSV with columns op, time_us; see docs). Resolved path.
+    # Optional measured per-layer times: absolute path of a CSV with columns
+    # tp, micro_batch, seq_len, fwd_layer_us, bwd_layer_us (see docs/plan.md).
     profile: str | None = None
     source: str = ""  # where the numbers come from
 

@@ -1,0 +1,207 @@
+"""Per-device memory of every stage, and the feasibility check built on it.
+
+Model (bytes per device of a stage's TP group, P = the stage's parameters / tp):
+- weights ``P * dtype_bytes``; gradients ``P * dtype_bytes``; Adam optimizer state ``12 P``
+  (fp32 master copy, m and v). ZeRO-1 divides the optimizer state by the number of replicas
+  owning the layers (every replica owns every layer once, so by ``dp``), ZeRO-2 also the
+  gradients, ZeRO-3 also the weights.
+- activations, Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+  Models"), per layer per micro-batch, s = seq_len, b = micro_batch, h = hidden, a = heads,
+  t = tp, 16-bit activations:
+    tensor parallel only:   s*b*h*(10 + 24/t) + 5*a*s^2*b/t
+    with sequence parallel: s*b*h*34/t        + 5*a*s^2*b/t
+  ``training.flash_attention`` (the default) drops the ``5*a*s^2*b/t`` score/softmax term: fused
+  attention kernels keep only O(s) statistics for backward. With full ``recompute`` a layer
+  keeps only its 2*s*b*h input, plus one layer's full activations while it is recomputed.
+  The last stage adds the output layer, 4*s*b*(h + v)/t (norm, logits and cross entropy).
+- micro-batches in flight on stage i of a pp-stage pipeline running m micro-batches:
+  1F1B ``min(pp - i, m)``, GPipe ``m``.
+Capacity is the device type's ``hbm_GB`` (1 GB = 1e9 bytes); no allowance for the CUDA
+context or fragmentation is made, so treat a headroom of a few GB as tight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from ..errors import InfeasiblePlanError
+from .model import ModelSpec, Plan
+
+OPTIMIZER_BYTES_PER_PARAM = 12  # Adam: fp32 master weights + m + v
+GB = 1e9
+
+
+def layer_params(model: ModelSpec) -> int:
+    """Parameters of one transformer layer (attention, MLP, norms; biases for GPT style).
+
+    ``gated_mlp`` models follow Llama (SwiGLU: three FFN matrices, RMSNorm with a gain only,
+    no biases); the others GPT (GELU: two FFN matrices, LayerNorm gain and bias, biases on
+    every linear layer). Grouped-query attention shrinks K and V to ``kv_heads`` heads.
+    """
+    h, ffn = model.hidden, model.ffn_hidden
+    kv = model.kv_heads * model.head_dim
+    attention = 2 * h * h + 2 * h * kv  # Q and O: h x h; K and V: h x kv
+    if model.gated_mlp:
+        return attention + 3 * h * ffn + 2 * h
+    biases = (h + 2 * kv) + h + ffn + h  # QKV, O, FFN up, FFN down
+    return attention + 2 * h * ffn + biases + 4 * h
+
+
+def embedding_params(model: ModelSpec) -> int:
+    """Parameters of the input embedding (on the first stage); GPT style adds learned positions."""
+    tokens = model.vocab * model.hidden
+    return tokens if model.gated_mlp else tokens + model.seq_len * model.hidden
+
+
+def head_params(model: ModelSpec) -> int:
+    """Parameters of the final norm and output projection (on the last stage).
+
+    The projection is counted even for models that tie it to the embedding: with pipeline
+    parallelism the last stage holds its own copy (as Megatron-LM does).
+    """
+    norm = model.hidden if model.gated_mlp else 2 * model.hidden
+    return model.vocab * model.hidden + norm
+
+
+def model_params(model: ModelSpec) -> int:
+    """All parameters: layers, embedding and head."""
+    return model.layers * layer_params(model) + embedding_params(model) + head_params(model)
+
+
+def activation_bytes_per_layer(plan: Plan, tp: int) -> float:
+    """Activation bytes one layer keeps per micro-batch per device, before recompute."""
+    m, t = plan.model, plan.training
+    s, b, h, a = m.seq_len, t.micro_batch, m.hidden, m.heads
+    sbh = s * b * h
+    linear = sbh * 34 / tp if t.sequence_parallel else sbh * (10 + 24 / tp)
+    scores = 0.0 if t.flash_attention else 5 * a * s * s * b / tp
+    return linear + scores
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes per device of one stage; ``path`` names it as in error messages."""
+
+    replica: int
+    stage: int
+    path: str
+    group: str
+    device_type: str
+    tp: int
+    layers: tuple[int, int]
+    in_flight: int  # micro-batches whose activations are held at the peak
+    params_per_device: float
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    capacity: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+
+def stage_memory(plan: Plan, replica: int, stage: int) -> StageMemory:
+    """Peak memory per device of ``plan.replicas[replica].stages[stage]`` (bytes)."""
+    rep = plan.replicas[replica]
+    st = rep.stages[stage]
+    model, tr = plan.model, plan.training
+    dtype = plan.device_types[plan.group(st.group).type]
+    first, last = stage == 0, stage == rep.pp - 1
+    params = st.num_layers * layer_params(model)
+    params += embedding_params(model) if first else 0
+    params += head_params(model) if last else 0
+    p = params / st.tp
+    dp = plan.dp
+    z = tr.zero_stage
+    weights = p * model.dtype_bytes / (dp if z >= 3 else 1)
+    grads = p * model.dtype_bytes / (dp if z >= 2 else 1)
+    optim = p * OPTIMIZER_BYTES_PER_PARAM / (dp if z >= 1 else 1)
+
+    m = rep.micro_batches
+    in_flight = min(rep.pp - stage, m) if tr.schedule == "1f1b" else m
+    full_layer = activation_bytes_per_layer(plan, st.tp)
+    s, b, h = model.seq_len, tr.micro_batch, model.hidden
+    if tr.recompute:
+        acts = in_flight * st.num_layers * 2 * s * b * h + full_layer
+    else:
+        acts = in_flight * st.num_layers * full_layer
+    if last:
+        acts += in_flight * 4 * s * b * (h + model.vocab) / st.tp
+    return StageMemory(
+        replica=replica,
+        stage=stage,
+        path=f"replicas[{replica}].stages[{stage}]",
+        group=st.group,
+        device_type=dtype.name,
+        tp=st.tp,
+        layers=st.layers,
+        in_flight=in_flight,
+        params_per_device=p,
+        weights=weights,
+        gradients=grads,
+        optimizer=optim,
+        activations=acts,
+        capacity=dtype.hbm_GB * GB,
+    )
+
+
+def all_stage_memory(plan: Plan) -> list[StageMemory]:
+    """:func:`stage_memory` of every stage, replica by replica."""
+    return [
+        stage_memory(plan, r, s)
+        for r, rep in enumerate(plan.replicas)
+        for s in range(rep.pp)
+    ]
+
+
+def memory_report(plan: Plan) -> pd.DataFrame:
+    """One row per stage: memory per device in GB (1e9 bytes) by kind, capacity and headroom."""
+    rows = []
+    for sm in all_stage_memory(plan):
+        rows.append(
+            {
+                "replica": sm.replica,
+                "stage": sm.stage,
+                "group": sm.group,
+                "device_type": sm.device_type,
+                "tp": sm.tp,
+                "layer_start": sm.layers[0],
+                "layer_stop": sm.layers[1],
+                "in_flight": sm.in_flight,
+                "params_per_device": sm.params_per_device,
+                "weights_GB": sm.weights / GB,
+                "gradients_GB": sm.gradients / GB,
+                "optimizer_GB": sm.optimizer / GB,
+                "activations_GB": sm.activations / GB,
+                "total_GB": sm.total / GB,
+                "capacity_GB": sm.capacity / GB,
+                "headroom_GB": (sm.capacity - sm.total) / GB,
+                "fits": sm.fits,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def describe_overflow(sm: StageMemory) -> str:
+    """``replicas[1].stages[0]: needs 52.3 GB per device (weights ...) but A100-40GB has 40.0 GB``."""
+    return (
+        f"{sm.path}: needs {sm.total / GB:.1f} GB per device (weights {sm.weights / GB:.1f}, "
+        f"gradients {sm.gradients / GB:.1f}, optimizer {sm.optimizer / GB:.1f}, "
+        f"activations {sm.activations / GB:.1f}) but {sm.device_type} has "
+        f"{sm.capacity / GB:.1f} GB"
+    )
+
+
+def check_feasible(plan: Plan) -> None:
+    """Raise :class:`InfeasiblePlanError` listing every stage that does not fit in memory."""
+    over = [sm for sm in all_stage_memory(plan) if not sm.fits]
+    if over:
+        raise InfeasiblePlanError("; ".join(describe_overflow(sm) for sm in over))

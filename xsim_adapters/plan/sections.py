@@ -1,0 +1,287 @@
+"""Parsers for the self-contained plan sections: model, training, device types, network, collectives.
+
+Each ``parse_*`` takes the raw YAML value and its path and returns the section's dataclass, or
+raises :class:`PlanError` naming the first field that is wrong. Cross-section checks (stages
+against groups, layers against the model) live in :mod:`.replicas`.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any, get_args
+
+from ..errors import PlanError
+from . import _fields as f
+from .model import (
+    DTYPE_BYTES,
+    CollectivesSpec,
+    DeviceType,
+    ExplicitLink,
+    Granularity,
+    LinkEvent,
+    LinkEventKind,
+    ModelSpec,
+    NetworkSpec,
+    Resharding,
+    RingOrder,
+    ScaleOut,
+    ScaleOutTopology,
+    ScaleUp,
+    Schedule,
+    TrainingSpec,
+)
+
+MODEL_SHAPE_KEYS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "seq_len", "vocab")
+MODEL_KEYS = ("preset", "name", *MODEL_SHAPE_KEYS, "dtype", "gated_mlp")
+DEVICE_NUMBER_KEYS = ("peak_tflops", "hbm_GB", "hbm_GBps", "scaleup_GBps", "nic_gbps")
+DEVICE_KEYS = (*DEVICE_NUMBER_KEYS, "efficiency", "profile", "source")
+PROFILE_COLUMNS = ("tp", "micro_batch", "seq_len", "fwd_layer_us", "bwd_layer_us")
+TRAINING_KEYS = tuple(x.name for x in dataclasses.fields(TrainingSpec))
+OPTIMIZERS = ("adam",)
+
+
+# ---------------------------------------------------------------- model
+
+
+def parse_model(
+    value: Any, path: str, presets: Mapping[str, ModelSpec], extra_keys: tuple[str, ...] = ()
+) -> ModelSpec:
+    """A preset name, or a mapping (optionally ``preset:`` plus overrides) -> ModelSpec."""
+    if isinstance(value, str):
+        return _model_preset(value, path, presets)
+    m = f.expect_mapping(value, path)
+    f.check_keys(m, path, (*MODEL_KEYS, *extra_keys))
+    if "preset" in m:
+        base = _model_preset(m["preset"], f.join(path, "preset"), presets)
+        values: dict[str, Any] = dataclasses.asdict(base)
+        required: tuple[str, ...] = ()
+    else:
+        values = {"name": "custom", "dtype": "bf16", "gated_mlp": True}
+        required = tuple(k for k in MODEL_SHAPE_KEYS if k != "kv_heads")
+    f.check_keys(m, path, (*MODEL_KEYS, *extra_keys), required)
+    if "name" in m:
+        values["name"] = f.get_str(m, "name", path)
+    for key in MODEL_SHAPE_KEYS:
+        if key in m:
+            values[key] = f.get_int(m, key, path)
+    values.setdefault("kv_heads", values["heads"])  # no GQA unless asked for
+    if "dtype" in m:
+        values["dtype"] = f.get_enum(m, "dtype", path, DTYPE_BYTES)
+    if "gated_mlp" in m:
+        values["gated_mlp"] = f.get_bool(m, "gated_mlp", path)
+    if values["hidden"] % values["heads"]:
+        raise PlanError(
+            f.join(path, "heads"),
+            f"must divide the hidden size {values['hidden']} (got {values['heads']})",
+        )
+    if values["heads"] % values["kv_heads"]:
+        raise PlanError(
+            f.join(path, "kv_heads"),
+            f"must divide the {values['heads']} attention heads (got {values['kv_heads']})",
+        )
+    return ModelSpec(**values)
+
+
+def _model_preset(name: Any, path: str, presets: Mapping[str, ModelSpec]) -> ModelSpec:
+    if not isinstance(name, str) or name not in presets:
+        raise PlanError(
+            path,
+            f"unknown model preset; expected one of {', '.join(sorted(presets))} (got {f.got(name)})",
+        )
+    return presets[name]
+
+
+# ---------------------------------------------------------------- training
+
+
+def parse_training(value: Any, path: str) -> TrainingSpec:
+    """The ``training:`` section -> TrainingSpec (batch divisibility checked here)."""
+    m = f.expect_mapping(value, path)
+    f.check_keys(m, path, TRAINING_KEYS, ("global_batch", "micro_batch"))
+    d = TrainingSpec(global_batch=1, micro_batch=1)  # defaults
+    spec = TrainingSpec(
+        global_batch=f.get_int(m, "global_batch", path),
+        micro_batch=f.get_int(m, "micro_batch", path),
+        schedule=f.get_enum(m, "schedule", path, get_args(Schedule), d.schedule),  # type: ignore[arg-type]
+        optimizer=f.get_enum(m, "optimizer", path, OPTIMIZERS, d.optimizer),
+        zero_stage=f.get_int_in(m, "zero_stage", path, range(4), d.zero_stage),
+        recompute=f.get_bool(m, "recompute", path, d.recompute),
+        sequence_parallel=f.get_bool(m, "sequence_parallel", path, d.sequence_parallel),
+        causal_attention_halving=f.get_bool(
+            m, "causal_attention_halving", path, d.causal_attention_halving
+        ),
+        flash_attention=f.get_bool(m, "flash_attention", path, d.flash_attention),
+    )
+    if spec.global_batch % spec.micro_batch:
+        raise PlanError(
+            f.join(path, "global_batch"),
+            f"must be divisible by training.micro_batch {spec.micro_batch} "
+            f"(got {spec.global_batch})",
+        )
+    return spec
+
+
+# ---------------------------------------------------------------- device types
+
+
+def parse_device_type(
+    value: Any, path: str, name: str, base: DeviceType | None, base_dir: str | None
+) -> DeviceType:
+    """One ``device_types`` entry: a full definition, or a partial override of ``base``."""
+    m = f.expect_mapping(value, path)
+    f.check_keys(m, path, DEVICE_KEYS, () if base else DEVICE_NUMBER_KEYS)
+    values: dict[str, Any] = dataclasses.asdict(base) if base else {"name": name}
+    for key in DEVICE_NUMBER_KEYS:
+        if key in m:
+            values[key] = f.get_number(m, key, path)
+    if "efficiency" in m:
+        values["efficiency"] = f.get_number(m, "efficiency", path, at_most=1.0)
+    if "source" in m:
+        values["source"] = f.get_str(m, "source", path)
+    if "profile" in m:
+        values["profile"] = check_profile(
+            f.get_str(m, "profile", path), f.join(path, "profile"), base_dir
+        )
+    return DeviceType(**values)
+
+
+def check_profile(given: str, path: str, base_dir: str | None) -> str:
+    """Resolve a profile CSV against ``base_dir``, check its columns and values; absolute path."""
+    resolved = os.path.abspath(os.path.join(base_dir or os.getcwd(), given))
+    if not os.path.isfile(resolved):
+        raise PlanError(path, f"profile file not found at {resolved} (got {given!r})")
+    with open(resolved, newline="") as fh:
+        reader = csv.DictReader(fh)
+        header = [c.strip() for c in (reader.fieldnames or [])]
+        missing = [c for c in PROFILE_COLUMNS if c not in header]
+        if missing:
+            raise PlanError(
+                path,
+                f"expected CSV columns {', '.join(PROFILE_COLUMNS)}; {', '.join(missing)} "
+                f"missing in {resolved} (got {', '.join(header) or 'no header'})",
+            )
+        rows = 0
+        for row in reader:
+            rows += 1
+            line = reader.line_num
+            for col in PROFILE_COLUMNS:
+                _check_profile_cell(row, col, line, path)
+    if rows == 0:
+        raise PlanError(path, f"expected at least one row of measurements in {resolved} (got none)")
+    return resolved
+
+
+def _check_profile_cell(row: Mapping[str, str], col: str, line: int, path: str) -> None:
+    raw = (row.get(col) or "").strip()
+    integer = col in ("tp", "micro_batch", "seq_len")
+    try:
+        v = int(raw) if integer else float(raw)
+        ok = v > 0 and v == v and v != float("inf")
+    except ValueError:
+        ok = False
+    if not ok:
+        what = "a positive integer" if integer else "a positive number"
+        raise PlanError(path, f"line {line}, column {col}: expected {what} (got {raw!r})")
+
+
+# ---------------------------------------------------------------- network
+
+
+def parse_network(value: Any, path: str) -> NetworkSpec:
+    """The ``network:`` section (every part optional) -> NetworkSpec."""
+    m = f.expect_mapping(value, path)
+    f.check_keys(m, path, ("scale_out", "scale_up", "links", "events"))
+    so = _parse_scale_out(m.get("scale_out", {}), f.join(path, "scale_out"))
+    su = _parse_scale_up(m.get("scale_up", {}), f.join(path, "scale_up"))
+    links = tuple(
+        _parse_link(x, f.join(f.join(path, "links"), i))
+        for i, x in enumerate(f.expect_list(m.get("links", []), f.join(path, "links")))
+    )
+    events = tuple(
+        _parse_event(x, f.join(f.join(path, "events"), i))
+        for i, x in enumerate(f.expect_list(m.get("events", []), f.join(path, "events")))
+    )
+    return NetworkSpec(scale_out=so, scale_up=su, links=links, events=events)
+
+
+def _parse_scale_out(value: Any, path: str) -> ScaleOut:
+    m = f.expect_mapping(value, path)
+    d = ScaleOut()
+    f.check_keys(m, path, [x.name for x in dataclasses.fields(ScaleOut)])
+    k = f.get_int(m, "fat_tree_k", path, d.fat_tree_k, minimum=0)
+    if k % 2:
+        raise PlanError(f.join(path, "fat_tree_k"), f"expected an even radix, or 0 (got {k})")
+    return ScaleOut(
+        topology=f.get_enum(m, "topology", path, get_args(ScaleOutTopology), d.topology),  # type: ignore[arg-type]
+        link_gbps=f.get_number(m, "link_gbps", path, d.link_gbps),
+        latency_us=f.get_number(m, "latency_us", path, d.latency_us, positive=False),
+        oversubscription=f.get_number(m, "oversubscription", path, d.oversubscription, at_least=1),
+        rail_optimized=f.get_bool(m, "rail_optimized", path, d.rail_optimized),
+        nodes_per_leaf=f.get_int(m, "nodes_per_leaf", path, d.nodes_per_leaf),
+        spines=f.get_int(m, "spines", path, d.spines, minimum=0),
+        fat_tree_k=k,
+    )
+
+
+def _parse_scale_up(value: Any, path: str) -> ScaleUp:
+    m = f.expect_mapping(value, path)
+    d = ScaleUp()
+    f.check_keys(m, path, [x.name for x in dataclasses.fields(ScaleUp)])
+    return ScaleUp(
+        latency_us=f.get_number(m, "latency_us", path, d.latency_us, positive=False),
+        tp_across_nodes=f.get_bool(m, "tp_across_nodes", path, d.tp_across_nodes),
+    )
+
+
+def _parse_link(value: Any, path: str) -> ExplicitLink:
+    m = f.expect_mapping(value, path)
+    f.check_keys(m, path, ("src", "dst", "gbps", "latency_us"), ("src", "dst", "gbps"))
+    src, dst = f.get_str(m, "src", path), f.get_str(m, "dst", path)
+    if src == dst:
+        raise PlanError(f.join(path, "dst"), f"expected a node other than src (got {dst!r})")
+    return ExplicitLink(
+        src=src,
+        dst=dst,
+        gbps=f.get_number(m, "gbps", path),
+        latency_us=f.get_number(m, "latency_us", path, 1.0, positive=False),
+    )
+
+
+def _parse_event(value: Any, path: str) -> LinkEvent:
+    m = f.expect_mapping(value, path)
+    f.check_keys(m, path, ("at_us", "kind", "src", "dst", "factor"), ("at_us", "kind", "src", "dst"))
+    kind = f.get_enum(m, "kind", path, get_args(LinkEventKind))
+    if kind == "fail":
+        factor = f.get_number(m, "factor", path, 0.0, positive=False, at_most=0.0)
+    elif kind == "degrade":
+        factor = f.get_number(m, "factor", path, at_most=1.0)
+    else:  # restore: back to nominal unless told otherwise
+        factor = f.get_number(m, "factor", path, 1.0, at_most=1.0)
+    return LinkEvent(
+        at_us=f.get_number(m, "at_us", path, positive=False),
+        kind=kind,  # type: ignore[arg-type]
+        src=f.get_str(m, "src", path),
+        dst=f.get_str(m, "dst", path),
+        factor=factor,
+    )
+
+
+# ---------------------------------------------------------------- collectives
+
+
+def parse_collectives(value: Any, path: str) -> CollectivesSpec:
+    """The ``collectives:`` section -> CollectivesSpec."""
+    m = f.expect_mapping(value, path)
+    d = CollectivesSpec()
+    f.check_keys(m, path, [x.name for x in dataclasses.fields(CollectivesSpec)])
+    return CollectivesSpec(
+        resharding=f.get_enum(m, "resharding", path, get_args(Resharding), d.resharding),  # type: ignore[arg-type]
+        channels=f.get_int(m, "channels", path, d.channels),
+        granularity=f.get_enum(m, "granularity", path, get_args(Granularity), d.granularity),  # type: ignore[arg-type]
+        chunks=f.get_int(m, "chunks", path, d.chunks),
+        ring_order=f.get_enum(m, "ring_order", path, get_args(RingOrder), d.ring_order),  # type: ignore[arg-type]
+        dp_bucket_layers=f.get_int(m, "dp_bucket_layers", path, d.dp_bucket_layers),
+    )

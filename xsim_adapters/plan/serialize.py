@@ -1,0 +1,83 @@
+"""Plan -> plain data -> YAML, such that loading the result gives an equal Plan.
+
+The dict is fully explicit: the model as a mapping, every device type used with all its fields,
+every stage with its layers and every replica with its batch share or micro-batch count, so the
+round trip does not depend on presets or shorthands staying the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from typing import Any
+
+import yaml
+
+from .model import Plan
+
+
+def _plain(obj: Any) -> Any:
+    """Dataclasses -> dicts, tuples -> lists, recursively."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list | tuple):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """The plan as plain data in the plan format (``plan_from_dict`` of it equals ``plan``)."""
+    types = {}
+    for name, dt in plan.device_types.items():
+        entry = _plain(dt)
+        del entry["name"]
+        for key in ("profile", "source"):  # unset: leave out rather than write null / ""
+            if not entry[key]:
+                del entry[key]
+        types[name] = entry
+    replicas = []
+    for rep in plan.replicas:
+        r: dict[str, Any] = {"stages": [_plain(s) for s in rep.stages]}
+        if rep.batch_share is not None:
+            r["batch_share"] = rep.batch_share
+        else:
+            r["micro_batches"] = rep.micro_batches
+        replicas.append(r)
+    network = _plain(plan.network)
+    return {
+        "name": plan.name,
+        "seed": plan.seed,
+        "model": _plain(plan.model),
+        "training": _plain(plan.training),
+        "device_types": types,
+        "device_groups": {
+            g.name: {"type": g.type, "nodes": g.nodes, "gpus_per_node": g.gpus_per_node}
+            for g in plan.device_groups
+        },
+        "network": network,
+        "replicas": replicas,
+        "collectives": _plain(plan.collectives),
+    }
+
+
+def plan_to_yaml(plan: Plan) -> str:
+    """:func:`plan_to_dict` as YAML text (keys in plan order)."""
+    return yaml.safe_dump(plan_to_dict(plan), sort_keys=False, default_flow_style=None, width=100)
+
+
+def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
+    """Write :func:`plan_to_yaml` to ``path`` atomically (temporary file, then rename)."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".yaml.tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(plan_to_yaml(plan))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
