@@ -117,7 +117,11 @@ def get_number(
     if not ok:
         lo = "0" if at_least is None else f"{at_least:g}"
         if at_most is not None:
-            what = f"a number in ({lo}, {at_most:g}]" if positive else f"a number in [{lo}, {at_most:g}]"
+            what = (
+                f"a number in ({lo}, {at_most:g}]"
+                if positive
+                else f"a number in [{lo}, {at_most:g}]"
+            )
         elif at_least is not None:
             what = f"a number >= {at_least:g}"
         else:
@@ -156,11 +160,7 @@ def get_enum(
 def get_range(m: Mapping[str, Any], key: str, path: str) -> tuple[int, int]:
     """A half-open ``[start, stop)`` pair of non-negative integers, written as a 2-list."""
     v = _fetch(m, key, path, MISSING)
-    if (
-        not isinstance(v, list | tuple)
-        or len(v) != 2
-        or not all(_is_int(x) and x >= 0 for x in v)
-    ):
+    if not isinstance(v, list | tuple) or len(v) != 2 or not all(_is_int(x) and x >= 0 for x in v):
         raise PlanError(
             join(path, key), f"expected [start, stop) as two non-negative integers (got {got(v)})"
         )

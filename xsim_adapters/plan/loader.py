@@ -59,12 +59,13 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 
 
 _StrictLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping  # type: ignore[arg-type]
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _construct_mapping,  # type: ignore[arg-type]
 )
 
 
 def parse_yaml(text: str, source: str = "<text>") -> Any:
-    """YAML text -> Python data, YAML errors turned into PlanError with line and column (1-based)."""
+    """YAML text -> Python data; YAML errors become PlanError with a 1-based line and column."""
     try:
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as e:
@@ -104,7 +105,8 @@ def plan_from_dict(d: Any, base_dir: str | None = None, *, feasibility: bool = T
     """
     if d is None:
         raise PlanError(
-            "", f"the plan is empty: expected a mapping with keys {', '.join(REQUIRED_TOP_KEYS)}"
+            "",
+            f"the plan is empty: expected a mapping with keys {', '.join(REQUIRED_TOP_KEYS)}"
             " (got nothing)",
         )
     if not isinstance(d, Mapping):

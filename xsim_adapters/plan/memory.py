@@ -155,11 +155,7 @@ def stage_memory(plan: Plan, replica: int, stage: int) -> StageMemory:
 
 def all_stage_memory(plan: Plan) -> list[StageMemory]:
     """:func:`stage_memory` of every stage, replica by replica."""
-    return [
-        stage_memory(plan, r, s)
-        for r, rep in enumerate(plan.replicas)
-        for s in range(rep.pp)
-    ]
+    return [stage_memory(plan, r, s) for r, rep in enumerate(plan.replicas) for s in range(rep.pp)]
 
 
 def memory_report(plan: Plan) -> pd.DataFrame:
@@ -191,7 +187,7 @@ def memory_report(plan: Plan) -> pd.DataFrame:
 
 
 def describe_overflow(sm: StageMemory) -> str:
-    """``replicas[1].stages[0]: needs 52.3 GB per device (weights ...) but A100-40GB has 40.0 GB``."""
+    """``replicas[1].stages[0]: needs 52.3 GB per device (...) but A100-40GB has 40.0 GB``."""
     return (
         f"{sm.path}: needs {sm.total / GB:.1f} GB per device (weights {sm.weights / GB:.1f}, "
         f"gradients {sm.gradients / GB:.1f}, optimizer {sm.optimizer / GB:.1f}, "

@@ -203,7 +203,10 @@ def _device_range(m: Mapping[str, Any], path: str, group: DeviceGroup) -> tuple[
 
 def _check_tp(st: _Stage, ctx: _Context) -> None:
     """TP must split the heads and the FFN evenly, and stay in one server if so required."""
-    for what, n in (("attention heads", ctx.model.heads), ("ffn_hidden size", ctx.model.ffn_hidden)):
+    for what, n in (
+        ("attention heads", ctx.model.heads),
+        ("ffn_hidden size", ctx.model.ffn_hidden),
+    ):
         if n % st.tp:
             raise PlanError(st.fp("tp"), f"must divide the model's {n} {what} (got {st.tp})")
     g = ctx.groups[st.group]
@@ -301,7 +304,9 @@ def _check_layers(rep: _Replica, model: ModelSpec) -> None:
         if a >= b:
             raise PlanError(here, f"expected a non-empty range [start, stop) {shown}")
         if b > model.layers:
-            raise PlanError(here, f"expected a range within the model's {model.layers} layers {shown}")
+            raise PlanError(
+                here, f"expected a range within the model's {model.layers} layers {shown}"
+            )
         if prev is None:
             if a != 0:
                 raise PlanError(here, f"the first stage must start at layer 0 {shown}")

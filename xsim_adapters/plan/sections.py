@@ -1,4 +1,4 @@
-"""Parsers for the self-contained plan sections: model, training, device types, network, collectives.
+"""Parsers for self-contained plan sections: model, training, device types, network, collectives.
 
 Each ``parse_*`` takes the raw YAML value and its path and returns the section's dataclass, or
 raises :class:`PlanError` naming the first field that is wrong. Cross-section checks (stages
@@ -89,7 +89,8 @@ def _model_preset(name: Any, path: str, presets: Mapping[str, ModelSpec]) -> Mod
     if not isinstance(name, str) or name not in presets:
         raise PlanError(
             path,
-            f"unknown model preset; expected one of {', '.join(sorted(presets))} (got {f.got(name)})",
+            f"unknown model preset; expected one of {', '.join(sorted(presets))} "
+            f"(got {f.got(name)})",
         )
     return presets[name]
 
@@ -252,7 +253,9 @@ def _parse_link(value: Any, path: str) -> ExplicitLink:
 
 def _parse_event(value: Any, path: str) -> LinkEvent:
     m = f.expect_mapping(value, path)
-    f.check_keys(m, path, ("at_us", "kind", "src", "dst", "factor"), ("at_us", "kind", "src", "dst"))
+    f.check_keys(
+        m, path, ("at_us", "kind", "src", "dst", "factor"), ("at_us", "kind", "src", "dst")
+    )
     kind = f.get_enum(m, "kind", path, get_args(LinkEventKind))
     if kind == "fail":
         factor = f.get_number(m, "factor", path, 0.0, positive=False, at_most=0.0)
