@@ -172,8 +172,21 @@ NdpPullPacer* Replayer::pacer_for(uint32_t link) {
 
 void Replayer::start_flow(uint32_t op) {
     const OpSpec& f = _in.ops[op];
-    if (f.fwd_route < 0 || f.value == 0) {
-        _finished.push_back(op);  // a local copy or an empty message costs no network time
+    if (f.fwd_route < 0) {
+        _finished.push_back(op);  // a local copy costs no network time
+        return;
+    }
+    if (f.value == 0) {
+        // An empty message (htsim cannot send a zero-byte flow): it arrives after the route's
+        // propagation latency, as in the flow backend.
+        simtime_picosec lat = 0;
+        for (uint32_t l : _in.routes[f.fwd_route]) lat += _in.links[l].latency_ps;
+        if (lat == 0) {
+            _finished.push_back(op);
+        } else {
+            _timers.push(Timer(eventlist().now() + lat, op));
+            eventlist().sourceIsPending(*this, eventlist().now() + lat);
+        }
         return;
     }
     _flows_started++;
