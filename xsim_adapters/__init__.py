@@ -1,0 +1,39 @@
+"""xsim-adapters: heterogeneity-aware simulation of distributed LLM training over pluggable
+network simulators. The public API (see :mod:`xsim_adapters.api`)."""
+
+from .api import (
+    BackendComparison,
+    build_topology,
+    compare_backends,
+    generate,
+    load_plan,
+    metrics,
+    read_trace,
+    run,
+    write_trace,
+)
+from .backends.base import Timeline
+from .backends.registry import get_backend, list_backends
+from .metrics.bundle import Metrics
+from .metrics.compare import Comparison, compare
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendComparison",
+    "Comparison",
+    "Metrics",
+    "Timeline",
+    "__version__",
+    "build_topology",
+    "compare",
+    "compare_backends",
+    "generate",
+    "get_backend",
+    "list_backends",
+    "load_plan",
+    "metrics",
+    "read_trace",
+    "run",
+    "write_trace",
+]

@@ -1,0 +1,192 @@
+"""The Python API, for notebooks and scripts: plan -> trace -> timeline -> metrics.
+
+>>> import xsim_adapters as xs
+>>> plan = xs.load_plan("workloads/hetero-dp-h100-a100.yaml")
+>>> trace = xs.generate(plan)
+>>> tl = xs.run(plan, backend="flow")             # or xs.run(trace, topology=...)
+>>> m = xs.metrics(trace, tl); m.ranks, m.summary
+
+The pipeline modules are imported when first used, so ``import xsim_adapters`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .backends.base import Timeline
+from .errors import BackendError, TraceError, XsimError
+from .metrics.bundle import Metrics, compute_metrics
+from .metrics.compare import Comparison, compare_metrics
+from .trace.schema import Trace
+
+if TYPE_CHECKING:
+    from .plan.model import Plan
+    from .topology.model import Topology
+
+PLAN_FILE = "plan.yaml"  # written into every trace directory the CLI/API writes
+
+
+def load_plan(source: str | Path) -> Plan:
+    """Validate a plan from a YAML file path or YAML text; raises PlanError naming the path."""
+    from .plan import load_plan as _load_plan
+
+    return _load_plan(source)
+
+
+def generate(plan: Plan) -> Trace:
+    """The backend-agnostic trace of one training iteration of ``plan``."""
+    from .workload import generate as _generate
+
+    return _generate(plan)
+
+
+def build_topology(plan: Plan) -> Topology:
+    """The network graph of ``plan`` (GPUs, switches, links in Gb/s and ns, ECMP routing)."""
+    from .topology import build_topology as _build
+
+    return _build(plan)
+
+
+def plan_yaml(plan: Plan) -> str:
+    """``plan`` as YAML text that :func:`load_plan` reads back to an equal plan."""
+    import yaml
+
+    from .plan import plan_to_dict
+
+    return yaml.safe_dump(plan_to_dict(plan), sort_keys=False)
+
+
+def write_trace(trace: Trace, directory: str | Path, plan: Plan | None = None) -> Path:
+    """Write ``trace`` to ``directory`` atomically; with ``plan``, also ``plan.yaml`` beside it
+    so the trace can be replayed later (the topology is rebuilt from that plan)."""
+    from .report._atomic import write_text_atomic
+    from .trace import write_trace as _write_trace
+
+    directory = Path(directory)
+    _write_trace(trace, directory)
+    if plan is not None:
+        write_text_atomic(directory / PLAN_FILE, plan_yaml(plan))
+    return directory
+
+
+def read_trace(directory: str | Path) -> Trace:
+    """Read a trace directory; raises TraceError if missing, damaged or of another version."""
+    from .trace import read_trace as _read_trace
+
+    return _read_trace(directory)
+
+
+def load_trace_and_plan(directory: str | Path) -> tuple[Trace, Plan]:
+    """A trace directory and the plan stored beside it (``plan.yaml``), for replays."""
+    directory = Path(directory)
+    trace = read_trace(directory)
+    plan_path = directory / PLAN_FILE
+    if not plan_path.is_file():
+        raise TraceError(
+            f"{directory}: no {PLAN_FILE} in the trace directory, so its network cannot be"
+            " rebuilt; write traces with `xsim trace PLAN -o DIR` (which stores the plan) or"
+            " pass the plan itself"
+        )
+    return trace, load_plan(plan_path)
+
+
+def _backend(name: str):
+    from .backends.registry import get_backend
+
+    return get_backend(name)
+
+
+def run(plan_or_trace: Plan | Trace | str | Path, backend: str = "flow",
+        topology: Topology | None = None, options: Mapping[str, Any] | None = None,
+        trace: Trace | None = None) -> Timeline:
+    """Replay one iteration on ``backend``; returns a complete Timeline (times in ns).
+
+    ``plan_or_trace``: a Plan (the trace is generated, the topology built), a Trace (then
+    ``topology`` is required: a trace alone does not describe the network), a plan YAML path,
+    or a trace directory holding ``plan.yaml``. ``trace`` reuses an already generated trace
+    of the plan. Raises BackendUnavailable / BackendError from the backend.
+    """
+    plan: Plan | None = None
+    if isinstance(plan_or_trace, str | Path):
+        p = Path(plan_or_trace)
+        if p.is_dir():
+            trace, plan = load_trace_and_plan(p)
+        else:
+            plan = load_plan(p)
+    elif isinstance(plan_or_trace, Trace):
+        trace = plan_or_trace
+    else:
+        plan = plan_or_trace
+    if trace is None:
+        assert plan is not None
+        trace = generate(plan)
+    if topology is None:
+        if plan is None:
+            raise XsimError(
+                "run(trace): pass topology=build_topology(plan); a trace alone does not"
+                " describe the network"
+            )
+        topology = build_topology(plan)
+    be = _backend(backend)
+    timeline = be.run(trace, topology, dict(options or {}))
+    if not isinstance(timeline, Timeline):
+        raise BackendError(f"backend {backend!r} returned {type(timeline).__name__}, not a"
+                           " Timeline")
+    timeline.check_complete(trace)
+    return timeline
+
+
+def metrics(trace: Trace, timeline: Timeline) -> Metrics:
+    """All metrics of one run: ``.timeline``, ``.ranks``, ``.stragglers``, ``.replicas``,
+    ``.device_types`` (pandas frames, times in ns) and ``.summary`` (dict)."""
+    return compute_metrics(trace, timeline)
+
+
+@dataclass
+class BackendComparison:
+    """Several backends on one trace and topology. ``pairs[(a, b)]`` compares b against a
+    (the first backend is the reference); ``table`` / ``ranks`` stack all pairs."""
+
+    trace: Trace
+    timelines: dict[str, Timeline]
+    metrics: dict[str, Metrics]
+    pairs: dict[tuple[str, str], Comparison] = field(default_factory=dict)
+
+    @property
+    def table(self):
+        import pandas as pd
+
+        return pd.concat([c.metrics for c in self.pairs.values()], ignore_index=True)
+
+    @property
+    def ranks(self):
+        import pandas as pd
+
+        return pd.concat(
+            [c.ranks.assign(backend_a=a, backend_b=b) for (a, b), c in self.pairs.items()],
+            ignore_index=True,
+        )
+
+
+def compare_backends(plan: Plan, backends: Sequence[str] = ("flow", "ns3"),
+                     options: Mapping[str, Mapping[str, Any]] | None = None,
+                     trace: Trace | None = None, topology: Topology | None = None,
+                     ) -> BackendComparison:
+    """Run every backend on the identical trace and topology of ``plan`` and compare each
+    with the first. ``options`` maps a backend name to its options."""
+    names = list(dict.fromkeys(backends))
+    if len(names) < 2:
+        raise XsimError(f"compare needs at least two different backends (got {names})")
+    trace = trace if trace is not None else generate(plan)
+    topology = topology if topology is not None else build_topology(plan)
+    tls: dict[str, Timeline] = {}
+    mets: dict[str, Metrics] = {}
+    for name in names:
+        tls[name] = run(trace, name, topology, (options or {}).get(name))
+        mets[name] = compute_metrics(trace, tls[name])
+    ref = names[0]
+    pairs = {(ref, b): compare_metrics(mets[ref], mets[b]) for b in names[1:]}
+    return BackendComparison(trace, tls, mets, pairs)

@@ -1,0 +1,310 @@
+"""The ``xsim`` command: validate plans, write traces, run backends, compare them.
+
+Errors the project raises on purpose (XsimError) print as one ``xsim: error: ...`` line (or a
+few) with exit status 1, never a traceback; ``xsim`` without a subcommand prints help, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import XsimError
+
+DEFAULT_OUT = "xsim-out"
+
+
+def _fmt_ns(ns: float | None) -> str:
+    if ns is None:
+        return "n/a"
+    if abs(ns) >= 1e9:
+        return f"{ns / 1e9:.3f} s"
+    if abs(ns) >= 1e6:
+        return f"{ns / 1e6:.3f} ms"
+    if abs(ns) >= 1e3:
+        return f"{ns / 1e3:.3f} us"
+    return f"{ns:.0f} ns"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def parse_options(items: Sequence[str]) -> dict[str, Any]:
+    """``["k=v", ...]`` -> dict; values are parsed as YAML scalars (``3``, ``0.5``, ``true``)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise XsimError(f"--option {item!r}: expected KEY=VALUE (e.g. --option seed=1)")
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    return out
+
+
+def _split_backend_options(opts: dict[str, Any], backends: Sequence[str]
+                           ) -> dict[str, dict[str, Any]]:
+    """``ns3.transport=dctcp`` goes to ns3 only; an unprefixed key goes to every backend."""
+    per: dict[str, dict[str, Any]] = {b: {} for b in backends}
+    for k, v in opts.items():
+        head, dot, rest = k.partition(".")
+        if dot and head in per:
+            per[head][rest] = v
+        else:
+            for b in backends:
+                per[b][k] = v
+    return per
+
+
+# ---------------------------------------------------------------- subcommands
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from . import api
+
+    plan = api.load_plan(args.plan)
+    tr = plan.training
+    print(f"plan {plan.name!r}: valid")
+    print(f"  {plan.num_ranks} ranks on {plan.num_nodes} servers in "
+          f"{len(plan.device_groups)} device groups; model {plan.model.name} "
+          f"({plan.model.layers} layers, hidden {plan.model.hidden}, seq {plan.model.seq_len})")
+    print(f"  training: global batch {tr.global_batch}, micro-batch {tr.micro_batch}, "
+          f"schedule {tr.schedule}, ZeRO {tr.zero_stage}, recompute {tr.recompute}")
+    print(f"  {plan.dp} replicas:")
+    for i, rep in enumerate(plan.replicas):
+        tps = ",".join(str(s.tp) for s in rep.stages)
+        layers = " ".join(f"[{s.layers[0]},{s.layers[1]})" for s in rep.stages)
+        groups = ",".join(dict.fromkeys(s.group for s in rep.stages))
+        print(f"    replica {i}: pp {rep.pp}, tp [{tps}], {rep.micro_batches} micro-batches, "
+              f"layers {layers}, on {groups}")
+    from .plan.memory import memory_report
+
+    mem = memory_report(plan)
+    print("  memory per device (GB): replica stage type tp total / capacity")
+    for r in mem.itertuples():
+        print(f"    {r.replica:>3} {r.stage:>3} {r.device_type:<12} tp {r.tp:<2} "
+              f"{r.total_GB:8.2f} / {r.capacity_GB:.0f}  (weights {r.weights_GB:.2f}, "
+              f"grads {r.gradients_GB:.2f}, optimizer {r.optimizer_GB:.2f}, "
+              f"activations {r.activations_GB:.2f})")
+    return 0
+
+
+def _op_counts(trace) -> str:
+    from .trace.schema import KINDS
+
+    counts = trace.ops["kind"].value_counts()
+    parts = [f"{int(counts.get(i, 0))} {k}" for i, k in enumerate(KINDS)]
+    return f"{trace.num_ops} ops ({', '.join(parts)}), {len(trace.deps)} dependency edges"
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from . import api
+
+    plan = api.load_plan(args.plan)
+    trace = api.generate(plan)
+    api.write_trace(trace, args.output, plan)
+    print(f"wrote {_op_counts(trace)} to {args.output}")
+    return 0
+
+
+def _load_input(path: str):
+    """(plan, trace or None) from a plan file or a trace directory."""
+    from . import api
+
+    p = Path(path)
+    if p.is_dir():
+        trace, plan = api.load_trace_and_plan(p)
+        return plan, trace
+    return api.load_plan(p), None
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    tps = s.get("tokens_per_s")
+    print(f"backend {s['backend']}: iteration {_fmt_ns(s['iteration_time_ns'])}, "
+          f"{tps:,.0f} tokens/s, MFU {_pct(s.get('mfu'))}" if tps is not None else
+          f"backend {s['backend']}: iteration {_fmt_ns(s['iteration_time_ns'])}, "
+          f"MFU {_pct(s.get('mfu'))}")
+    for name, d in s.get("device_types", {}).items():
+        print(f"  {name}: {d['ranks']} GPUs, {d['achieved_tflops_per_gpu']:.1f} TFLOP/s per GPU, "
+              f"MFU {_pct(d.get('mfu'))}")
+    m = s["means"]
+    print(f"  per rank (mean): compute {_fmt_ns(m['compute_ns'])}, comm {_fmt_ns(m['comm_ns'])} "
+          f"(exposed {_fmt_ns(m['exposed_comm_ns'])}), bubble {_fmt_ns(m['bubble_ns'])}, "
+          f"straggler wait {_fmt_ns(m['straggler_wait_ns'])}, idle {_fmt_ns(m['idle_ns'])}")
+    worst = s.get("max_straggler")
+    if worst:
+        print(f"  largest straggler: rank {worst['rank']} made others wait "
+              f"{_fmt_ns(worst['caused_wait_ns'])} in total")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from . import api
+    from .report.outputs import write_run
+    from .report.progress import ProgressBar
+
+    out = Path(args.output)
+    options = parse_options(args.option or [])
+    steps = 5 if args.no_plots else 6
+    with ProgressBar(steps, "xsim run", force=args.progress) as bar:
+        bar.advance(0, "loading")
+        plan, trace = _load_input(args.plan)
+        if trace is None:
+            bar.advance(0, "generating the trace")
+            trace = api.generate(plan)
+        bar.advance(1, "writing the trace")
+        api.write_trace(trace, out / "trace", plan)
+        bar.advance(1, "building the topology")
+        topology = api.build_topology(plan)
+        bar.advance(1, f"running {args.backend}")
+        timeline = api.run(trace, args.backend, topology, options)
+        bar.advance(1, "computing metrics")
+        met = api.metrics(trace, timeline)
+        bar.advance(1, "writing outputs")
+        write_run(out, timeline, met, plots=not args.no_plots,
+                  title=f"{plan.name} on {timeline.backend}")
+        bar.advance(steps - bar.done, "done")
+    _print_summary(met.summary)
+    print(f"wrote {out}/: trace/, timeline.parquet, ranks.csv, summary.json"
+          + ("" if args.no_plots else ", timeline.png, timeline.perfetto.json"))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from . import api
+    from .report.outputs import write_csv, write_run
+    from .report.plot import plot_compare
+    from .report.progress import ProgressBar
+
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if len(set(backends)) < 2:
+        raise XsimError(f"--backends needs at least two different names (got {args.backends!r})")
+    per = _split_backend_options(parse_options(args.option or []), backends)
+    out = Path(args.output)
+    with ProgressBar(2 + len(backends), "xsim compare", force=args.progress) as bar:
+        plan, trace = _load_input(args.plan)
+        if trace is None:
+            trace = api.generate(plan)
+        api.write_trace(trace, out / "trace", plan)
+        topology = api.build_topology(plan)
+        bar.advance(1, f"running {', '.join(backends)}")
+        cmp = api.compare_backends(plan, backends, per, trace=trace, topology=topology)
+        bar.advance(len(backends), "writing outputs")
+        for name in backends:
+            write_run(out / name, cmp.timelines[name], cmp.metrics[name], plots=False)
+        write_csv(out / "compare.csv", cmp.table)
+        write_csv(out / "compare_ranks.csv", cmp.ranks)
+        plot_compare(out / "compare.png", {b: cmp.metrics[b].summary for b in backends},
+                     title=f"{plan.name}: {' vs '.join(backends)}")
+        bar.advance(1, "done")
+    for name in backends:
+        _print_summary(cmp.metrics[name].summary)
+    ref = backends[0]
+    for b in backends[1:]:
+        t = cmp.pairs[(ref, b)].metrics.set_index("metric")
+        rel = t.loc["iteration_time_ns", "rel_diff"]
+        print(f"{b} vs {ref}: iteration time {100 * rel:+.2f}%")
+    print(f"wrote {out}/: compare.csv, compare_ranks.csv, compare.png, "
+          + ", ".join(f"{b}/summary.json" for b in backends))
+    return 0
+
+
+def cmd_backends(args: argparse.Namespace) -> int:
+    from .backends.registry import list_backends
+
+    rows = list_backends()
+    if not rows:
+        print("no backends are installed (entry-point group xsim_adapters.backends is empty)")
+        return 0
+    width = max(len(n) for n, _, _ in rows)
+    for name, ok, reason in rows:
+        status = "available" if ok else "unavailable"
+        print(f"{name:<{width}}  {status}" + (f": {reason}" if reason else ""))
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="xsim",
+        description="Simulate one training iteration of an LLM deployment plan on a "
+                    "heterogeneous GPU cluster, on a choice of network simulators.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    def add(name: str, help_: str, fn) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.set_defaults(func=fn)
+        return sp
+
+    v = add("validate", "Check a plan and print its ranks, replicas and memory per stage.",
+            cmd_validate)
+    v.add_argument("plan", metavar="PLAN", help="The plan YAML file to check.")
+
+    t = add("trace", "Generate the trace of a plan and write it to a directory.", cmd_trace)
+    t.add_argument("plan", metavar="PLAN", help="The plan YAML file.")
+    t.add_argument("-o", "--output", required=True, metavar="DIR",
+                   help="The trace directory to write (the plan is stored in it as plan.yaml).")
+
+    def run_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("plan", metavar="PLAN",
+                        help="A plan YAML file, or a trace directory written by `xsim trace`.")
+        sp.add_argument("-o", "--output", default=DEFAULT_OUT, metavar="OUT",
+                        help=f"The output directory (default: {DEFAULT_OUT}).")
+        sp.add_argument("--option", action="append", metavar="KEY=VALUE",
+                        help="A backend option; repeat for several (values are read as YAML "
+                             "scalars, e.g. seed=1).")
+        sp.add_argument("--progress", action="store_true", default=None,
+                        help="Draw the progress bar even when stderr is not a terminal.")
+
+    r = add("run", "Run one backend on a plan or trace and write the timeline, per-rank "
+                   "metrics, summary and pictures.", cmd_run)
+    run_args(r)
+    r.add_argument("--backend", default="flow", metavar="NAME",
+                   help="The backend to run (default: flow; see `xsim backends`).")
+    r.add_argument("--no-plots", action="store_true",
+                   help="Skip timeline.png and timeline.perfetto.json.")
+
+    c = add("compare", "Run several backends on the identical trace and topology and write "
+                       "their metrics side by side.", cmd_compare)
+    run_args(c)
+    c.add_argument("--backends", default="flow,ns3", metavar="A,B",
+                   help="Comma-separated backends; the first is the reference (default: "
+                        "flow,ns3). Prefix an option with a backend name to aim it at that "
+                        "backend only, e.g. --option ns3.transport=dctcp.")
+
+    add("backends", "List every installed backend with its availability and, if it cannot "
+                    "run here, the reason.", cmd_backends)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``xsim``; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args))
+    except XsimError as exc:
+        print(f"xsim: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a missing or unwritable file the user named
+        print(f"xsim: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("xsim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
