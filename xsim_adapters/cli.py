@@ -146,11 +146,13 @@ def _print_summary(s: dict[str, Any]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from . import api
+    from .backends.registry import get_backend
     from .report.outputs import write_run
     from .report.progress import ProgressBar
 
     out = Path(args.output)
     options = parse_options(args.option or [])
+    get_backend(args.backend)  # fail on an unknown or unavailable backend before any work
     steps = 5 if args.no_plots else 6
     with ProgressBar(steps, "xsim run", force=args.progress) as bar:
         bar.advance(0, "loading")
@@ -186,6 +188,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if len(set(backends)) < 2:
         raise XsimError(f"--backends needs at least two different names (got {args.backends!r})")
     per = _split_backend_options(parse_options(args.option or []), backends)
+    from .backends.registry import get_backend
+
+    for name in backends:  # fail on an unknown or unavailable backend before any work
+        get_backend(name)
     out = Path(args.output)
     with ProgressBar(2 + len(backends), "xsim compare", force=args.progress) as bar:
         plan, trace = _load_input(args.plan)

@@ -1,0 +1,127 @@
+"""The ``xsim`` command line: help, validate, backends, option parsing and error handling."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from xsim_adapters import cli
+from xsim_adapters.errors import XsimError
+
+REPO = Path(__file__).resolve().parents[1]
+HETERO = REPO / "workloads" / "hetero-dp-h100-a100.yaml"
+try:
+    from xsim_adapters.trace import read_trace as _read_trace  # noqa: F401
+
+    HAVE_TRACE_IO = True
+except ImportError:  # the generator engineer's trace I/O has not landed yet
+    HAVE_TRACE_IO = False
+
+SUBCOMMANDS = ("validate", "trace", "run", "compare", "backends")
+
+
+def test_no_arguments_prints_help_and_exits_2(capsys) -> None:
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: xsim")
+    for name in SUBCOMMANDS:
+        assert name in err
+
+
+@pytest.mark.parametrize("name", SUBCOMMANDS)
+def test_every_subcommand_has_full_sentence_help(name: str, capsys) -> None:
+    with pytest.raises(SystemExit) as ei:
+        cli.main([name, "--help"])
+    assert ei.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: xsim {name}")
+    sub = cli.build_parser()._subparsers._group_actions[0].choices[name]  # type: ignore[union-attr]
+    assert sub.description and sub.description[0].isupper() and sub.description.endswith(".")
+    for action in sub._actions:
+        if action.help and action.dest != "help":
+            assert action.help[0].isupper() and action.help.endswith("."), action.help
+
+
+def test_console_script_runs_help() -> None:
+    r = subprocess.run([sys.executable, "-m", "xsim_adapters.cli", "backends", "--help"],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 0 and "availability" in r.stdout
+
+
+def test_backends_lists_flow_as_available(capsys) -> None:
+    assert cli.main(["backends"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    flow = [ln for ln in lines if ln.split()[0] == "flow"]
+    assert flow and flow[0].split()[1] == "available"
+
+
+def test_validate_prints_replicas_and_memory(capsys) -> None:
+    assert cli.main(["validate", str(HETERO)]) == 0
+    out = capsys.readouterr().out
+    assert "plan 'llama2-7b-h100-a100': valid" in out
+    assert "16 ranks on 2 servers" in out
+    assert "replica 0: pp 1, tp [8]" in out
+    assert "replica 1: pp 2, tp [4,4]" in out
+    assert "layers [0,18) [18,32)" in out
+    assert "memory per device (GB)" in out
+    assert out.count(" / 80 ") + out.count(" / 40 ") == 3  # one line per stage
+
+
+def test_invalid_plan_is_one_line_error_exit_1(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(HETERO.read_text().replace("tp: 4, layers: [0, 18]", "tp: 3, layers: [0, 18]"))
+    assert cli.main(["validate", str(bad)]) == 1
+    cap = capsys.readouterr()
+    assert cap.out == ""
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("xsim: error: ")
+    assert "replicas[1].stages[0]" in lines[0]
+    assert "Traceback" not in cap.err
+
+
+def test_missing_plan_file_is_an_error_not_a_traceback(tmp_path: Path, capsys) -> None:
+    assert cli.main(["validate", str(tmp_path / "nope.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("xsim: error: ") and "nope.yaml" in err and "Traceback" not in err
+
+
+def test_unknown_backend_is_one_line_error(tmp_path: Path, capsys) -> None:
+    rc = cli.main(["run", str(HETERO), "--backend", "ns4", "-o", str(tmp_path / "o"),
+                   "--no-plots"])
+    assert rc == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("xsim: error: unknown backend 'ns4'; known backends: ")
+    assert "flow" in err[0]
+
+
+@pytest.mark.skipif(not HAVE_TRACE_IO, reason="xsim_adapters.trace.read_trace not landed yet")
+def test_broken_trace_directory_is_one_line_error(tmp_path: Path, capsys) -> None:
+    d = tmp_path / "trace"
+    d.mkdir()
+    (d / "manifest.json").write_text("{ not json")
+    assert cli.main(["run", str(d), "-o", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) <= 3 and err[0].startswith("xsim: error: ")
+
+
+def test_parse_options_reads_yaml_scalars() -> None:
+    assert cli.parse_options(["seed=3", "rate=0.5", "ecn=true", "transport=dctcp", "x="]) == {
+        "seed": 3, "rate": 0.5, "ecn": True, "transport": "dctcp", "x": ""}
+    with pytest.raises(XsimError, match=r"--option 'seed': expected KEY=VALUE"):
+        cli.parse_options(["seed"])
+
+
+def test_backend_prefixed_options_go_to_that_backend_only() -> None:
+    per = cli._split_backend_options({"seed": 1, "ns3.transport": "dctcp"}, ["flow", "ns3"])
+    assert per == {"flow": {"seed": 1}, "ns3": {"seed": 1, "transport": "dctcp"}}
+
+
+def test_compare_needs_two_backends(tmp_path: Path, capsys) -> None:
+    assert cli.main(["compare", str(HETERO), "--backends", "flow,flow", "-o",
+                     str(tmp_path)]) == 1
+    assert "at least two different names" in capsys.readouterr().err
