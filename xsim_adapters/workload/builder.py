@@ -1,0 +1,203 @@
+"""Accumulating ops, edges and collectives in bulk (numpy chunks), and tiling templates.
+
+Ops get dense ids in the order they are added. A :class:`TraceBuilder` is used twice: as the
+global builder of a trace, and to build a *template* (one stage's forward or backward block for
+one micro-batch, with local rank indices) that :meth:`TraceBuilder.add_tiled` then instantiates
+for every micro-batch at once with id, rank and collective offsets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..trace.schema import COLLECTIVE_COLUMNS, DEP_COLUMNS, OP_COLUMNS
+
+_OP_DEFAULTS: dict[str, Any] = {
+    "dst": -1,
+    "bytes": 0,
+    "duration_ns": 0,
+    "flops": 0.0,
+    "replica": -1,
+    "stage": -1,
+    "microbatch": -1,
+    "layer_start": -1,
+    "layer_stop": -1,
+    "collective": -1,
+    "step": -1,
+    "channel": -1,
+}
+_OP_COLS = [c for c in OP_COLUMNS if c != "op_id"]
+_COLL_COLS = [c for c in COLLECTIVE_COLUMNS if c != "collective"]
+_COLL_DEFAULTS: dict[str, Any] = {
+    "channels": 1,
+    "sync_group": -1,
+    "layer_start": -1,
+    "layer_stop": -1,
+    "chunk": -1,
+}
+
+
+def _column(value: Any, n: int, dtype: Any) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.ndim == 0:
+        return np.full(n, value, dtype=dtype)
+    arr = arr.reshape(-1)
+    if len(arr) != n:
+        raise ValueError(f"column of length {len(arr)} for {n} ops")
+    return arr.astype(dtype, copy=False)
+
+
+@dataclass
+class Template:
+    """A frozen block of ops with local ids, local ranks and local collective ids."""
+
+    cols: dict[str, np.ndarray]
+    pred: np.ndarray
+    succ: np.ndarray
+    colls: dict[str, np.ndarray]
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.cols["kind"])
+
+    @property
+    def num_collectives(self) -> int:
+        return len(self.colls["kind"])
+
+
+class TraceBuilder:
+    """Collects op columns, dependency edges and collective rows as numpy chunks."""
+
+    def __init__(self) -> None:
+        self._ops: dict[str, list[np.ndarray]] = {c: [] for c in _OP_COLS}
+        self._pred: list[np.ndarray] = []
+        self._succ: list[np.ndarray] = []
+        self._colls: dict[str, list[np.ndarray]] = {c: [] for c in _COLL_COLS}
+        self.num_ops = 0
+        self.num_collectives = 0
+
+    def add_ops(self, n: int, **cols: Any) -> np.ndarray:
+        """Append ``n`` ops; each column is a scalar or an array of length n. Returns ids."""
+        for c in _OP_COLS:
+            if c in cols:
+                v = cols.pop(c)
+            elif c in _OP_DEFAULTS:
+                v = _OP_DEFAULTS[c]
+            else:
+                raise TypeError(f"add_ops: column {c!r} is required")
+            self._ops[c].append(_column(v, n, OP_COLUMNS[c]))
+        if cols:
+            raise TypeError(f"add_ops: unknown columns {sorted(cols)}")
+        ids = np.arange(self.num_ops, self.num_ops + n, dtype=np.int64)
+        self.num_ops += n
+        return ids
+
+    def add_edges(self, pred: Any, succ: Any) -> None:
+        """Append edges pred -> succ (arrays broadcast against each other)."""
+        p, s = np.broadcast_arrays(
+            np.asarray(pred, dtype=np.int64), np.asarray(succ, dtype=np.int64)
+        )
+        if p.size:
+            self._pred.append(p.reshape(-1).copy())
+            self._succ.append(s.reshape(-1).copy())
+
+    def add_collectives(self, n: int, **cols: Any) -> np.ndarray:
+        """Append ``n`` collective rows; returns their ids."""
+        for c in _COLL_COLS:
+            if c in cols:
+                v = cols.pop(c)
+            elif c in _COLL_DEFAULTS:
+                v = _COLL_DEFAULTS[c]
+            else:
+                raise TypeError(f"add_collectives: column {c!r} is required")
+            dtype = COLLECTIVE_COLUMNS[c]
+            if dtype is object:
+                arr = np.asarray(v, dtype=object)
+                arr = np.full(n, v, dtype=object) if arr.ndim == 0 else arr.reshape(-1)
+            else:
+                arr = _column(v, n, dtype)
+            self._colls[c].append(arr)
+        if cols:
+            raise TypeError(f"add_collectives: unknown columns {sorted(cols)}")
+        ids = np.arange(self.num_collectives, self.num_collectives + n, dtype=np.int64)
+        self.num_collectives += n
+        return ids
+
+    def freeze(self) -> Template:
+        """This builder's content as a template (local ids)."""
+        return Template(
+            cols=self._op_arrays(),
+            pred=_cat(self._pred, np.int64),
+            succ=_cat(self._succ, np.int64),
+            colls={c: _cat(v, COLLECTIVE_COLUMNS[c]) for c, v in self._colls.items()},
+        )
+
+    def add_tiled(
+        self,
+        tpl: Template,
+        copies: int,
+        rank_map: np.ndarray,
+        per_copy: dict[str, np.ndarray],
+        rank_label: dict[str, str],
+    ) -> np.ndarray:
+        """Instantiate ``tpl`` ``copies`` times; returns the base op id of every copy.
+
+        ``rank_map`` maps local rank indices to global ranks (for ``rank`` and ``dst``);
+        ``per_copy`` gives op columns that are constant within a copy (e.g. microbatch);
+        ``rank_label`` maps the template's local ``ranks`` strings to global ones.
+        """
+        t, nc = tpl.num_ops, tpl.num_collectives
+        base = self.num_ops + np.arange(copies, dtype=np.int64) * t
+        cols: dict[str, Any] = {}
+        for c, arr in tpl.cols.items():
+            if c in per_copy:
+                cols[c] = np.repeat(np.asarray(per_copy[c]), t)
+            elif c in ("rank", "dst"):
+                mapped = np.where(arr >= 0, rank_map[np.maximum(arr, 0)], -1)
+                cols[c] = np.tile(mapped, copies)
+            elif c == "collective":
+                coll_base = self.num_collectives + np.arange(copies, dtype=np.int64) * nc
+                local = np.tile(arr.astype(np.int64), copies)
+                cols[c] = np.where(local >= 0, local + np.repeat(coll_base, t), -1)
+            else:
+                cols[c] = np.tile(arr, copies)
+        self.add_ops(t * copies, **cols)
+        if len(tpl.pred):
+            off = np.repeat(base, len(tpl.pred))
+            self.add_edges(np.tile(tpl.pred, copies) + off, np.tile(tpl.succ, copies) + off)
+        if nc:
+            ccols: dict[str, Any] = {}
+            for c, arr in tpl.colls.items():
+                if c == "ranks":
+                    ccols[c] = np.tile(np.array([rank_label[s] for s in arr], dtype=object), copies)
+                else:
+                    ccols[c] = np.tile(arr, copies)
+            self.add_collectives(nc * copies, **ccols)
+        return base
+
+    def _op_arrays(self) -> dict[str, np.ndarray]:
+        return {c: _cat(v, OP_COLUMNS[c]) for c, v in self._ops.items()}
+
+    def frames(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        """(ops, deps, collectives) frames with the schema's columns and dtypes."""
+        ops = {"op_id": np.arange(self.num_ops, dtype=np.int64)}
+        ops.update(self._op_arrays())
+        self._ops = {c: [] for c in _OP_COLS}  # release the chunks
+        ops_df = pd.DataFrame(ops, columns=list(OP_COLUMNS))
+        deps = pd.DataFrame(
+            {"pred": _cat(self._pred, np.int64), "succ": _cat(self._succ, np.int64)},
+            columns=list(DEP_COLUMNS),
+        )
+        colls = {"collective": np.arange(self.num_collectives, dtype=np.int32)}
+        colls.update({c: _cat(v, COLLECTIVE_COLUMNS[c]) for c, v in self._colls.items()})
+        return ops_df, deps, pd.DataFrame(colls, columns=list(COLLECTIVE_COLUMNS))
+
+
+def _cat(chunks: list[np.ndarray], dtype: Any) -> np.ndarray:
+    if not chunks:
+        return np.zeros(0, dtype=dtype)
+    return np.concatenate(chunks).astype(dtype, copy=False)

@@ -1,0 +1,230 @@
+"""The compute model: FLOPs, bytes and durations of one stage's compute ops.
+
+Per transformer layer and micro-batch (b = micro_batch, s = seq_len, h = hidden, f = ffn_hidden,
+kv = kv_heads, hd = h / heads), forward FLOPs on one rank of a TP group of size ``tp``:
+
+- attention block: QKV ``2bs*h*(h + 2*kv*hd)`` + out-projection ``2bs*h^2`` + scores and
+  context ``4*b*s^2*h`` (halved with ``training.causal_attention_halving``), all / tp;
+- MLP block: ``2bs*h*f*(3 if gated_mlp else 2)`` / tp.
+
+Backward = 2x forward (input and weight gradients). A block's time is the roofline
+``max(FLOPs / (peak * 1e12 * efficiency), bytes / (hbm_GBps * 1e9))`` where bytes = the block's
+weight bytes / tp + an activation-traffic estimate (see :func:`block_bytes`); backward moves 2x
+the forward bytes. A device type's profile CSV (columns ``tp, micro_batch, seq_len,
+fwd_layer_us, bwd_layer_us``) wins where it has a matching row; the measured layer time is split
+between the attention and MLP blocks in proportion to their FLOPs.
+
+Parameter counts (layer, embedding, head) come from :mod:`xsim_adapters.plan.memory`, so the
+memory model, the optimizer step and the DP gradient bytes agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import pandas as pd
+
+from ..errors import PlanError
+from ..plan.memory import embedding_params, head_params, layer_params
+from ..plan.model import DeviceType, ModelSpec, TrainingSpec
+
+# Adam step traffic per parameter, bytes: it reads and writes 16 bytes of state per parameter
+# (fp32 master weight, m and v = 12, plus the bf16 weight and gradient = 4): 2 x 16.
+ADAM_BYTES_PER_PARAM = 32
+PROFILE_COLUMNS = ("tp", "micro_batch", "seq_len", "fwd_layer_us", "bwd_layer_us")
+
+
+def attention_params(model: ModelSpec) -> int:
+    """Weights of one layer's attention matrices (QKV + out-projection), in parameters."""
+    h, hd = model.hidden, model.head_dim
+    return h * (h + 2 * model.kv_heads * hd) + h * h
+
+
+def mlp_params(model: ModelSpec) -> int:
+    """Weights of one layer's MLP matrices, in parameters (3 matrices if gated, else 2)."""
+    return model.hidden * model.ffn_hidden * (3 if model.gated_mlp else 2)
+
+
+@dataclass(frozen=True)
+class LayerFlops:
+    """Forward FLOPs of one layer for one micro-batch on one TP rank, split by block."""
+
+    attention: float
+    mlp: float
+
+    @property
+    def total(self) -> float:
+        return self.attention + self.mlp
+
+
+def layer_flops(model: ModelSpec, training: TrainingSpec, tp: int) -> LayerFlops:
+    """Forward FLOPs per rank of one layer for one micro-batch (backward is 2x this)."""
+    b, s, h = training.micro_batch, model.seq_len, model.hidden
+    bs = b * s
+    qkv = 2.0 * bs * h * (h + 2 * model.kv_heads * model.head_dim)
+    proj = 2.0 * bs * h * h
+    scores = 4.0 * b * s * s * h * (0.5 if training.causal_attention_halving else 1.0)
+    mlp = 2.0 * bs * h * model.ffn_hidden * (3 if model.gated_mlp else 2)
+    return LayerFlops(attention=(qkv + proj + scores) / tp, mlp=mlp / tp)
+
+
+def block_bytes(model: ModelSpec, training: TrainingSpec, tp: int) -> tuple[float, float]:
+    """HBM bytes one rank moves for the forward (attention, MLP) blocks of one micro-batch.
+
+    Weights: the block's matrices / tp, read once. Activations (estimate, dtype bytes each):
+    the block reads its input and writes its output (2*b*s*h, replicated over TP); attention
+    also writes and re-reads QKV and the context (2*b*s*(h + 2*kv*hd + h) / tp); the MLP writes
+    and re-reads its intermediate tensors (2*b*s*f*(3 if gated else 2) / tp).
+    """
+    d = model.dtype_bytes
+    bs = training.micro_batch * model.seq_len
+    h, f = model.hidden, model.ffn_hidden
+    qkv_out = h + 2 * model.kv_heads * model.head_dim
+    attn = d * (attention_params(model) / tp + 2 * bs * h + 2 * bs * (qkv_out + h) / tp)
+    g = 3 if model.gated_mlp else 2
+    mlp = d * (mlp_params(model) / tp + 2 * bs * h + 2 * bs * f * g / tp)
+    return attn, mlp
+
+
+def compute_time_ns(flops: float, nbytes: float, device: DeviceType) -> int:
+    """Roofline duration in ns: max(flops / (peak * 1e12 * efficiency), bytes / (HBM * 1e9))."""
+    t_compute = flops / (device.peak_tflops * 1e12 * device.efficiency)
+    t_memory = nbytes / (device.hbm_GBps * 1e9)
+    return int(round(max(t_compute, t_memory) * 1e9))
+
+
+@lru_cache(maxsize=32)
+def _read_profile(path: str) -> pd.DataFrame:
+    return pd.read_csv(path)
+
+
+def profile_layer_us(
+    device: DeviceType, tp: int, micro_batch: int, seq_len: int
+) -> tuple[float, float] | None:
+    """(fwd_layer_us, bwd_layer_us) from the device type's profile CSV, or None if no row."""
+    if not device.profile:
+        return None
+    where = f"device_types.{device.name}.profile"
+    try:
+        df = _read_profile(device.profile)
+    except (OSError, ValueError) as e:
+        raise PlanError(where, f"cannot read profile CSV {device.profile!r} ({e})") from e
+    missing = [c for c in PROFILE_COLUMNS if c not in df.columns]
+    if missing:
+        raise PlanError(
+            where,
+            f"profile CSV {device.profile!r} must have columns {', '.join(PROFILE_COLUMNS)}"
+            f" (missing {', '.join(missing)})",
+        )
+    hit = df[(df.tp == tp) & (df.micro_batch == micro_batch) & (df.seq_len == seq_len)]
+    if hit.empty:
+        return None
+    row = hit.iloc[0]
+    return float(row.fwd_layer_us), float(row.bwd_layer_us)
+
+
+@dataclass(frozen=True)
+class BlockCosts:
+    """Durations (ns) and FLOPs per rank of one layer's blocks for one micro-batch."""
+
+    attn_fwd_ns: int
+    mlp_fwd_ns: int
+    attn_bwd_ns: int
+    mlp_bwd_ns: int
+    attn_flops: float  # forward; backward is 2x
+    mlp_flops: float
+    profiled: bool
+
+
+def layer_costs(
+    model: ModelSpec, training: TrainingSpec, device: DeviceType, tp: int
+) -> BlockCosts:
+    """Forward/backward durations of the attention and MLP blocks of one layer on ``device``."""
+    fl = layer_flops(model, training, tp)
+    prof = profile_layer_us(device, tp, training.micro_batch, model.seq_len)
+    if prof is not None:
+        share = fl.attention / fl.total
+        fwd_ns, bwd_ns = prof[0] * 1e3, prof[1] * 1e3
+        return BlockCosts(
+            attn_fwd_ns=int(round(fwd_ns * share)),
+            mlp_fwd_ns=int(round(fwd_ns * (1 - share))),
+            attn_bwd_ns=int(round(bwd_ns * share)),
+            mlp_bwd_ns=int(round(bwd_ns * (1 - share))),
+            attn_flops=fl.attention,
+            mlp_flops=fl.mlp,
+            profiled=True,
+        )
+    ab, mb = block_bytes(model, training, tp)
+    return BlockCosts(
+        attn_fwd_ns=compute_time_ns(fl.attention, ab, device),
+        mlp_fwd_ns=compute_time_ns(fl.mlp, mb, device),
+        attn_bwd_ns=compute_time_ns(2 * fl.attention, 2 * ab, device),
+        mlp_bwd_ns=compute_time_ns(2 * fl.mlp, 2 * mb, device),
+        attn_flops=fl.attention,
+        mlp_flops=fl.mlp,
+        profiled=False,
+    )
+
+
+def embedding_cost(
+    model: ModelSpec, training: TrainingSpec, device: DeviceType
+) -> tuple[int, float]:
+    """(ns, FLOPs) of the embedding lookup (or its gradient scatter) for one micro-batch.
+
+    Memory-bound: each rank reads the rows of its vocabulary shard and writes the b*s*h output
+    (2 * b*s*h * dtype bytes). No FLOPs.
+    """
+    nbytes = 2.0 * training.micro_batch * model.seq_len * model.hidden * model.dtype_bytes
+    return compute_time_ns(0.0, nbytes, device), 0.0
+
+
+def head_cost(
+    model: ModelSpec, training: TrainingSpec, device: DeviceType, tp: int
+) -> tuple[int, float]:
+    """(ns, FLOPs) per rank of the output-head GEMM forward (2*b*s*h*V / tp); backward is 2x.
+
+    Bytes: the head weight shard plus reading the input and writing the logits shard.
+    """
+    bs = training.micro_batch * model.seq_len
+    flops = 2.0 * bs * model.hidden * model.vocab / tp
+    nbytes = model.dtype_bytes * (
+        model.vocab * model.hidden / tp + bs * model.hidden + bs * model.vocab / tp
+    )
+    return compute_time_ns(flops, nbytes, device), flops
+
+
+def optimizer_time_ns(params_per_rank: float, device: DeviceType) -> int:
+    """Adam step over ``params_per_rank`` parameters: ADAM_BYTES_PER_PARAM each over HBM."""
+    return compute_time_ns(0.0, params_per_rank * ADAM_BYTES_PER_PARAM, device)
+
+
+def stage_params(model: ModelSpec, layers: tuple[int, int]) -> int:
+    """All parameters of a stage holding ``layers`` (embedding on layer 0, head on the last)."""
+    p = (layers[1] - layers[0]) * layer_params(model)
+    if layers[0] == 0:
+        p += embedding_params(model)
+    if layers[1] == model.layers:
+        p += head_params(model)
+    return p
+
+
+__all__ = [
+    "ADAM_BYTES_PER_PARAM",
+    "BlockCosts",
+    "LayerFlops",
+    "attention_params",
+    "block_bytes",
+    "compute_time_ns",
+    "embedding_cost",
+    "embedding_params",
+    "head_cost",
+    "head_params",
+    "layer_costs",
+    "layer_flops",
+    "layer_params",
+    "mlp_params",
+    "optimizer_time_ns",
+    "profile_layer_us",
+    "stage_params",
+]

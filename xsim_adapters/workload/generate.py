@@ -1,0 +1,431 @@
+"""``generate(plan) -> Trace``: the workload generator (a pure function of the plan).
+
+Per replica and stage it builds a forward and a backward block template once (see
+:mod:`.blocks`), tiles it over the micro-batches with numpy, chains the blocks in the pipeline
+schedule's order, then adds the pipeline transfers between stages (:mod:`.reshard`), the
+data-parallel gradient sync (:mod:`.dpsync`) and the optimizer step. Op ids are assigned in
+construction order, so the same plan always gives identical frames.
+
+Dependencies a backend sees (no implicit ones):
+- each rank's compute ops form a chain in run order; a compute op after a TP collective also
+  waits for the collective's last flows into and out of its rank;
+- a pipeline transfer's flows from a sending rank wait for that rank's block result; the
+  receiving rank's block waits for every transfer flow into it; sends are asynchronous (the
+  sender's next block does not wait for them);
+- a DP bucket's ring starts on each owner when it has finished the backward of the bucket's
+  layers for its last micro-batch; each rank's optimizer step waits, through one barrier op per
+  rank, for its last block and every DP ring it is part of.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from ..plan.model import Plan, Stage
+from ..trace.schema import (
+    KIND_BARRIER,
+    KIND_COMPUTE,
+    KIND_FLOW,
+    KINDS,
+    PHASE_INDEX,
+    PHASES,
+    SCHEMA_VERSION,
+    Trace,
+)
+from .blocks import Block, RingSpec, build_block, stage_units
+from .builder import TraceBuilder
+from .collectives import ring_flows
+from .compute import ADAM_BYTES_PER_PARAM, optimizer_time_ns, stage_params
+from .dpsync import buckets, chunk_rings, sweep_segments
+from .reshard import DEST, SOURCE, algorithm_label, reshard_transfers
+from .rings import RankInfo, channel_orders, ring_bottleneck_GBps, ring_order, split_bytes
+from .schedule import stage_order
+
+GENERATOR_VERSION = "1"
+
+
+def plan_digest(plan: Plan) -> str:
+    """sha256 (hex) of the canonical JSON form of the validated plan."""
+    text = json.dumps(asdict(plan), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class _StageOps:
+    """Global op ids of one stage's instantiated blocks: arrays indexed (micro-batch, rank)."""
+
+    def __init__(self, base: np.ndarray, blk: Block) -> None:
+        self.head = base[:, None] + blk.head[None, :]
+        self.last = base[:, None] + blk.last[None, :]
+        self.tails = base[:, None, None] + blk.tails[None, :, :]
+        only_last = blk.tails.shape[1] == 1 and np.array_equal(blk.tails[:, 0], blk.last)
+        # Everything after which a rank's block is done: its last compute and its last flows.
+        self.ends = (
+            self.last[:, :, None]
+            if only_last
+            else np.concatenate([self.last[:, :, None], self.tails], axis=2)
+        )
+        self.marks = {k: base[:, None] + v[None, :] for k, v in blk.marks.items()}
+
+
+class _Generator:
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.tb = TraceBuilder()
+        self.info = RankInfo(plan)
+        self.blocks: dict[tuple, tuple[Block, Block]] = {}
+        n = plan.num_ranks
+        self.rank_replica = np.full(n, -1, dtype=np.int64)
+        self.rank_stage = np.full(n, -1, dtype=np.int64)
+        for r, rep in enumerate(plan.replicas):
+            for i, st in enumerate(rep.stages):
+                rs = list(plan.stage_ranks(st))
+                self.rank_replica[rs] = r
+                self.rank_stage[rs] = i
+        m = plan.model
+        self.act_bytes = plan.training.micro_batch * m.seq_len * m.hidden * m.dtype_bytes
+        c = plan.collectives
+        self.algorithm = f"ring:{c.ring_order}:{c.granularity}" + (
+            f"({c.chunks})" if c.granularity == "chunked" else ""
+        )
+        # (replica, stage) -> (forward ops, backward ops)
+        self.stage_ops: dict[tuple[int, int], tuple[_StageOps, _StageOps]] = {}
+
+    # ---- rings ---------------------------------------------------------------------------
+    def _ring(self, ranks: list[int], nbytes: int) -> tuple[list[list[int]], list[int]]:
+        """Channel orders (global ranks) and bytes per channel for a ring over ``ranks``."""
+        c = self.plan.collectives
+        base = ring_order(self.info, ranks, c.ring_order)
+        orders = channel_orders(self.info, base, max(1, c.channels))
+        bws = [ring_bottleneck_GBps(self.info, o) for o in orders]
+        return orders, split_bytes(nbytes, bws)
+
+    def _stage_ring(self, stage: Stage) -> RingSpec:
+        ranks = list(self.plan.stage_ranks(stage))
+        orders, sizes = self._ring(ranks, self.act_bytes)
+        pos = {r: k for k, r in enumerate(ranks)}
+        perm = tuple(tuple(pos[r] for r in o) for o in orders)
+        return RingSpec(perm, tuple(sizes), ",".join(map(str, perm[0])), self.algorithm)
+
+    # ---- stages ------------------------------------------------------------------------
+    def _blocks(self, stage: Stage, first: bool, last: bool, ring: RingSpec) -> tuple[Block, Block]:
+        dev = self.plan.device_types[self.plan.group(stage.group).type]
+        key = (stage.tp, stage.layers, first, last, dev.name, ring)
+        if key not in self.blocks:
+            c = self.plan.collectives
+            fwd, bwd = stage_units(self.plan, stage, dev, first, last)
+            self.blocks[key] = tuple(  # type: ignore[assignment]
+                build_block(u, stage.tp, ring, self.act_bytes, c.granularity, c.chunks)
+                for u in (fwd, bwd)
+            )
+        return self.blocks[key]
+
+    def add_stages(self) -> None:
+        plan = self.plan
+        for r, rep in enumerate(plan.replicas):
+            m = rep.micro_batches
+            for i, st in enumerate(rep.stages):
+                ring = self._stage_ring(st)
+                fblk, bblk = self._blocks(st, i == 0, i == rep.pp - 1, ring)
+                ranks = np.asarray(plan.stage_ranks(st), dtype=np.int64)
+                label = {ring.label: ",".join(str(ranks[int(x)]) for x in ring.label.split(","))}
+                per_copy = {
+                    "microbatch": np.arange(m),
+                    "replica": np.full(m, r),
+                    "stage": np.full(m, i),
+                }
+                ops = []
+                for blk in (fblk, bblk):
+                    base = self.tb.add_tiled(blk.template, m, ranks, per_copy, label)
+                    ops.append(_StageOps(base, blk))
+                self.stage_ops[(r, i)] = (ops[0], ops[1])
+                self._chain(stage_order(plan.training.schedule, i, rep.pp, m), ops[0], ops[1])
+
+    def _chain(self, order: np.ndarray, fwd: _StageOps, bwd: _StageOps) -> None:
+        """Edges from each block's ends to the next block's head, in schedule order."""
+        x, y = order[:-1], order[1:]
+        for xb, xops in ((0, fwd), (1, bwd)):
+            for yb, yops in ((0, fwd), (1, bwd)):
+                sel = (x[:, 0] == xb) & (y[:, 0] == yb)
+                if sel.any():
+                    ends = xops.ends[x[sel, 1]]  # (s, n, k)
+                    heads = yops.head[y[sel, 1]]  # (s, n)
+                    self.tb.add_edges(ends, heads[:, :, None])
+
+    # ---- pipeline transfers --------------------------------------------------------------
+    def add_transfers(self) -> None:
+        plan = self.plan
+        method = plan.collectives.resharding
+        for r, rep in enumerate(plan.replicas):
+            for i in range(rep.pp - 1):
+                s0, s1 = rep.stages[i], rep.stages[i + 1]
+                f0, b0 = self.stage_ops[(r, i)]
+                f1, b1 = self.stage_ops[(r, i + 1)]
+                boundary = s0.layers[1]
+                self._transfer(r, (i, i + 1), (s0, s1), f0.ends, f1.head, method, boundary)
+                self._transfer(r, (i + 1, i), (s1, s0), b1.ends, b0.head, method, boundary)
+
+    def _transfer(
+        self,
+        replica: int,
+        stage_idx: tuple[int, int],
+        stages: tuple[Stage, Stage],
+        src_ends: np.ndarray,
+        dst_heads: np.ndarray,
+        method: str,
+        boundary: int,
+    ) -> None:
+        a, b = stages[0].tp, stages[1].tp
+        nbytes = self.act_bytes
+        trs = reshard_transfers(a, b, nbytes, method)
+        m = src_ends.shape[0]
+        side_ranks = [self.plan.stage_ranks(stages[0]), self.plan.stage_ranks(stages[1])]
+        src = np.array([side_ranks[t.src_side][t.src_idx] for t in trs], dtype=np.int64)
+        dst = np.array([side_ranks[t.dst_side][t.dst_idx] for t in trs], dtype=np.int64)
+        size = np.array([t.bytes for t in trs], dtype=np.int64)
+        stage_tag = np.array([stage_idx[t.src_side] for t in trs], dtype=np.int64)
+        self_flow = src == dst  # same rank on both sides: a dependency, not a flow
+        phase = PHASE_INDEX["pp" if a == b else "reshard"]
+        coll = self.tb.add_collectives(
+            m,
+            kind="p2p" if a == b else "reshard",
+            phase=phase,
+            bytes=int(size[~self_flow].sum()),
+            ranks=",".join(map(str, side_ranks[0])) + ";" + ",".join(map(str, side_ranks[1])),
+            algorithm=algorithm_label(a, b, nbytes, method),
+            layer_start=boundary,
+            layer_stop=boundary,
+        )
+        nt = len(trs)
+        ids = self.tb.add_ops(
+            m * nt,
+            kind=np.tile(np.where(self_flow, KIND_BARRIER, KIND_FLOW), m),
+            rank=np.tile(src, m),
+            dst=np.tile(np.where(self_flow, -1, dst), m),
+            bytes=np.tile(np.where(self_flow, 0, size), m),
+            phase=phase,
+            replica=replica,
+            stage=np.tile(stage_tag, m),
+            microbatch=np.repeat(np.arange(m), nt),
+            layer_start=boundary,
+            layer_stop=boundary,
+            collective=np.repeat(coll, nt),
+            step=np.tile([t.phase_step for t in trs], m),
+        ).reshape(m, nt)
+        for k, t in enumerate(trs):
+            if t.src_side == SOURCE:
+                self.tb.add_edges(src_ends[:, t.src_idx, :], ids[:, k, None])
+            for k2, t2 in enumerate(trs):
+                if t2.phase_step < t.phase_step and (t2.dst_side, t2.dst_idx) == (
+                    t.src_side,
+                    t.src_idx,
+                ):
+                    self.tb.add_edges(ids[:, k2], ids[:, k])
+            if t.dst_side == DEST:
+                self.tb.add_edges(ids[:, k], dst_heads[:, t.dst_idx])
+
+    # ---- data-parallel sync and optimizer ------------------------------------------------
+    def add_dp_and_optimizer(self) -> None:
+        plan = self.plan
+        tb = self.tb
+        barrier_of = np.full(plan.num_ranks, -1, dtype=np.int64)
+        last_ends: list[tuple[np.ndarray, np.ndarray, Stage, int, int]] = []
+        for r, rep in enumerate(plan.replicas):
+            for i, st in enumerate(rep.stages):
+                order = stage_order(plan.training.schedule, i, rep.pp, rep.micro_batches)
+                blk = self.stage_ops[(r, i)][int(order[-1, 0])]
+                mb = int(order[-1, 1])
+                ranks = np.asarray(plan.stage_ranks(st), dtype=np.int64)
+                last_ends.append((blk.ends[mb], blk.last[mb], st, r, i))
+                if plan.dp > 1:
+                    ids = tb.add_ops(
+                        len(ranks),
+                        kind=KIND_BARRIER,
+                        rank=ranks,
+                        phase=PHASE_INDEX["optim"],
+                        replica=r,
+                        stage=i,
+                    )
+                    barrier_of[ranks] = ids
+                    tb.add_edges(blk.ends[mb], ids[:, None])
+        if plan.dp > 1:
+            self._dp_sync(barrier_of)
+        for ends, last, st, r, i in last_ends:
+            ranks = np.asarray(plan.stage_ranks(st), dtype=np.int64)
+            dev = plan.device_types[plan.group(st.group).type]
+            params = stage_params(plan.model, st.layers) / st.tp
+            ids = tb.add_ops(
+                len(ranks),
+                kind=KIND_COMPUTE,
+                rank=ranks,
+                duration_ns=optimizer_time_ns(params, dev),
+                phase=PHASE_INDEX["optim"],
+                replica=r,
+                stage=i,
+                layer_start=st.layers[0],
+                layer_stop=st.layers[1],
+            )
+            tb.add_edges(last, ids)
+            if plan.dp > 1:
+                tb.add_edges(barrier_of[ranks], ids)
+            else:
+                tb.add_edges(ends, ids[:, None])
+
+    def _dp_sync(self, barrier_of: np.ndarray) -> None:
+        plan, tb = self.plan, self.tb
+        segs = sweep_segments(plan)
+        bks = buckets(plan, segs)
+        rings = chunk_rings(plan, segs, bks)
+        if not rings:
+            return
+        members = np.array([cr.members for cr in rings], dtype=np.int64)  # (I, n)
+        perms, sizes, labels = [], [], []
+        for cr in rings:
+            orders, sz = self._ring(list(cr.members), cr.nbytes)
+            pos = {rk: k for k, rk in enumerate(cr.members)}
+            perms.append([[pos[rk] for rk in o] for o in orders])
+            sizes.append(sz)
+            labels.append(",".join(map(str, orders[0])))
+        c = plan.collectives
+        rf = ring_flows(
+            members, np.array(perms), np.array(sizes), "all_reduce", c.granularity, c.chunks
+        )
+        bk_of = np.array([cr.bucket for cr in rings], dtype=np.int64)
+        coll = tb.add_collectives(
+            len(rings),
+            kind="all_reduce",
+            phase=PHASE_INDEX["dp"],
+            bytes=np.array([cr.nbytes for cr in rings], dtype=np.int64),
+            ranks=np.array(labels, dtype=object),
+            algorithm=self.algorithm,
+            channels=max(1, c.channels),
+            sync_group=np.array([bks[b].segment for b in bk_of], dtype=np.int64),
+            layer_start=np.array([bks[b].start for b in bk_of], dtype=np.int64),
+            layer_stop=np.array([bks[b].stop for b in bk_of], dtype=np.int64),
+            chunk=np.array([cr.chunk for cr in rings], dtype=np.int64),
+        )
+        inst_bucket = bk_of[rf.instance]
+        ids = tb.add_ops(
+            rf.size,
+            kind=KIND_FLOW,
+            rank=rf.src,
+            dst=rf.dst,
+            bytes=rf.nbytes,
+            phase=PHASE_INDEX["dp"],
+            replica=self.rank_replica[rf.src],
+            stage=self.rank_stage[rf.src],
+            layer_start=np.array([b.start for b in bks], dtype=np.int64)[inst_bucket],
+            layer_stop=np.array([b.stop for b in bks], dtype=np.int64)[inst_bucket],
+            collective=coll[rf.instance],
+            step=rf.step,
+            channel=rf.channel,
+        )
+        base = int(ids[0]) if len(ids) else 0
+        tb.add_edges(rf.pred + base, rf.succ + base)
+        # Readiness: each member's backward of the bucket's layers on its last micro-batch.
+        ready = np.zeros(members.shape, dtype=np.int64)
+        for k, cr in enumerate(rings):
+            bk = bks[cr.bucket]
+            seg = segs[bk.segment]
+            for j, (r, s) in enumerate(seg.owners):
+                rep = plan.replicas[r]
+                order = stage_order(plan.training.schedule, s, rep.pp, rep.micro_batches)
+                bwd = self.stage_ops[(r, s)][1]
+                mark = "embedding" if bk.has_embedding else bk.start
+                ready[k, j] = bwd.marks[mark][
+                    int(order[order[:, 0] == 1][-1, 1]), cr.member_local[j]
+                ]
+        tb.add_edges(ready[:, None, :], rf.start + base)
+        tails = rf.tails + base  # (I, C, n, 2)
+        tb.add_edges(tails, barrier_of[members][:, None, :, None])
+
+    # ---- output -------------------------------------------------------------------------
+    def manifest(
+        self, ops_kind: np.ndarray, ops_phase: np.ndarray, num_deps: int
+    ) -> dict[str, Any]:
+        plan = self.plan
+        ranks = []
+        for rank in range(plan.num_ranks):
+            g, d, node = plan.rank_info(rank)
+            ranks.append(
+                {
+                    "rank": rank,
+                    "group": g.name,
+                    "node": node,
+                    "device_type": g.type,
+                    "local": d % g.gpus_per_node,
+                }
+            )
+        kinds = np.bincount(ops_kind, minlength=len(KINDS))
+        phases = np.bincount(ops_phase, minlength=len(PHASES))
+        c, t, m = plan.collectives, plan.training, plan.model
+        mbs = sum(rep.micro_batches for rep in plan.replicas)
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "plan_name": plan.name,
+            "plan_digest": plan_digest(plan),
+            "generator": {
+                "version": GENERATOR_VERSION,
+                "schedule": t.schedule,
+                "resharding": c.resharding,
+                "channels": c.channels,
+                "granularity": c.granularity,
+                "chunks": c.chunks,
+                "ring_order": c.ring_order,
+                "dp_bucket_layers": c.dp_bucket_layers,
+                "sequence_parallel": t.sequence_parallel,
+                "recompute": t.recompute,
+                "adam_bytes_per_param": ADAM_BYTES_PER_PARAM,
+            },
+            "ranks": ranks,
+            "op_counts": {
+                "by_kind": {k: int(kinds[i]) for i, k in enumerate(KINDS)},
+                "by_phase": {p: int(phases[i]) for i, p in enumerate(PHASES)},
+            },
+            "num_ops": int(len(ops_kind)),
+            "num_deps": int(num_deps),
+            "groups": [g.name for g in plan.device_groups],
+            "device_types": {
+                name: {
+                    "peak_tflops": dt.peak_tflops,
+                    "hbm_GBps": dt.hbm_GBps,
+                    "scaleup_GBps": dt.scaleup_GBps,
+                    "nic_gbps": dt.nic_gbps,
+                    "efficiency": dt.efficiency,
+                }
+                for name, dt in sorted(plan.device_types.items())
+            },
+            "workload": {
+                "global_batch": t.global_batch,
+                "micro_batch": t.micro_batch,
+                "seq_len": m.seq_len,
+                "tokens_per_iteration": mbs * t.micro_batch * m.seq_len,
+                "schedule": t.schedule,
+                "dp": plan.dp,
+                "replicas": [
+                    {
+                        "replica": r,
+                        "pp": rep.pp,
+                        "tp": [st.tp for st in rep.stages],
+                        "micro_batches": rep.micro_batches,
+                        "layers": [list(st.layers) for st in rep.stages],
+                    }
+                    for r, rep in enumerate(plan.replicas)
+                ],
+            },
+        }
+
+
+def generate(plan: Plan) -> Trace:
+    """The trace of one training iteration of ``plan`` (pure: same plan, identical frames)."""
+    gen = _Generator(plan)
+    gen.add_stages()
+    gen.add_transfers()
+    gen.add_dp_and_optimizer()
+    ops, deps, colls = gen.tb.frames()
+    manifest = gen.manifest(ops["kind"].to_numpy(), ops["phase"].to_numpy(), len(deps))
+    return Trace(ops=ops, deps=deps, collectives=colls, manifest=manifest)
