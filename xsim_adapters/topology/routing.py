@@ -126,7 +126,8 @@ class Router:
             "scale_out": _Plane(~scale_up, src, dst, n),
             "all": _Plane(everything, src, dst, n),
         }
-        self._cache: dict[int, np.ndarray] = {}
+        self._cache: dict[int, np.ndarray] = {}  # (pair, bucket) -> path, branching pairs
+        self._single: dict[int, np.ndarray] = {}  # pair -> its only shortest path
 
     # -- one path -------------------------------------------------------------------------
     def path(self, src_node: int, dst_node: int, key: int) -> np.ndarray:
@@ -135,32 +136,46 @@ class Router:
         return self._path_bucket(int(src_node), int(dst_node), int(bucket))
 
     def _path_bucket(self, s: int, t: int, bucket: int) -> np.ndarray:
-        ck = (s * self.num_nodes + t) * BUCKETS + bucket
+        pair = s * self.num_nodes + t
+        single = self._single.get(pair)
+        if single is not None:
+            return single
+        ck = pair * BUCKETS + bucket
         got = self._cache.get(ck)
         if got is not None:
             return got
-        if s == t:
-            out = np.zeros(0, dtype=np.int32)
-        else:
-            same_server = self.server[s] >= 0 and self.server[s] == self.server[t]
-            first = "scale_up" if same_server else "scale_out"
-            out = self._walk(self._planes[first], s, t, bucket)
-            if out is None:
-                out = self._walk(self._planes["all"], s, t, bucket)
-            if out is None:
-                raise PlanError(
-                    "network", f"no route from {self.names[s]} to {self.names[t]} in the topology"
-                )
-        self._cache[ck] = out
+        out, branching = self._route(s, t, bucket)
+        if branching:
+            self._cache[ck] = out
+        else:  # one shortest path only: every bucket gets it, no per-bucket cache entries
+            self._single[pair] = out
         return out
 
-    def _walk(self, plane: _Plane, s: int, t: int, bucket: int) -> np.ndarray | None:
+    def _route(self, s: int, t: int, bucket: int) -> tuple[np.ndarray, bool]:
+        """(path, whether any hop had a choice) from node s to node t."""
+        if s == t:
+            return np.zeros(0, dtype=np.int32), False
+        same_server = self.server[s] >= 0 and self.server[s] == self.server[t]
+        first = "scale_up" if same_server else "scale_out"
+        out = self._walk(self._planes[first], s, t, bucket)
+        if out is None:
+            out = self._walk(self._planes["all"], s, t, bucket)
+        if out is None:
+            raise PlanError(
+                "network", f"no route from {self.names[s]} to {self.names[t]} in the topology"
+            )
+        return out
+
+    def _walk(
+        self, plane: _Plane, s: int, t: int, bucket: int
+    ) -> tuple[np.ndarray, bool] | None:
         dist = plane.dist(t, self.is_gpu)
         if dist[s] < 0:
             return None
         is_gpu = self.is_gpu
         u = s
         hop = 0
+        branching = False
         out: list[int] = []
         while u != t:
             want = dist[u] - 1
@@ -172,10 +187,11 @@ class Router:
             if len(cands) == 1:
                 link, u = cands[0]
             else:
+                branching = True
                 link, u = cands[stable_hash(bucket * 1_000_003 + hop) % len(cands)]
             out.append(link)
             hop += 1
-        return np.asarray(out, dtype=np.int32)
+        return np.asarray(out, dtype=np.int32), branching
 
     # -- many paths -----------------------------------------------------------------------
     def paths_for(
@@ -189,22 +205,37 @@ class Router:
         s = np.asarray(src_nodes, dtype=np.int64)
         t = np.asarray(dst_nodes, dtype=np.int64)
         b = bucket_of(np.asarray(keys, dtype=np.int64))
-        combined = (s * self.num_nodes + t) * BUCKETS + b
-        uniq, inverse = np.unique(combined, return_inverse=True)
-        paths = []
-        for ck in uniq.tolist():
-            pair, bucket = divmod(ck, BUCKETS)
-            u, v = divmod(pair, self.num_nodes)
-            paths.append(self._path_bucket(u, v, bucket))
+        pair = s * self.num_nodes + t
+        # pairs with a single shortest path need no per-bucket work (all of NVSwitch traffic)
+        upair, pinv = np.unique(pair, return_inverse=True)
+        paths: list[np.ndarray] = []
+        pair_path = np.full(len(upair), -1, dtype=np.int64)
+        for j, pk in enumerate(upair.tolist()):
+            u, v = divmod(pk, self.num_nodes)
+            first = self._path_bucket(u, v, 0)
+            if self._single.get(pk) is not None:
+                pair_path[j] = len(paths)
+                paths.append(first)
+        flow_path = pair_path[pinv]
+        need = flow_path < 0
+        if need.any():
+            triple = pair[need] * BUCKETS + b[need]
+            utriple, tinv = np.unique(triple, return_inverse=True)
+            base = len(paths)
+            for ck in utriple.tolist():
+                pk, bucket = divmod(ck, BUCKETS)
+                u, v = divmod(pk, self.num_nodes)
+                paths.append(self._path_bucket(u, v, bucket))
+            flow_path[need] = base + tinv
         ulen = np.fromiter((len(p) for p in paths), dtype=np.int64, count=len(paths))
         uoff = np.zeros(len(paths) + 1, dtype=np.int64)
         np.cumsum(ulen, out=uoff[1:])
         flat = np.concatenate(paths) if paths else np.zeros(0, dtype=np.int32)
-        lens = ulen[inverse]
+        lens = ulen[flow_path] if len(paths) else np.zeros(len(s), dtype=np.int64)
         offsets = np.zeros(len(s) + 1, dtype=np.int64)
         np.cumsum(lens, out=offsets[1:])
         total = int(offsets[-1])
         if total == 0:
             return offsets, np.zeros(0, dtype=np.int32)
-        idx = np.repeat(uoff[inverse] - offsets[:-1], lens) + np.arange(total, dtype=np.int64)
+        idx = np.repeat(uoff[flow_path] - offsets[:-1], lens) + np.arange(total, dtype=np.int64)
         return offsets, flat[idx].astype(np.int32, copy=False)

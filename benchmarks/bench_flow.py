@@ -1,0 +1,187 @@
+"""Benchmark the flow backend: wall seconds, events, events/s and peak memory.
+
+Usage::
+
+    python benchmarks/bench_flow.py                       # synthetic 1,024-GPU trace
+    python benchmarks/bench_flow.py --servers 16 --layers 8
+    python benchmarks/bench_flow.py --plan workloads/llama2-70b-1024gpu.yaml   # real generator
+
+The synthetic trace mimics one training iteration on ``servers`` x 8 GPUs (rail-optimized
+leaf-spine): per rank ``layers`` compute ops, each followed by a ring all-reduce over the
+server's 8 GPUs (TP, NVSwitch), then one data-parallel ring all-reduce per local GPU index
+across all servers (rail fabric), cut into ``dp_chunks`` chunked rings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+
+from xsim_adapters.backends.flow import FlowBackend
+from xsim_adapters.plan.model import (
+    DeviceGroup,
+    DeviceType,
+    ModelSpec,
+    NetworkSpec,
+    Plan,
+    Replica,
+    ScaleOut,
+    Stage,
+    TrainingSpec,
+)
+from xsim_adapters.topology import build_topology
+from xsim_adapters.trace.schema import (
+    COLLECTIVE_COLUMNS,
+    KIND_BARRIER,
+    KIND_COMPUTE,
+    KIND_FLOW,
+    OP_COLUMNS,
+    PHASE_INDEX,
+    Trace,
+)
+
+H100 = DeviceType("H100", 989.0, 80.0, 3350.0, scaleup_GBps=450.0, nic_gbps=400.0)
+
+
+def synthetic_plan(servers: int) -> Plan:
+    group = DeviceGroup("h100", "H100", servers, 8)
+    return Plan(
+        name="bench",
+        model=ModelSpec("bench", 2, 64, 256, 4, 4, 128, 1000),
+        training=TrainingSpec(global_batch=1, micro_batch=1),
+        device_types={"H100": H100},
+        device_groups=(group,),
+        network=NetworkSpec(scale_out=ScaleOut(rail_optimized=True, oversubscription=2.0)),
+        replicas=(Replica(stages=(Stage("h100", (0, 8), 8, (0, 2)),), micro_batches=1),),
+    )
+
+
+class _Ops:
+    """Column lists of ops and edges, appended in vectorized blocks."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[np.ndarray]] = {c: [] for c in OP_COLUMNS}
+        self.pred: list[np.ndarray] = []
+        self.succ: list[np.ndarray] = []
+        self.n = 0
+
+    def add(self, count: int, **cols: np.ndarray | int) -> np.ndarray:
+        ids = np.arange(self.n, self.n + count, dtype=np.int64)
+        for c in OP_COLUMNS:
+            v = ids if c == "op_id" else cols.get(c, -1 if c not in ("bytes", "duration_ns",
+                                                                      "flops") else 0)
+            self.cols[c].append(np.broadcast_to(np.asarray(v), (count,)).astype(OP_COLUMNS[c]))
+        self.n += count
+        return ids
+
+    def dep(self, pred: np.ndarray, succ: np.ndarray) -> None:
+        p, s = np.broadcast_arrays(np.asarray(pred), np.asarray(succ))
+        self.pred.append(p.ravel().astype(np.int64))
+        self.succ.append(s.ravel().astype(np.int64))
+
+    def ring(self, ranks: np.ndarray, nbytes: int, phase: str, after: np.ndarray) -> np.ndarray:
+        """Ring all-reduce over rows of ``ranks`` (shape rings x n); returns last-recv per slot.
+
+        ``after`` (rings x n): op each rank waits for before its first send.
+        """
+        rings, n = ranks.shape
+        steps = 2 * (n - 1)
+        chunk = nbytes // n
+        src = np.tile(ranks, (steps, 1, 1))  # steps x rings x n
+        dst = np.roll(src, -1, axis=2)
+        ids = self.add(src.size, kind=KIND_FLOW, rank=src.ravel(), dst=dst.ravel(),
+                       bytes=chunk, phase=PHASE_INDEX[phase],
+                       step=np.repeat(np.arange(steps), rings * n)).reshape(steps, rings, n)
+        self.dep(after, ids[0])
+        # step k from slot i waits for step k-1 into slot i (from i-1) and its own step k-1
+        self.dep(np.roll(ids[:-1], 1, axis=2), ids[1:])
+        self.dep(ids[:-1], ids[1:])
+        return np.roll(ids[-1], 1, axis=1)
+
+    def trace(self, num_ranks: int) -> Trace:
+        ops = pd.DataFrame({c: np.concatenate(v) for c, v in self.cols.items()})
+        deps = pd.DataFrame({"pred": np.concatenate(self.pred),
+                             "succ": np.concatenate(self.succ)})
+        coll = pd.DataFrame({c: pd.Series([], dtype=t) for c, t in COLLECTIVE_COLUMNS.items()})
+        manifest = {"schema_version": 1, "ranks": [{"rank": r} for r in range(num_ranks)]}
+        return Trace(ops=ops, deps=deps, collectives=coll, manifest=manifest)
+
+
+def synthetic_trace(servers: int, layers: int, tp_bytes: int, dp_bytes: int,
+                    dp_chunks: int, jitter: float = 0.1) -> Trace:
+    ranks = servers * 8
+    ops = _Ops()
+    rng = np.random.default_rng(0)  # compute times vary by +-jitter: events do not all align
+    tp_groups = np.arange(ranks).reshape(servers, 8)
+    last = ops.add(ranks, kind=KIND_BARRIER, rank=np.arange(ranks)).reshape(servers, 8)
+    for _ in range(layers):
+        dur = 150_000 * (1 + jitter * rng.uniform(-1, 1, size=ranks))
+        comp = ops.add(ranks, kind=KIND_COMPUTE, rank=tp_groups.ravel(),
+                       duration_ns=dur.astype(np.int64),
+                       phase=PHASE_INDEX["fwd"]).reshape(servers, 8)
+        ops.dep(last, comp)
+        last = ops.ring(tp_groups, tp_bytes, "tp", comp)
+    dp_rings = tp_groups.T.copy()  # ring i: GPU i of every server (one rail)
+    after = last.T.copy()
+    for _ in range(dp_chunks):
+        after = ops.ring(dp_rings, dp_bytes // dp_chunks, "dp", after)
+    opt = ops.add(ranks, kind=KIND_COMPUTE, rank=dp_rings.ravel(), duration_ns=50_000,
+                  phase=PHASE_INDEX["optim"])
+    ops.dep(after.ravel(), opt)
+    return ops.trace(ranks)
+
+
+def plan_trace(path: str) -> tuple[Plan, Trace]:
+    from xsim_adapters.plan import load_plan
+
+    try:
+        from xsim_adapters.workload import generate
+    except ImportError:
+        sys.exit("the workload generator (xsim_adapters.workload.generate) has not landed yet")
+    plan = load_plan(path)
+    return plan, generate(plan)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Benchmark the flow backend.")
+    ap.add_argument("--plan", help="a plan YAML; needs the workload generator")
+    ap.add_argument("--servers", type=int, default=128, help="8-GPU servers (synthetic)")
+    ap.add_argument("--layers", type=int, default=40, help="compute + TP ring per rank")
+    ap.add_argument("--tp-bytes", type=int, default=64 << 20)
+    ap.add_argument("--dp-bytes", type=int, default=1 << 30)
+    ap.add_argument("--dp-chunks", type=int, default=1)
+    ap.add_argument("--jitter", type=float, default=0.1, help="compute time spread, fraction")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    if args.plan:
+        plan, trace = plan_trace(args.plan)
+    else:
+        plan = synthetic_plan(args.servers)
+        trace = synthetic_trace(args.servers, args.layers, args.tp_bytes, args.dp_bytes,
+                                args.dp_chunks, args.jitter)
+    t1 = time.perf_counter()
+    topo = build_topology(plan)
+    t2 = time.perf_counter()
+    tl = FlowBackend().run(trace, topo, {})
+    t3 = time.perf_counter()
+    s = tl.stats
+    kinds = trace.ops["kind"].value_counts().sort_index().to_dict()
+    print(f"ops {trace.num_ops:,} (by kind {kinds}), deps {len(trace.deps):,},"
+          f" ranks {topo.num_ranks}, links {len(topo.links):,}")
+    print(f"trace build {t1 - t0:.2f} s, topology {t2 - t1:.2f} s, backend run {t3 - t2:.2f} s"
+          f" (routing {s['routing_s']:.2f} s, event loop {s['sim_wall_s']:.2f} s)")
+    print(f"events {s['events']:,}, events/s {s['events'] / s['sim_wall_s']:,.0f} (event loop),"
+          f" max active flows {s['max_active_flows']:,},"
+          f" rate recomputations {s['rate_recomputations']:,}")
+    print(f"simulated makespan {tl.makespan_ns / 1e6:.3f} ms")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS {peak:,.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
