@@ -21,7 +21,7 @@ import numpy as np
 from ..plan.model import DeviceType, Plan, Stage
 from ..trace.schema import KIND_COMPUTE, KIND_FLOW, LAYER_EMBEDDING, PHASE_INDEX
 from .builder import Template, TraceBuilder
-from .collectives import num_steps, ring_flows
+from .collectives import RingFlows, num_steps, ring_flows
 from .compute import embedding_cost, head_cost, layer_costs
 
 
@@ -112,6 +112,7 @@ def build_block(
     head = last = tails = None
     marks: dict[object, np.ndarray] = {}
     tp_phase = PHASE_INDEX["tp"]
+    lowered: dict[str, RingFlows] = {}  # every unit's collective of a kind has the same shape
     for u in units:
         ids = tb.add_ops(
             n,
@@ -134,7 +135,9 @@ def build_block(
         last = ids
         tails = ids[:, None]
         for kind in u.kinds if n > 1 else ():
-            rf = ring_flows(local[None], perm, sizes, kind, granularity, chunks)
+            if kind not in lowered:
+                lowered[kind] = ring_flows(local[None], perm, sizes, kind, granularity, chunks)
+            rf = lowered[kind]
             coll = tb.add_collectives(
                 1,
                 kind=kind,

@@ -187,10 +187,11 @@ class TraceBuilder:
         ops = {"op_id": np.arange(self.num_ops, dtype=np.int64)}
         ops.update(self._op_arrays())
         self._ops = {c: [] for c in _OP_COLS}  # release the chunks
-        ops_df = pd.DataFrame(ops, columns=list(OP_COLUMNS))
+        ops_df = pd.DataFrame(ops, columns=list(OP_COLUMNS), copy=False)
         deps = pd.DataFrame(
             {"pred": _cat(self._pred, np.int64), "succ": _cat(self._succ, np.int64)},
             columns=list(DEP_COLUMNS),
+            copy=False,
         )
         colls = {"collective": np.arange(self.num_collectives, dtype=np.int32)}
         colls.update({c: _cat(v, COLLECTIVE_COLUMNS[c]) for c, v in self._colls.items()})

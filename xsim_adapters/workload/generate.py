@@ -328,17 +328,18 @@ class _Generator:
         tb.add_edges(rf.pred + base, rf.succ + base)
         # Readiness: each member's backward of the bucket's layers on its last micro-batch.
         ready = np.zeros(members.shape, dtype=np.int64)
+        last_bwd = {}  # (replica, stage) -> micro-batch of its last backward
+        for r, rep in enumerate(plan.replicas):
+            for s in range(rep.pp):
+                order = stage_order(plan.training.schedule, s, rep.pp, rep.micro_batches)
+                last_bwd[(r, s)] = int(order[order[:, 0] == 1][-1, 1])
         for k, cr in enumerate(rings):
             bk = bks[cr.bucket]
             seg = segs[bk.segment]
+            mark = "embedding" if bk.has_embedding else bk.start
             for j, (r, s) in enumerate(seg.owners):
-                rep = plan.replicas[r]
-                order = stage_order(plan.training.schedule, s, rep.pp, rep.micro_batches)
                 bwd = self.stage_ops[(r, s)][1]
-                mark = "embedding" if bk.has_embedding else bk.start
-                ready[k, j] = bwd.marks[mark][
-                    int(order[order[:, 0] == 1][-1, 1]), cr.member_local[j]
-                ]
+                ready[k, j] = bwd.marks[mark][last_bwd[(r, s)], cr.member_local[j]]
         tb.add_edges(ready[:, None, :], rf.start + base)
         tails = rf.tails + base  # (I, C, n, 2)
         tb.add_edges(tails, barrier_of[members][:, None, :, None])
