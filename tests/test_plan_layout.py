@@ -1,0 +1,137 @@
+"""Batch split by speed and by share, layer split by compute, the uniform shorthand."""
+
+from __future__ import annotations
+
+import pytest
+from test_plan_helpers import example
+
+from xsim_adapters.plan import apportion, load_plan, plan_from_dict, replica_speed, stage_speed
+from xsim_adapters.plan.presets import device_presets
+
+
+def test_apportion_rules():
+    assert apportion(10, [1, 1, 1]) == [4, 3, 3]  # remainder to the earliest
+    assert apportion(5, [100, 1, 1]) == [3, 1, 1]  # every part at least one
+    assert apportion(7, [0.5, 0.25, 0.25]) == [3, 2, 2]  # 3.5, 1.75, 1.75: remainders .75 first
+    assert apportion(6, [1, 2, 2, 1]) == [1, 2, 2, 1]
+    assert apportion(5, [1, 2, 2, 1]) == [1, 2, 1, 1]  # .83, 1.67, 1.67, .83: tie -> earliest
+    assert apportion(3, [1, 1, 1]) == [1, 1, 1]
+    with pytest.raises(ValueError):
+        apportion(2, [1, 1, 1])
+
+
+def test_batch_split_by_speed_on_the_example():
+    plan = plan_from_dict(example())
+    # H100 replica: 8 * 989 * 0.5 TFLOP/s over 32 layers; A100: slowest stage 4 * 312 * 0.6 / 18
+    fast, slow = 8 * 989 * 0.5 / 32, 4 * 312 * 0.6 / 18
+    assert replica_speed(plan, 0) == pytest.approx(fast)
+    assert replica_speed(plan, plan.replicas[1]) == pytest.approx(slow)
+    # 64 * fast / (fast + slow) = 47.89 -> 47 + the largest remainder -> 48; 16.11 -> 16
+    assert [r.micro_batches for r in plan.replicas] == [48, 16]
+    assert all(r.batch_share is None for r in plan.replicas)
+
+
+def test_efficiency_override_moves_the_split():
+    d = example()
+    d["device_types"] = {"H100-80GB": {"efficiency": 0.2}}
+    plan = plan_from_dict(d)
+    # 8*989*0.2/32 = 49.45 vs 41.6: 64 * 49.45 / 91.05 = 34.76 -> 35, 29.24 -> 29
+    assert [r.micro_batches for r in plan.replicas] == [35, 29]
+    assert plan.device_types["H100-80GB"].efficiency == 0.2
+    assert plan.device_types["H100-80GB"].hbm_GB == 80.0
+
+
+@pytest.mark.parametrize(
+    ("shares", "expected"),
+    [((0.25, 0.75), [16, 48]), ((1 / 3, 2 / 3), [21, 43]), ((0.5, 0.5), [32, 32])],
+)
+def test_batch_split_by_share(shares, expected):
+    d = example()
+    for rep, s in zip(d["replicas"], shares, strict=True):
+        rep["batch_share"] = s
+    plan = plan_from_dict(d)
+    assert [r.micro_batches for r in plan.replicas] == expected
+    assert [r.batch_share for r in plan.replicas] == list(shares)
+
+
+def test_explicit_micro_batch_counts():
+    d = example()
+    d["replicas"][0]["micro_batches"] = 60
+    d["replicas"][1]["micro_batches"] = 4
+    assert [r.micro_batches for r in plan_from_dict(d).replicas] == [60, 4]
+    d["replicas"][1]["micro_batches"] = 5
+    with pytest.raises(
+        ValueError,
+        match=r"^replicas: expected micro_batches summing to "
+        r"global_batch / micro_batch = 64 \(got 65\)$",
+    ):
+        plan_from_dict(d)
+
+
+def test_every_replica_gets_at_least_one_micro_batch():
+    d = example()
+    d["training"]["global_batch"] = 2
+    assert [r.micro_batches for r in plan_from_dict(d).replicas] == [1, 1]
+
+
+def test_auto_layers_by_compute():
+    plan = load_plan("workloads/hetero-pipeline-reshard.yaml")
+    # speeds 8*989*0.5 = 3956 and 4*312*0.6 = 748.8 TFLOP/s: 32 layers -> 26.9 / 5.1 -> 27 / 5
+    assert [s.layers for s in plan.replicas[0].stages] == [(0, 27), (27, 32)]
+    types = device_presets()
+    assert stage_speed(types["H100-80GB"], 8) == 3956.0
+
+
+def test_auto_layers_gives_every_stage_a_layer():
+    d = example()
+    d["model"] = "tiny-gpt"  # 4 layers
+    d["device_groups"]["a100"]["type"] = "L40S"
+    d["replicas"] = [
+        {
+            "auto_layers": "by_compute",
+            "stages": [
+                {"group": "h100", "devices": [0, 8]},
+                {"group": "a100", "devices": [0, 1]},
+                {"group": "a100", "devices": [1, 2]},
+            ],
+        }
+    ]
+    plan = plan_from_dict(d)
+    assert [s.layers for s in plan.replicas[0].stages] == [(0, 2), (2, 3), (3, 4)]
+    d["replicas"][0]["stages"] += [{"group": "a100", "devices": [i, i + 1]} for i in (2, 3)]
+    with pytest.raises(ValueError) as info:
+        plan_from_dict(d)
+    assert str(info.value) == (
+        "replicas[0].auto_layers: needs at least one layer per stage, but 5 stages share the "
+        "model's 4 layers (got 'by_compute')"
+    )
+
+
+def test_uniform_shorthand_expands_to_contiguous_slices():
+    plan = load_plan("workloads/homogeneous-h100.yaml")
+    assert [[(s.devices, s.layers, s.tp) for s in r.stages] for r in plan.replicas] == [
+        [((0, 4), (0, 16), 4), ((4, 8), (16, 32), 4)],
+        [((8, 12), (0, 16), 4), ((12, 16), (16, 32), 4)],
+    ]
+    assert [r.micro_batches for r in plan.replicas] == [8, 8]
+
+
+def test_uniform_remainder_goes_to_the_earliest_stages_and_dp_defaults_to_fill():
+    d = example()
+    d["replicas"] = [
+        {"uniform": {"group": "h100", "tp": 2, "pp": 3, "devices": [0, 6]}},
+        {"uniform": {"group": "a100", "tp": 4, "pp": 2}},
+    ]
+    plan = plan_from_dict(d)
+    assert plan.dp == 1 + 1
+    assert [s.layers for s in plan.replicas[0].stages] == [(0, 11), (11, 22), (22, 32)]
+    assert [s.devices for s in plan.replicas[0].stages] == [(0, 2), (2, 4), (4, 6)]
+    assert [s.devices for s in plan.replicas[1].stages] == [(0, 4), (4, 8)]
+
+
+def test_tp_across_nodes_allowed_by_default():
+    d = example()
+    d["device_groups"]["a100"] = {"type": "A100-40GB", "nodes": 2, "gpus_per_node": 4}
+    d["replicas"][1]["stages"] = [{"group": "a100", "devices": [2, 6], "layers": [0, 32]}]
+    plan = plan_from_dict(d)
+    assert plan.stage_ranks(plan.replicas[1].stages[0]) == (10, 11, 12, 13)
