@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace.schema import COMM_PHASES, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX, Trace
-from .intervals import clip, union_length
+from .intervals import clip, sort_order, union_length
 from .straggler import straggler_by_rank, straggler_frame
 from .timeline import rank_table
 
@@ -69,16 +69,33 @@ def rank_metrics(trace: Trace, tf: pd.DataFrame,
     np.maximum.at(it, own["rank"].to_numpy(dtype=np.int64), own["end_ns"].to_numpy())
     np.maximum.at(it, f_rank, f_e)
 
-    compute_ns = union_length(c_rank, c_s, c_e, n)
-    comm_ns = union_length(f_rank, f_s, f_e, n)
-    both = union_length(np.concatenate([c_rank, f_rank]), np.concatenate([c_s, f_s]),
-                        np.concatenate([c_e, f_e]), n)
+    # Sort every interval once by (rank, start); each metric below is a masked subset of
+    # these arrays, which keeps that order, so no further sorting is needed.
+    k_all = np.concatenate([c_rank, f_rank])
+    order = sort_order(k_all, np.concatenate([c_s, f_s]))
+    k = k_all[order]
+    s = np.concatenate([c_s, f_s])[order]
+    e = np.concatenate([c_e, f_e])[order]
+    is_comp = (np.arange(len(k_all)) < len(c_rank))[order]
+    ph = np.concatenate([np.full(len(c_rank), -1), f_ph])[order]
+
+    def union(mask: np.ndarray | None, lo=None, hi=None) -> np.ndarray:
+        kk, ss, ee = (k, s, e) if mask is None else (k[mask], s[mask], e[mask])
+        if lo is not None:
+            ss, ee = clip(ss, ee, lo[kk], hi[kk])  # monotone per rank: order kept
+        return union_length(kk, ss, ee, n, presorted=True)
+
+    compute_ns = union(is_comp)
+    comm_ns = union(~is_comp)
+    both = union(None)
     out = rt[["rank", "group", "device_type", "replica", "stage"]].copy()
     out["iteration_time_ns"] = it
     out["compute_ns"] = compute_ns
     out["comm_ns"] = comm_ns
     out["exposed_comm_ns"] = both - compute_ns
-    out["bubble_ns"] = _bubble(comp, c_rank, c_s, c_e, f_rank, f_s, f_e, f_ph, n)
+    lo, hi, has = _window(comp, c_rank, c_s, c_e, n)
+    busy = union(is_comp | (ph == PHASE_INDEX["tp"]), lo, hi)
+    out["bubble_ns"] = np.where(has, (hi - lo) - busy, 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         out["bubble_fraction"] = np.where(it > 0, out["bubble_ns"].to_numpy() / it, 0.0)
     if stragglers is None:
@@ -88,17 +105,15 @@ def rank_metrics(trace: Trace, tf: pd.DataFrame,
     out["caused_wait_ns"] = sb["caused_wait_ns"].to_numpy()
     out["idle_ns"] = it - compute_ns
     for p in COMM_PHASES:
-        m = f_ph == PHASE_INDEX[p]
-        out[f"comm_{p}_ns"] = union_length(f_rank[m], f_s[m], f_e[m], n)
+        out[f"comm_{p}_ns"] = union(ph == PHASE_INDEX[p])
     out["flops"] = np.bincount(c_rank, weights=comp["flops"].to_numpy(dtype=np.float64),
                                minlength=n)[:n]
     return out[list(RANK_COLUMNS)]
 
 
-def _bubble(comp: pd.DataFrame, c_rank: np.ndarray, c_s: np.ndarray, c_e: np.ndarray,
-            f_rank: np.ndarray, f_s: np.ndarray, f_e: np.ndarray, f_ph: np.ndarray,
-            n: int) -> np.ndarray:
-    """Pipeline bubble per rank (ns): its window minus the busy time (compute or tp) inside it."""
+def _window(comp: pd.DataFrame, c_rank: np.ndarray, c_s: np.ndarray, c_e: np.ndarray,
+            n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pipeline window per rank: (first fwd start, last bwd end, whether it has one)."""
     ph = comp["phase"].to_numpy()
     lo = np.full(n, np.inf)
     hi = np.full(n, -np.inf)
@@ -107,10 +122,4 @@ def _bubble(comp: pd.DataFrame, c_rank: np.ndarray, c_s: np.ndarray, c_e: np.nda
     np.minimum.at(lo, c_rank[fwd], c_s[fwd])
     np.maximum.at(hi, c_rank[bwd], c_e[bwd])
     has = np.isfinite(lo) & np.isfinite(hi) & (hi > lo)
-    lo = np.where(has, lo, 0.0)
-    hi = np.where(has, hi, 0.0)
-    tp = f_ph == PHASE_INDEX["tp"]
-    k = np.concatenate([c_rank, f_rank[tp]])
-    s, e = clip(np.concatenate([c_s, f_s[tp]]), np.concatenate([c_e, f_e[tp]]), lo[k], hi[k])
-    busy = union_length(k, s, e, n)
-    return np.where(has, (hi - lo) - busy, 0.0)
+    return np.where(has, lo, 0.0), np.where(has, hi, 0.0), has
