@@ -106,10 +106,11 @@ class _Executor:
         start = [float("nan")] * n
         end = [float("nan")] * n
         link_flows: list[set[int]] = [set() for _ in range(len(cap))]
-        rate: dict[int, float] = {}
-        rem: dict[int, float] = {}
-        tlast: dict[int, float] = {}
-        ver: dict[int, int] = {}
+        # per-op flow state in flat lists (faster than dicts in the hot loop)
+        rate = [0.0] * n  # bytes/ns
+        rem = [0.0] * n  # bytes left at tlast
+        tlast = [0.0] * n
+        ver = [0] * n  # bumped at every rate change; older finish events are stale
         flow_links: dict[int, list[int]] = {}
         heap: list[tuple[float, int, int, int, int]] = []
         push, pop = heapq.heappush, heapq.heappop
@@ -155,10 +156,8 @@ class _Executor:
                         continue
                     links = plinks[a:b]
                     flow_links[op] = links
-                    rate[op] = 0.0
                     rem[op] = float(nbytes[op])
                     tlast[op] = t
-                    ver[op] = 0
                     for link in links:
                         link_flows[link].add(op)
                     dirty.update(links)
@@ -183,7 +182,10 @@ class _Executor:
                 dirty = set()
                 if comp:
                     recomputes += 1
-                    new = maxmin_rates([flow_links[f] for f in comp], cap)
+                    if len(comp) == 1:  # alone: its bottleneck link
+                        new = [min([cap[link] for link in flow_links[comp[0]]])]
+                    else:
+                        new = maxmin_rates([flow_links[f] for f in comp], cap)
                     for f, r in zip(comp, new, strict=True):
                         old = rate[f]
                         if r == old:
@@ -217,14 +219,15 @@ class _Executor:
                         if indeg[s] == 0:
                             ready.append(s)
                 elif code == _TX_END:
-                    if ver.get(op) != v:
+                    if ver[op] != v:
                         continue  # superseded by a later rate change
                     events += 1
-                    links = flow_links.pop(op)
-                    for link in links:
-                        link_flows[link].discard(op)
-                    dirty.update(links)
-                    del rate[op], rem[op], tlast[op], ver[op]
+                    for link in flow_links.pop(op):
+                        others = link_flows[link]
+                        others.discard(op)
+                        if others:  # a link left empty changes nobody's rate
+                            dirty.add(link)
+                    ver[op] = -1
                     lat = latency[op]
                     if lat > 0.0:
                         push(heap, (t + lat, seq, _OP_END, op, 0))
