@@ -1,0 +1,125 @@
+"""DP gradient sync: the sweep line, multi-ring chunks, readiness and the optimizer barrier."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_gen_helpers import TINY, make_plan
+
+from xsim_adapters.plan.memory import embedding_params, head_params, layer_params
+from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
+from xsim_adapters.workload import generate
+from xsim_adapters.workload.dpsync import Segment, sweep_segments
+
+MODEL32 = replace(TINY, layers=32)
+
+
+def _example(**kw):
+    # replica 0: TP 4 [0,20) + TP 4 [20,32); replica 1: TP 2 [0,18) + TP 6 [18,32)
+    return make_plan(
+        [
+            [("h100", 0, 4, 0, 20), ("h100", 4, 8, 20, 32)],
+            [("h100", 8, 10, 0, 18), ("h100", 10, 16, 18, 32)],
+        ],
+        model=MODEL32,
+        micro_batches=[3, 2],
+        **kw,
+    )
+
+
+def test_sweep_line_on_the_example() -> None:
+    assert sweep_segments(_example()) == [
+        Segment(0, 18, ((0, 0), (1, 0))),
+        Segment(18, 20, ((0, 0), (1, 1))),
+        Segment(20, 32, ((0, 1), (1, 1))),
+    ]
+
+
+def test_sweep_line_single_replica_and_identical_splits() -> None:
+    plan = make_plan([[("h100", 0, 4, 0, 2), ("h100", 4, 8, 2, 4)]] * 1)
+    assert sweep_segments(plan) == [Segment(0, 2, ((0, 0),)), Segment(2, 4, ((0, 1),))]
+    assert generate(plan).ops["phase"].eq(PHASE_INDEX["dp"]).sum() == 0  # dp == 1: no sync
+
+
+def _dp_collectives(trace) -> pd.DataFrame:
+    c = trace.collectives
+    return c[c["phase"] == PHASE_INDEX["dp"]]
+
+
+@pytest.mark.parametrize("bucket_layers", [1, 4])
+def test_every_layer_is_synchronized_exactly_once(bucket_layers: int) -> None:
+    plan = _example(collectives={"dp_bucket_layers": bucket_layers})
+    trace = generate(plan)
+    dp = _dp_collectives(trace)
+    # sum the chunk rings of each bucket: exactly the gradient bytes of its layers
+    per_bucket = dp.groupby(["layer_start", "layer_stop"])["bytes"].sum()
+    covered = np.zeros(MODEL32.layers, dtype=int)
+    for (lo, hi), nbytes in per_bucket.items():
+        params = (hi - lo) * layer_params(MODEL32)
+        params += embedding_params(MODEL32) if lo == 0 else 0
+        params += head_params(MODEL32) if hi == MODEL32.layers else 0
+        assert nbytes == params * 2, (lo, hi)
+        covered[lo:hi] += 1
+    assert covered.tolist() == [1] * MODEL32.layers
+    assert all(hi - lo <= bucket_layers for lo, hi in per_bucket.index)
+    # buckets never straddle a sync group
+    for row in dp.itertuples():
+        seg = sweep_segments(plan)[row.sync_group]
+        assert seg.start <= row.layer_start < row.layer_stop <= seg.stop
+    # every ring has one member per replica, and its flows carry 2(n-1)/n of the chunk
+    flows = trace.flows()
+    dpf = flows[flows["phase"] == PHASE_INDEX["dp"]]
+    for coll, g in dpf.groupby("collective"):
+        size = int(dp.loc[dp["collective"] == coll, "bytes"].iloc[0])
+        sent = g.groupby("rank")["bytes"].sum()
+        assert len(sent) == 2
+        assert sent.tolist() == [size, size]  # 2(n-1)/n * S with n = 2
+
+
+def test_multi_ring_chunk_ownership() -> None:
+    plan = _example()
+    dp = _dp_collectives(generate(plan))
+    seg1 = dp[dp["sync_group"] == 1]  # [18, 20): TP 4 (ranks 0-3) vs TP 6 (ranks 10-15)
+    assert sorted(seg1["chunk"].unique().tolist()) == list(range(12))
+    layer18 = seg1[seg1["layer_start"] == 18].sort_values("chunk")
+    want = [sorted([0 + c * 4 // 12, 10 + c * 6 // 12]) for c in range(12)]
+    assert [sorted(map(int, r.split(","))) for r in layer18["ranks"]] == want
+    total = layer18["bytes"].sum()
+    assert total == layer_params(MODEL32) * 2
+    seg0 = dp[(dp["sync_group"] == 0) & (dp["layer_start"] == 5)]
+    assert len(seg0) == 4  # lcm(4, 2)
+
+
+def test_sync_starts_after_last_backward_and_optimizer_waits_for_it() -> None:
+    plan = _example()
+    trace = generate(plan)
+    ops, deps = trace.ops, trace.deps
+    preds = deps.groupby("succ")["pred"].apply(list)
+    dpf = ops[(ops["kind"] == KIND_FLOW) & (ops["phase"] == PHASE_INDEX["dp"])]
+    first = dpf[dpf["step"] == 0]
+    last_mb = {0: 2, 1: 1}
+    for op in first.itertuples():
+        pre = ops.loc[preds[op.op_id]]
+        c = pre[pre["kind"] == KIND_COMPUTE]
+        assert len(c) == 1
+        c = c.iloc[0]
+        assert c["rank"] == op.rank and c["phase"] == PHASE_INDEX["bwd"]
+        assert c["microbatch"] == last_mb[op.replica]
+        want_layer = -2 if op.layer_start == 0 else op.layer_start  # embedding last
+        assert c["layer_start"] == want_layer
+    # every rank's optimizer waits (via its barrier) for the last flows of all its rings
+    barriers = ops[(ops["kind"] == KIND_BARRIER) & (ops["phase"] == PHASE_INDEX["optim"])]
+    assert sorted(barriers["rank"].tolist()) == list(range(16))
+    max_step = dpf.groupby("collective")["step"].transform("max")
+    last = dpf[dpf["step"] == max_step]
+    for b in barriers.itertuples():
+        mine = last[(last["rank"] == b.rank) | (last["dst"] == b.rank)]
+        assert set(mine["op_id"]) <= set(preds[b.op_id])
+        rings = set(dpf.loc[dpf["rank"] == b.rank, "collective"])
+        assert set(mine["collective"]) == rings
+    optim = ops[(ops["kind"] == KIND_COMPUTE) & (ops["phase"] == PHASE_INDEX["optim"])]
+    for o in optim.itertuples():
+        assert any(ops.at[p, "kind"] == KIND_BARRIER for p in preds[o.op_id])
