@@ -83,8 +83,10 @@ def load_plan(path_or_text: str | os.PathLike[str], *, feasibility: bool = True)
     Relative ``profile:`` paths resolve against the file's directory (the working directory for
     text). Runs :func:`check_feasible` unless ``feasibility`` is false.
     """
+    # A one-line string is a path if it names a file or looks like one; YAML text otherwise.
     is_path = isinstance(path_or_text, os.PathLike) or (
-        "\n" not in path_or_text and path_or_text.strip().endswith((".yaml", ".yml"))
+        "\n" not in path_or_text
+        and (path_or_text.strip().endswith((".yaml", ".yml")) or os.path.isfile(path_or_text))
     )
     if is_path:
         p = Path(path_or_text)

@@ -258,7 +258,12 @@ def _parse_event(value: Any, path: str) -> LinkEvent:
     )
     kind = f.get_enum(m, "kind", path, get_args(LinkEventKind))
     if kind == "fail":
-        factor = f.get_number(m, "factor", path, 0.0, positive=False, at_most=0.0)
+        factor = f.get_number(m, "factor", path, 0.0, positive=False)
+        if factor != 0.0:
+            raise PlanError(
+                f.join(path, "factor"),
+                f"expected 0 or nothing for a fail event (got {m['factor']!r})",
+            )
     elif kind == "degrade":
         factor = f.get_number(m, "factor", path, at_most=1.0)
     else:  # restore: back to nominal unless told otherwise
