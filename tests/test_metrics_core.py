@@ -172,3 +172,22 @@ def test_compare_identical_and_shifted_timelines() -> None:
     ranks = cmp.ranks.set_index("rank")
     assert ranks.loc[0, "compute_ns_diff"] == pytest.approx(0.1 * 4 * 300.0)
     assert len(cmp.ops) == trace.num_ops
+
+
+def test_concurrent_waits_count_once_and_exclude_own_compute() -> None:
+    """Two DP collectives wait on the same late backward; rank 0 computes 100 ns meanwhile."""
+    tb = TraceBuilder([("a", "H100"), ("b", "H100")])
+    b0 = tb.compute(0, 300, "bwd", 0, 0, 0)
+    extra = tb.compute(0, 100, "bwd", 0, 0, 1, (b0,))  # [300, 400): busy, not waiting
+    b1 = tb.compute(1, 600, "bwd", 1, 0, 0)
+    last0 = ring_all_reduce(tb, 0, [0, 1], 80, {0: b0, 1: b1})
+    last1 = ring_all_reduce(tb, 1, [0, 1], 80, {0: b0, 1: b1})
+    tb.compute(0, 10, "optim", 0, 0, -1, (extra, last0[0], last1[0]))
+    trace = tb.build()
+    met = compute_metrics(trace, asap_timeline(trace))
+    st = met.stragglers[(met.stragglers["kind"] == "dp") & (met.stragglers["waiter"] == 0)]
+    assert st["wait_ns"].tolist() == [300.0, 300.0]  # raw, per collective
+    r = met.ranks.set_index("rank")
+    assert r.loc[0, "straggler_wait_ns"] == 200.0  # [300, 600) once, minus [300, 400)
+    assert r.loc[1, "caused_wait_ns"] == 200.0
+    assert met.ranks["caused_wait_ns"].sum() == met.ranks["straggler_wait_ns"].sum()

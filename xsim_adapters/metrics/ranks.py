@@ -50,7 +50,9 @@ def rank_metrics(trace: Trace, tf: pd.DataFrame,
     - ``exposed_comm_ns``: communication time not overlapped by its own compute.
     - ``bubble_ns``: inside [first fwd start, last bwd end], time it neither computes nor takes
       part in a ``tp`` flow; ``bubble_fraction`` = bubble_ns / iteration_time_ns.
-    - ``straggler_wait_ns`` / ``caused_wait_ns``: see :mod:`.straggler`.
+    - ``straggler_wait_ns`` / ``caused_wait_ns``: time blocked on a slower peer (union of its
+      wait intervals minus its own compute) and the share of others' waits it caused; see
+      :func:`~xsim_adapters.metrics.straggler.straggler_by_rank`.
     - ``idle_ns`` = iteration_time_ns - compute_ns; ``flops``: model FLOPs of its compute ops.
     """
     rt = rank_table(trace)
@@ -100,7 +102,7 @@ def rank_metrics(trace: Trace, tf: pd.DataFrame,
         out["bubble_fraction"] = np.where(it > 0, out["bubble_ns"].to_numpy() / it, 0.0)
     if stragglers is None:
         stragglers = straggler_frame(trace, tf)
-    sb = straggler_by_rank(stragglers, n)
+    sb = straggler_by_rank(stragglers, n, tf)
     out["straggler_wait_ns"] = sb["straggler_wait_ns"].to_numpy()
     out["caused_wait_ns"] = sb["caused_wait_ns"].to_numpy()
     out["idle_ns"] = it - compute_ns

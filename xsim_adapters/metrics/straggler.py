@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX, Trace
+from .intervals import union_length
 
 STRAGGLER_COLUMNS = (
     "kind", "collective", "op_id", "waiter", "culprit", "ready_ns", "last_ready_ns", "wait_ns",
@@ -192,14 +193,37 @@ def straggler_frame(trace: Trace, tf: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)[list(STRAGGLER_COLUMNS)]
 
 
-def straggler_by_rank(frame: pd.DataFrame, num_ranks: int) -> pd.DataFrame:
-    """Per rank: ``straggler_wait_ns`` (waited) and ``caused_wait_ns`` (others waited on it)."""
-    waited = np.bincount(frame["waiter"].to_numpy(dtype=np.int64),
-                         weights=frame["wait_ns"].to_numpy(dtype=np.float64),
-                         minlength=num_ranks)[:num_ranks]
-    others = frame[frame["culprit"] != frame["waiter"]]
-    caused = np.bincount(others["culprit"].to_numpy(dtype=np.int64),
-                         weights=others["wait_ns"].to_numpy(dtype=np.float64),
+def straggler_by_rank(frame: pd.DataFrame, num_ranks: int,
+                      tf: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per rank: ``straggler_wait_ns`` (waited) and ``caused_wait_ns`` (others waited on it).
+
+    A rank's waits in several synchronizations can overlap in time (DP sync groups of many
+    layers wait on the same late backward at once), so adding them would count one idle
+    second many times over. The rank's wait is therefore the length of the union of its wait
+    intervals ``[ready_ns, last_ready_ns]``, minus the part of it in which the rank computes
+    anyway (given ``tf``, the timeline frame): the time it sat blocked on a slower peer. That
+    total is attributed to culprits in proportion to their share of the rank's raw per-sync
+    waits, so ``sum(caused_wait_ns) == sum(straggler_wait_ns)``.
+    """
+    w = frame[(frame["wait_ns"] > 0) & (frame["culprit"] != frame["waiter"])]
+    waiter = w["waiter"].to_numpy(dtype=np.int64)
+    lo = w["ready_ns"].to_numpy(dtype=np.float64)
+    hi = w["last_ready_ns"].to_numpy(dtype=np.float64)
+    waited = union_length(waiter, lo, hi, num_ranks)
+    if tf is not None and len(w):
+        comp = tf[(tf["kind"] == KIND_COMPUTE) & tf["rank"].isin(np.unique(waiter))]
+        c_rank = comp["rank"].to_numpy(dtype=np.int64)
+        c_s = comp["start_ns"].to_numpy()
+        c_e = comp["end_ns"].to_numpy()
+        both = union_length(np.concatenate([waiter, c_rank]), np.concatenate([lo, c_s]),
+                            np.concatenate([hi, c_e]), num_ranks)
+        busy = union_length(c_rank, c_s, c_e, num_ranks)
+        waited = both - busy
+    raw = w.groupby(["waiter", "culprit"])["wait_ns"].sum().reset_index()
+    raw_total = raw.groupby("waiter")["wait_ns"].transform("sum").to_numpy()
+    share = raw["wait_ns"].to_numpy() / np.where(raw_total > 0, raw_total, 1.0)
+    caused_part = waited[raw["waiter"].to_numpy(dtype=np.int64)] * share
+    caused = np.bincount(raw["culprit"].to_numpy(dtype=np.int64), weights=caused_part,
                          minlength=num_ranks)[:num_ranks]
     return pd.DataFrame({
         "rank": np.arange(num_ranks),
