@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -370,3 +371,17 @@ def test_new_device_type_needs_every_number():
     with pytest.raises(PlanError) as info:
         plan_from_dict(d)
     assert str(info.value) == "device_types.X1.hbm_GBps: required key is missing"
+
+
+def test_empty_optional_sections_mean_defaults():
+    text = Path(__file__).resolve().parent.parent / "workloads" / "hetero-dp-h100-a100.yaml"
+    base = load_plan(text)
+    yaml_text = text.read_text().replace(
+        "network:\n  scale_out: {topology: leaf_spine, link_gbps: 400, latency_us: 1.0}\n",
+        "network:\ncollectives:\ndevice_types:\n",
+    )
+    plan = load_plan(yaml_text)
+    assert plan == base  # the example's network is the default one
+    with pytest.raises(PlanError) as info:
+        load_plan(yaml_text.replace("training:\n", "training:\n  x: 1\n"))
+    assert str(info.value).startswith("training.x: unknown key; expected one of global_batch")

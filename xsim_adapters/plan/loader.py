@@ -35,6 +35,7 @@ TOP_KEYS = (
     "collectives",
 )
 REQUIRED_TOP_KEYS = ("name", "model", "training", "device_groups", "replicas")
+OPTIONAL_SECTIONS = ("device_types", "network", "collectives")
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -116,6 +117,8 @@ def plan_from_dict(d: Any, base_dir: str | None = None, *, feasibility: bool = T
             "", f"expected a mapping at the top level of the plan (got a {type(d).__name__})"
         )
     f.check_keys(d, "", TOP_KEYS, REQUIRED_TOP_KEYS)
+    # An optional section written with nothing under it (`network:`) means all defaults.
+    d = {k: ({} if v is None and k in OPTIONAL_SECTIONS else v) for k, v in d.items()}
     name = f.get_str(d, "name", "")
     seed = f.get_int(d, "seed", "", 0, minimum=0)
     model = parse_model(d["model"], "model", _model_presets())
