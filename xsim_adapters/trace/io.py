@@ -100,7 +100,12 @@ def _read_parquet(path: Path, columns: dict[str, Any], what: str) -> pd.DataFram
         raise TraceError(f"{path}: missing columns {', '.join(missing)}")
     for c, t in columns.items():
         want = np.dtype(t)
-        if df[c].dtype != want:
+        if want == np.dtype(object):
+            if not (pd.api.types.is_string_dtype(df[c]) or df[c].dtype == want):
+                raise TraceError(f"{path}: column {c} has dtype {df[c].dtype}, expected strings")
+            # pandas >= 3 reads Arrow strings as its str dtype; the schema says object
+            df[c] = df[c].astype(object)
+        elif df[c].dtype != want:
             raise TraceError(f"{path}: column {c} has dtype {df[c].dtype}, expected {want}")
     return df[list(columns)]
 

@@ -195,7 +195,11 @@ class TraceBuilder:
         )
         colls = {"collective": np.arange(self.num_collectives, dtype=np.int32)}
         colls.update({c: _cat(v, COLLECTIVE_COLUMNS[c]) for c, v in self._colls.items()})
-        return ops_df, deps, pd.DataFrame(colls, columns=list(COLLECTIVE_COLUMNS))
+        colls_df = pd.DataFrame(colls, columns=list(COLLECTIVE_COLUMNS))
+        for c, t in COLLECTIVE_COLUMNS.items():
+            if t is object:  # pandas >= 3 would infer its str dtype; the schema says object
+                colls_df[c] = colls_df[c].astype(object)
+        return ops_df, deps, colls_df
 
 
 def _cat(chunks: list[np.ndarray], dtype: Any) -> np.ndarray:

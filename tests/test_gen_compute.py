@@ -1,0 +1,104 @@
+"""Compute model against hand calculations, profile tables, and pipeline schedule orders."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from test_gen_helpers import H100, TINY, make_plan
+
+from xsim_adapters.errors import PlanError
+from xsim_adapters.plan.model import ModelSpec, TrainingSpec
+from xsim_adapters.trace.schema import KIND_COMPUTE, PHASE_INDEX
+from xsim_adapters.workload import generate
+from xsim_adapters.workload.compute import (
+    compute_time_ns,
+    layer_costs,
+    layer_flops,
+    optimizer_time_ns,
+)
+from xsim_adapters.workload.schedule import stage_order
+
+LLAMA7B = ModelSpec("llama2-7b", 32, 4096, 11008, 32, 32, 4096, 32000)
+
+
+def test_layer_flops_by_hand() -> None:
+    tr = TrainingSpec(global_batch=8, micro_batch=1)
+    fl = layer_flops(LLAMA7B, tr, tp=1)
+    # QKV 2*4096*4096*(4096+2*32*128) + out-proj 2*4096*4096^2 + scores 4*4096^2*4096
+    assert fl.attention == 412_316_860_416 + 137_438_953_472 + 274_877_906_944
+    assert fl.mlp == 2 * 4096 * 4096 * 11008 * 3 == 1_108_101_562_368
+    half = layer_flops(LLAMA7B, replace(tr, causal_attention_halving=True), tp=4)
+    assert half.attention == (412_316_860_416 + 137_438_953_472 + 137_438_953_472) / 4
+    gpt = layer_flops(replace(LLAMA7B, gated_mlp=False, kv_heads=8), tr, tp=2)
+    assert gpt.mlp == 2 * 4096 * 4096 * 11008 * 2 / 2
+    assert gpt.attention == (2 * 4096 * 4096 * (4096 + 2 * 8 * 128) + 137_438_953_472 * 3) / 2
+
+
+def test_one_layer_on_h100_equals_hand_calculation() -> None:
+    tr = TrainingSpec(global_batch=8, micro_batch=1)
+    c = layer_costs(LLAMA7B, tr, H100, tp=1)
+    # compute-bound: FLOPs / (989 TFLOP/s * 0.5)
+    assert c.attn_fwd_ns == round(824_633_720_832 / 494.5e12 * 1e9) == 1_667_611
+    assert c.mlp_fwd_ns == round(1_108_101_562_368 / 494.5e12 * 1e9) == 2_240_853
+    assert c.attn_bwd_ns == round(2 * 824_633_720_832 / 494.5e12 * 1e9)
+    assert not c.profiled
+
+
+def test_memory_bound_ops_use_hbm_bandwidth() -> None:
+    assert compute_time_ns(1e6, 3.35e9, H100) == 1_000_000  # 3.35 GB at 3,350 GB/s = 1 ms
+    # Adam: 32 bytes per parameter over HBM: 1e9 params on H100 = 32e9 / 3.35e12 s
+    assert optimizer_time_ns(1e9, H100) == round(32e9 / 3350e9 * 1e9)
+
+
+def test_profile_row_wins_and_is_split_by_flops(tmp_path) -> None:
+    csv = tmp_path / "h100.csv"
+    csv.write_text("tp,micro_batch,seq_len,fwd_layer_us,bwd_layer_us\n1,1,4096,1000,2500\n")
+    dev = replace(H100, profile=str(csv))
+    tr = TrainingSpec(global_batch=8, micro_batch=1)
+    c = layer_costs(LLAMA7B, tr, dev, tp=1)
+    share = 824_633_720_832 / (824_633_720_832 + 1_108_101_562_368)
+    assert c.profiled
+    assert c.attn_fwd_ns == round(1_000_000 * share)
+    assert c.attn_fwd_ns + c.mlp_fwd_ns == 1_000_000
+    assert c.attn_bwd_ns + c.mlp_bwd_ns == 2_500_000
+    # no matching row (tp 2): the analytic model
+    assert not layer_costs(LLAMA7B, tr, dev, tp=2).profiled
+    bad = tmp_path / "bad.csv"
+    bad.write_text("tp,fwd_layer_us\n1,3\n")
+    with pytest.raises(PlanError, match=r"device_types.H100.profile: .*missing micro_batch"):
+        layer_costs(LLAMA7B, tr, replace(H100, profile=str(bad)), tp=1)
+
+
+def test_1f1b_and_gpipe_orders() -> None:
+    def names(o: np.ndarray) -> list[str]:
+        return [("B" if b else "F") + str(m) for b, m in o]
+
+    assert names(stage_order("1f1b", 0, 4, 6)) == ("F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5".split())
+    assert names(stage_order("1f1b", 3, 4, 3)) == "F0 B0 F1 B1 F2 B2".split()
+    assert names(stage_order("1f1b", 0, 8, 2)) == "F0 F1 B0 B1".split()  # warm-up capped at m
+    assert names(stage_order("gpipe", 1, 4, 3)) == "F0 F1 F2 B0 B1 B2".split()
+    with pytest.raises(PlanError, match="training.schedule"):
+        stage_order("zb", 0, 2, 2)
+
+
+def test_trace_compute_ops_carry_the_model() -> None:
+    plan = make_plan([[("h100", 0, 2, 0, 2), ("h100", 2, 4, 2, 4)]], training={"recompute": True})
+    trace = generate(plan)
+    ops = trace.ops
+    comp = ops[ops["kind"] == KIND_COMPUTE]
+    c = layer_costs(TINY, plan.training, H100, tp=2)
+    fwd1 = comp[(comp["phase"] == PHASE_INDEX["fwd"]) & (comp["layer_start"] == 1)]
+    assert len(fwd1) == 2 * 2 * 4  # attention + MLP, 2 ranks, 4 micro-batches
+    assert sorted(set(fwd1["duration_ns"])) == sorted({c.attn_fwd_ns, c.mlp_fwd_ns})
+    assert sorted(set(fwd1["flops"])) == sorted({c.attn_flops, c.mlp_flops})
+    bwd1 = comp[(comp["phase"] == PHASE_INDEX["bwd"]) & (comp["layer_start"] == 1)]
+    assert sorted(set(bwd1["flops"])) == sorted({2 * c.attn_flops, 2 * c.mlp_flops})
+    rec = comp[comp["phase"] == PHASE_INDEX["recompute"]]
+    layer_fwd = comp[(comp["phase"] == PHASE_INDEX["fwd"]) & comp["layer_start"].between(0, 3)]
+    assert len(rec) == len(layer_fwd)
+    # embedding on the first stage only, head on the last only
+    assert set(comp.loc[comp["layer_start"] == -2, "stage"]) == {0}
+    assert set(comp.loc[comp["layer_start"] == TINY.layers, "stage"]) == {1}
+    assert (comp["flops"] >= 0).all() and (comp["duration_ns"] > 0).all()
