@@ -27,10 +27,6 @@ from ...errors import BackendError
 from ...trace.schema import KIND_COMPUTE, KIND_FLOW, KINDS, PHASES
 from .maxmin import maxmin_rates
 
-_OP_END = 0  # an op ends (compute done, flow's last byte arrived, barrier)
-_TX_END = 1  # a flow's last byte leaves (valid only if its rate version still matches)
-_LINK = 2  # a link capacity change
-
 Progress = Callable[[int, int], None]
 
 
@@ -103,24 +99,30 @@ class _Executor:
         poff, plinks, latency = self.poff, self.plinks, self.latency
         succ_off, succ_list, indeg = self.succ_off, self.succ_list, self.indeg
         cap, nominal = self.cap, self.nominal
-        start = [float("nan")] * n
-        end = [float("nan")] * n
+        nan, inf = float("nan"), float("inf")
+        start = [nan] * n
+        end = [nan] * n
         link_flows: list[set[int]] = [set() for _ in range(len(cap))]
         # per-op flow state in flat lists (faster than dicts in the hot loop)
         rate = [0.0] * n  # bytes/ns
         rem = [0.0] * n  # bytes left at tlast
         tlast = [0.0] * n
-        ver = [0] * n  # bumped at every rate change; older finish events are stale
-        flow_links: dict[int, list[int]] = {}
-        heap: list[tuple[float, int, int, int, int]] = []
+        tx_due = [-1.0] * n  # when the flow's last byte leaves at its current rate (-1: never)
+        flow_links: dict[int, list[int]] = {}  # the flows transmitting now
+        # Calendar: the distinct future times in a heap, what is due at each in a dict of
+        # lists (many ops end at the same instant, so this beats one heap entry per op).
+        # An entry ``op >= 0`` ends that op; ``~op`` is flow op's last byte leaving, valid only
+        # while tx_due[op] still equals that time (a rate change reschedules it).
+        times: list[float] = []
+        due: dict[float, list[int]] = {}
         push, pop = heapq.heappush, heapq.heappop
-        seq = 0
-        ev_at = self.p.events_at_ns.tolist()
-        ev_link = self.p.events_link.tolist()
-        for i in range(len(ev_at)):  # the event index rides in the version slot
-            push(heap, (float(ev_at[i]), seq, _LINK, int(ev_link[i]), i))
-            seq += 1
-        factors = self.p.events_factor.tolist()
+        order = np.argsort(self.p.events_at_ns, kind="stable")
+        ev_at = self.p.events_at_ns[order].tolist()
+        ev_link = self.p.events_link[order].tolist()
+        ev_factor = self.p.events_factor[order].tolist()
+        n_ev = len(ev_at)
+        ev_i = 0
+        next_ev = ev_at[0] if n_ev else inf
 
         done = 0
         events = 0
@@ -130,7 +132,7 @@ class _Executor:
         next_report = report_every
         progress = self.progress
         dirty: set[int] = set()
-        ready = [i for i in range(n) if indeg[i] == 0]
+        ready = [i for i in range(n - 1, -1, -1) if indeg[i] == 0]
         t = 0.0
         while True:
             # 1. start everything that became ready at t (barriers and 0-time ops cascade)
@@ -140,33 +142,34 @@ class _Executor:
                 k = kind[op]
                 if k == KIND_FLOW:
                     a, b = poff[op], poff[op + 1]
-                    if a == b or nbytes[op] <= 0:
-                        fin = t + latency[op]
-                        if fin == t:
-                            end[op] = t
-                            done += 1
-                            for j in range(succ_off[op], succ_off[op + 1]):
-                                s = succ_list[j]
-                                indeg[s] -= 1
-                                if indeg[s] == 0:
-                                    ready.append(s)
-                        else:
-                            push(heap, (fin, seq, _OP_END, op, 0))
-                            seq += 1
+                    if a != b and nbytes[op] > 0:
+                        links = plinks[a:b]
+                        flow_links[op] = links
+                        rem[op] = float(nbytes[op])
+                        tlast[op] = t
+                        for link in links:
+                            link_flows[link].add(op)
+                        dirty.update(links)
                         continue
-                    links = plinks[a:b]
-                    flow_links[op] = links
-                    rem[op] = float(nbytes[op])
-                    tlast[op] = t
-                    for link in links:
-                        link_flows[link].add(op)
-                    dirty.update(links)
+                    fin = t + latency[op]  # nothing to send: only the latency
+                    if fin > t:
+                        lst = due.get(fin)
+                        if lst is None:
+                            due[fin] = [op]
+                            push(times, fin)
+                        else:
+                            lst.append(op)
+                        continue
+                elif k == KIND_COMPUTE and duration[op] > 0:
+                    fin = t + duration[op]
+                    lst = due.get(fin)
+                    if lst is None:
+                        due[fin] = [op]
+                        push(times, fin)
+                    else:
+                        lst.append(op)
                     continue
-                if k == KIND_COMPUTE and duration[op] > 0:
-                    push(heap, (t + duration[op], seq, _OP_END, op, 0))
-                    seq += 1
-                    continue
-                # barrier or zero-time compute: ends now
+                # barrier, zero-time compute, zero-latency empty flow: ends now
                 end[op] = t
                 done += 1
                 for j in range(succ_off[op], succ_off[op + 1]):
@@ -189,28 +192,65 @@ class _Executor:
                     for f, r in zip(comp, new, strict=True):
                         old = rate[f]
                         if r == old:
-                            continue  # its pending finish event stays valid
+                            continue  # its pending finish stays valid
                         if old > 0.0:
                             left = rem[f] - old * (t - tlast[f])
                             rem[f] = left if left > 0.0 else 0.0
                         tlast[f] = t
                         rate[f] = r
-                        v = ver[f] + 1
-                        ver[f] = v
                         if r > 0.0:
-                            push(heap, (t + rem[f] / r, seq, _TX_END, f, v))
-                            seq += 1
+                            fin = t + rem[f] / r
+                            tx_due[f] = fin
+                            lst = due.get(fin)
+                            if lst is None:
+                                due[fin] = [~f]
+                                push(times, fin)
+                            else:
+                                lst.append(~f)
+                        else:
+                            tx_due[f] = -1.0
             if progress is not None and done >= next_report:
                 progress(done, n)
                 next_report = done + report_every
-            if not heap:
+            # 3. take everything due at the next instant
+            if times:
+                t = times[0] if times[0] <= next_ev else next_ev
+            elif next_ev < inf:
+                t = next_ev
+            else:
                 break
-            # 3. take every event at the next instant
-            t = heap[0][0]
-            while heap and heap[0][0] == t:
-                _, _, code, op, v = pop(heap)
-                if code == _OP_END:
+            if times and times[0] == t:
+                pop(times)
+                for e in due.pop(t):
+                    if e >= 0:
+                        events += 1
+                        end[e] = t
+                        done += 1
+                        for j in range(succ_off[e], succ_off[e + 1]):
+                            s = succ_list[j]
+                            indeg[s] -= 1
+                            if indeg[s] == 0:
+                                ready.append(s)
+                        continue
+                    op = ~e
+                    if tx_due[op] != t:
+                        continue  # superseded by a later rate change
+                    tx_due[op] = -1.0
                     events += 1
+                    for link in flow_links.pop(op):
+                        others = link_flows[link]
+                        others.discard(op)
+                        if others:  # a link left empty changes nobody's rate
+                            dirty.add(link)
+                    fin = t + latency[op]
+                    if fin > t:
+                        lst = due.get(fin)
+                        if lst is None:
+                            due[fin] = [op]
+                            push(times, fin)
+                        else:
+                            lst.append(op)
+                        continue
                     end[op] = t
                     done += 1
                     for j in range(succ_off[op], succ_off[op + 1]):
@@ -218,33 +258,14 @@ class _Executor:
                         indeg[s] -= 1
                         if indeg[s] == 0:
                             ready.append(s)
-                elif code == _TX_END:
-                    if ver[op] != v:
-                        continue  # superseded by a later rate change
-                    events += 1
-                    for link in flow_links.pop(op):
-                        others = link_flows[link]
-                        others.discard(op)
-                        if others:  # a link left empty changes nobody's rate
-                            dirty.add(link)
-                    ver[op] = -1
-                    lat = latency[op]
-                    if lat > 0.0:
-                        push(heap, (t + lat, seq, _OP_END, op, 0))
-                        seq += 1
-                    else:
-                        end[op] = t
-                        done += 1
-                        for j in range(succ_off[op], succ_off[op + 1]):
-                            s = succ_list[j]
-                            indeg[s] -= 1
-                            if indeg[s] == 0:
-                                ready.append(s)
-                else:
-                    events += 1
-                    cap[op] = nominal[op] * factors[v]
-                    if link_flows[op]:
-                        dirty.add(op)
+            while ev_i < n_ev and ev_at[ev_i] <= t:
+                link = ev_link[ev_i]
+                cap[link] = nominal[link] * ev_factor[ev_i]
+                if link_flows[link]:
+                    dirty.add(link)
+                events += 1
+                ev_i += 1
+            next_ev = ev_at[ev_i] if ev_i < n_ev else inf
 
         wall = time.perf_counter() - t0
         if progress is not None:
