@@ -123,3 +123,25 @@ def test_sync_starts_after_last_backward_and_optimizer_waits_for_it() -> None:
     optim = ops[(ops["kind"] == KIND_COMPUTE) & (ops["phase"] == PHASE_INDEX["optim"])]
     for o in optim.itertuples():
         assert any(ops.at[p, "kind"] == KIND_BARRIER for p in preds[o.op_id])
+
+
+def test_zero_shards_the_sync_and_the_optimizer() -> None:
+    plan = _example(training={"zero_stage": 1})
+    trace = generate(plan)
+    ops, dp = trace.ops, _dp_collectives(trace)
+    assert sorted(dp["kind"].unique()) == ["all_gather", "reduce_scatter"]
+    rs = dp[dp["kind"] == "reduce_scatter"].drop(columns=["collective", "kind"])
+    ag = dp[dp["kind"] == "all_gather"].drop(columns=["collective", "kind"])
+    pd.testing.assert_frame_equal(rs.reset_index(drop=True), ag.reset_index(drop=True))
+    preds = trace.deps.groupby("succ")["pred"].apply(list)
+    optim = ops[(ops["kind"] == KIND_COMPUTE) & (ops["phase"] == PHASE_INDEX["optim"])]
+    optim_by_rank = dict(zip(optim["rank"], optim["op_id"], strict=True))
+    ag_ids = set(dp.loc[dp["kind"] == "all_gather", "collective"])
+    first_ag = ops[ops["collective"].isin(ag_ids) & (ops["step"] == 0)]
+    for op in first_ag.itertuples():
+        assert optim_by_rank[op.rank] in preds[op.op_id]
+    # the optimizer steps over 1/dp of the stage: replica 0 stage 0 (TP 4, layers 0-20, embedding)
+    from xsim_adapters.workload.compute import optimizer_time_ns, stage_params
+
+    want = optimizer_time_ns(stage_params(MODEL32, (0, 20)) / 4 / 2, plan.device_types["H100"])
+    assert optim.loc[optim["rank"] == 0, "duration_ns"].item() == want

@@ -230,9 +230,17 @@ class _Generator:
 
     # ---- data-parallel sync and optimizer ------------------------------------------------
     def add_dp_and_optimizer(self) -> None:
+        """Barriers, DP sync and the optimizer step.
+
+        ZeRO (``training.zero_stage`` >= 1, dp > 1): the DP sync is a reduce-scatter, the
+        optimizer steps over 1/dp of the stage's parameters, and an all-gather of the updated
+        parameters on the same rings follows it; otherwise an all-reduce before a full step.
+        """
         plan = self.plan
         tb = self.tb
+        zero = plan.training.zero_stage >= 1 and plan.dp > 1
         barrier_of = np.full(plan.num_ranks, -1, dtype=np.int64)
+        optim_of = np.full(plan.num_ranks, -1, dtype=np.int64)
         last_ends: list[tuple[np.ndarray, np.ndarray, Stage, int, int]] = []
         for r, rep in enumerate(plan.replicas):
             for i, st in enumerate(rep.stages):
@@ -252,12 +260,14 @@ class _Generator:
                     )
                     barrier_of[ranks] = ids
                     tb.add_edges(blk.ends[mb], ids[:, None])
-        if plan.dp > 1:
-            self._dp_sync(barrier_of)
+        dp = self._dp_setup() if plan.dp > 1 else None
+        if dp is not None:
+            tails = self._dp_rings(dp, "reduce_scatter" if zero else "all_reduce", dp["ready"])
+            tb.add_edges(tails, barrier_of[dp["members"]][:, None, :, None])
         for ends, last, st, r, i in last_ends:
             ranks = np.asarray(plan.stage_ranks(st), dtype=np.int64)
             dev = plan.device_types[plan.group(st.group).type]
-            params = stage_params(plan.model, st.layers) / st.tp
+            params = stage_params(plan.model, st.layers) / st.tp / (plan.dp if zero else 1)
             ids = tb.add_ops(
                 len(ranks),
                 kind=KIND_COMPUTE,
@@ -269,19 +279,23 @@ class _Generator:
                 layer_start=st.layers[0],
                 layer_stop=st.layers[1],
             )
+            optim_of[ranks] = ids
             tb.add_edges(last, ids)
             if plan.dp > 1:
                 tb.add_edges(barrier_of[ranks], ids)
             else:
                 tb.add_edges(ends, ids[:, None])
+        if dp is not None and zero:
+            self._dp_rings(dp, "all_gather", optim_of[dp["members"]])
 
-    def _dp_sync(self, barrier_of: np.ndarray) -> None:
-        plan, tb = self.plan, self.tb
+    def _dp_setup(self) -> dict[str, Any] | None:
+        """Rings of the DP sync (members, orders, bytes) and each member's readiness op."""
+        plan = self.plan
         segs = sweep_segments(plan)
         bks = buckets(plan, segs)
         rings = chunk_rings(plan, segs, bks)
         if not rings:
-            return
+            return None
         members = np.array([cr.members for cr in rings], dtype=np.int64)  # (I, n)
         perms, sizes, labels = [], [], []
         for cr in rings:
@@ -290,42 +304,6 @@ class _Generator:
             perms.append([[pos[rk] for rk in o] for o in orders])
             sizes.append(sz)
             labels.append(",".join(map(str, orders[0])))
-        c = plan.collectives
-        rf = ring_flows(
-            members, np.array(perms), np.array(sizes), "all_reduce", c.granularity, c.chunks
-        )
-        bk_of = np.array([cr.bucket for cr in rings], dtype=np.int64)
-        coll = tb.add_collectives(
-            len(rings),
-            kind="all_reduce",
-            phase=PHASE_INDEX["dp"],
-            bytes=np.array([cr.nbytes for cr in rings], dtype=np.int64),
-            ranks=np.array(labels, dtype=object),
-            algorithm=self.algorithm,
-            channels=max(1, c.channels),
-            sync_group=np.array([bks[b].segment for b in bk_of], dtype=np.int64),
-            layer_start=np.array([bks[b].start for b in bk_of], dtype=np.int64),
-            layer_stop=np.array([bks[b].stop for b in bk_of], dtype=np.int64),
-            chunk=np.array([cr.chunk for cr in rings], dtype=np.int64),
-        )
-        inst_bucket = bk_of[rf.instance]
-        ids = tb.add_ops(
-            rf.size,
-            kind=KIND_FLOW,
-            rank=rf.src,
-            dst=rf.dst,
-            bytes=rf.nbytes,
-            phase=PHASE_INDEX["dp"],
-            replica=self.rank_replica[rf.src],
-            stage=self.rank_stage[rf.src],
-            layer_start=np.array([b.start for b in bks], dtype=np.int64)[inst_bucket],
-            layer_stop=np.array([b.stop for b in bks], dtype=np.int64)[inst_bucket],
-            collective=coll[rf.instance],
-            step=rf.step,
-            channel=rf.channel,
-        )
-        base = int(ids[0]) if len(ids) else 0
-        tb.add_edges(rf.pred + base, rf.succ + base)
         # Readiness: each member's backward of the bucket's layers on its last micro-batch.
         ready = np.zeros(members.shape, dtype=np.int64)
         last_bwd = {}  # (replica, stage) -> micro-batch of its last backward
@@ -335,14 +313,61 @@ class _Generator:
                 last_bwd[(r, s)] = int(order[order[:, 0] == 1][-1, 1])
         for k, cr in enumerate(rings):
             bk = bks[cr.bucket]
-            seg = segs[bk.segment]
             mark = "embedding" if bk.has_embedding else bk.start
-            for j, (r, s) in enumerate(seg.owners):
+            for j, (r, s) in enumerate(segs[bk.segment].owners):
                 bwd = self.stage_ops[(r, s)][1]
                 ready[k, j] = bwd.marks[mark][last_bwd[(r, s)], cr.member_local[j]]
-        tb.add_edges(ready[:, None, :], rf.start + base)
-        tails = rf.tails + base  # (I, C, n, 2)
-        tb.add_edges(tails, barrier_of[members][:, None, :, None])
+        bk_of = np.array([cr.bucket for cr in rings], dtype=np.int64)
+        return {
+            "members": members,
+            "perm": np.array(perms, dtype=np.int64),
+            "sizes": np.array(sizes, dtype=np.int64),
+            "labels": np.array(labels, dtype=object),
+            "nbytes": np.array([cr.nbytes for cr in rings], dtype=np.int64),
+            "chunk": np.array([cr.chunk for cr in rings], dtype=np.int64),
+            "sync_group": np.array([bks[b].segment for b in bk_of], dtype=np.int64),
+            "layer_start": np.array([bks[b].start for b in bk_of], dtype=np.int64),
+            "layer_stop": np.array([bks[b].stop for b in bk_of], dtype=np.int64),
+            "ready": ready,
+        }
+
+    def _dp_rings(self, dp: dict[str, Any], kind: str, start_after: np.ndarray) -> np.ndarray:
+        """Emit one ``kind`` collective per DP ring; member j of ring i starts after
+        ``start_after[i, j]``. Returns the global tails (I, C, n, 2)."""
+        tb, c = self.tb, self.plan.collectives
+        rf = ring_flows(dp["members"], dp["perm"], dp["sizes"], kind, c.granularity, c.chunks)
+        coll = tb.add_collectives(
+            len(dp["members"]),
+            kind=kind,
+            phase=PHASE_INDEX["dp"],
+            bytes=dp["nbytes"],
+            ranks=dp["labels"],
+            algorithm=self.algorithm,
+            channels=max(1, c.channels),
+            sync_group=dp["sync_group"],
+            layer_start=dp["layer_start"],
+            layer_stop=dp["layer_stop"],
+            chunk=dp["chunk"],
+        )
+        ids = tb.add_ops(
+            rf.size,
+            kind=KIND_FLOW,
+            rank=rf.src,
+            dst=rf.dst,
+            bytes=rf.nbytes,
+            phase=PHASE_INDEX["dp"],
+            replica=self.rank_replica[rf.src],
+            stage=self.rank_stage[rf.src],
+            layer_start=dp["layer_start"][rf.instance],
+            layer_stop=dp["layer_stop"][rf.instance],
+            collective=coll[rf.instance],
+            step=rf.step,
+            channel=rf.channel,
+        )
+        base = int(ids[0]) if len(ids) else 0
+        tb.add_edges(rf.pred + base, rf.succ + base)
+        tb.add_edges(start_after[:, None, :], rf.start + base)
+        return rf.tails + base
 
     # ---- output -------------------------------------------------------------------------
     def manifest(
@@ -381,6 +406,7 @@ class _Generator:
                 "sequence_parallel": t.sequence_parallel,
                 "recompute": t.recompute,
                 "adam_bytes_per_param": ADAM_BYTES_PER_PARAM,
+                "zero_stage": t.zero_stage,
             },
             "ranks": ranks,
             "op_counts": {
