@@ -13,13 +13,6 @@ from xsim_adapters.errors import XsimError
 
 REPO = Path(__file__).resolve().parents[1]
 HETERO = REPO / "workloads" / "hetero-dp-h100-a100.yaml"
-try:
-    from xsim_adapters.trace import read_trace as _read_trace  # noqa: F401
-
-    HAVE_TRACE_IO = True
-except ImportError:  # the generator engineer's trace I/O has not landed yet
-    HAVE_TRACE_IO = False
-
 SUBCOMMANDS = ("validate", "trace", "run", "compare", "backends")
 
 
@@ -99,7 +92,6 @@ def test_unknown_backend_is_one_line_error(tmp_path: Path, capsys) -> None:
     assert "flow" in err[0]
 
 
-@pytest.mark.skipif(not HAVE_TRACE_IO, reason="xsim_adapters.trace.read_trace not landed yet")
 def test_broken_trace_directory_is_one_line_error(tmp_path: Path, capsys) -> None:
     d = tmp_path / "trace"
     d.mkdir()

@@ -87,8 +87,9 @@ def plot_timeline(path: str | Path, tf: pd.DataFrame, ranks: pd.DataFrame,
         else:
             m = f_ph == PHASE_INDEX[phase]
             key, s, e, y0, y1 = row_of_rank[f_rank[m]], f_s[m], f_e[m], 0.60, 0.92
-        if phase in COMPUTE_PHASES and what == "rank":
-            # One box per op, thin white edges, so micro-batches stay distinguishable.
+        if phase in COMPUTE_PHASES and what == "rank" and len(comp) <= 150 * nrows:
+            # One box per op with thin white edges, so micro-batches stay distinguishable;
+            # with more ops per row the edges would wash the colors out, so merge instead.
             k, lo, hi, edge = key, s, e, "white"
         else:
             k, lo, hi = union_blocks(key, s, e)
