@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,21 @@ from .schema import KIND_FLOW, Trace
 NOTIFY_TAG_BASE = 1 << 40  # notification tags, above every op id
 
 
-def goal_lines(trace: Trace) -> list[str]:
-    """The GOAL schedule of ``trace`` as lines of text."""
+@dataclass
+class RankProgram:
+    """One rank's local schedule: vertices and local dependencies (labels are ints)."""
+
+    # (label, kind: "calc" | "send" | "recv", bytes, peer rank, tag, duration_ns, op_id)
+    vertices: list[tuple[int, str, int, int, int, int, int]] = field(default_factory=list)
+    requires: list[tuple[int, int]] = field(default_factory=list)  # (label, required label)
+
+
+def rank_programs(trace: Trace) -> dict[int, RankProgram]:
+    """Per-rank local schedules of ``trace`` (the mapping in the module docstring).
+
+    Labels: ``2*op_id`` for an op's vertex on its owner (a flow's send), ``2*op_id + 1`` for a
+    flow's recv, labels from ``2*num_ops`` on for notification messages (op_id -1).
+    """
     ops = trace.ops
     n = len(ops)
     kind = ops["kind"].to_numpy()
@@ -34,48 +48,63 @@ def goal_lines(trace: Trace) -> list[str]:
     nbytes = ops["bytes"].to_numpy()
     dur = ops["duration_ns"].to_numpy()
     is_flow = kind == KIND_FLOW
-    lines: dict[int, list[str]] = defaultdict(list)
+    progs: dict[int, RankProgram] = defaultdict(RankProgram)
     for op in range(n):
         r = int(rank[op])
         if is_flow[op]:
-            d = int(dst[op])
-            lines[r].append(f"l{2 * op}: send {int(nbytes[op])}b to {d} tag {op}")
-            lines[d].append(f"l{2 * op + 1}: recv {int(nbytes[op])}b from {r} tag {op}")
+            d, b = int(dst[op]), int(nbytes[op])
+            progs[r].vertices.append((2 * op, "send", b, d, op, 0, op))
+            progs[d].vertices.append((2 * op + 1, "recv", b, r, op, 0, op))
         else:
-            lines[r].append(f"l{2 * op}: calc {int(dur[op])}")
+            progs[r].vertices.append((2 * op, "calc", 0, -1, -1, int(dur[op]), op))
     pred = trace.deps["pred"].to_numpy()
     succ = trace.deps["succ"].to_numpy()
     where = rank[succ]
     local = rank[pred] == where
     via_recv = is_flow[pred] & (dst[pred] == where) & ~local
     for p, s in zip(pred[local].tolist(), succ[local].tolist(), strict=True):
-        lines[int(rank[s])].append(f"l{2 * s} requires l{2 * p}")
+        progs[int(rank[s])].requires.append((2 * s, 2 * p))
     for p, s in zip(pred[via_recv].tolist(), succ[via_recv].tolist(), strict=True):
-        lines[int(rank[s])].append(f"l{2 * s} requires l{2 * p + 1}")
+        progs[int(rank[s])].requires.append((2 * s, 2 * p + 1))
     notified: dict[tuple[int, int], int] = {}
     label = 2 * n
-    for p, s in zip(
-        pred[~local & ~via_recv].tolist(), succ[~local & ~via_recv].tolist(), strict=True
-    ):
+    remote = ~local & ~via_recv
+    for p, s in zip(pred[remote].tolist(), succ[remote].tolist(), strict=True):
         r = int(where[s])
-        key = (p, r)
-        if key not in notified:
+        if (p, r) not in notified:
             # pred completes on its destination (flows) or its own rank (others)
             src = int(dst[p]) if is_flow[p] else int(rank[p])
             done = 2 * p + 1 if is_flow[p] else 2 * p
             tag = NOTIFY_TAG_BASE + label
-            lines[src].append(f"l{label}: send 0b to {r} tag {tag}")
-            lines[src].append(f"l{label} requires l{done}")
-            lines[r].append(f"l{label + 1}: recv 0b from {src} tag {tag}")
-            notified[key] = label + 1
+            progs[src].vertices.append((label, "send", 0, r, tag, 0, -1))
+            progs[src].requires.append((label, done))
+            progs[r].vertices.append((label + 1, "recv", 0, src, tag, 0, -1))
+            notified[(p, r)] = label + 1
             label += 2
-        lines[r].append(f"l{2 * s} requires l{notified[key]}")
-    num_ranks = len(trace.manifest.get("ranks", [])) or int(max(lines, default=-1)) + 1
+        progs[r].requires.append((2 * s, notified[(p, r)]))
+    return dict(progs)
+
+
+def num_ranks_of(trace: Trace, progs: dict[int, RankProgram]) -> int:
+    return len(trace.manifest.get("ranks", [])) or max(progs, default=-1) + 1
+
+
+def goal_lines(trace: Trace) -> list[str]:
+    """The GOAL schedule of ``trace`` as lines of text."""
+    progs = rank_programs(trace)
+    num_ranks = num_ranks_of(trace, progs)
     out = [f"num_ranks {num_ranks}"]
     for r in range(num_ranks):
         out.append("")
         out.append(f"rank {r} {{")
-        out.extend(lines.get(r, []))
+        prog = progs.get(r, RankProgram())
+        for label, kind, b, peer, tag, dur, _ in prog.vertices:
+            if kind == "calc":
+                out.append(f"l{label}: calc {dur}")
+            else:
+                way = "to" if kind == "send" else "from"
+                out.append(f"l{label}: {kind} {b}b {way} {peer} tag {tag}")
+        out.extend(f"l{a} requires l{b}" for a, b in prog.requires)
         out.append("}")
     return out
 
