@@ -127,6 +127,7 @@ def build_block(
         if head is None:
             head = ids
         else:
+            assert last is not None
             tb.add_edges(last, ids)  # run order on each rank
             if tails is not None and tails.shape[1] and not np.array_equal(tails[:, 0], last):
                 tb.add_edges(tails, ids[:, None])
