@@ -232,3 +232,12 @@ def test_shipped_plans_generate(name: str) -> None:
     assert trace.manifest["plan_name"] == plan.name
     assert trace.manifest["workload"]["dp"] == plan.dp
     assert len(trace.manifest["ranks"]) == plan.num_ranks
+
+
+def test_extra_files_arrive_with_the_trace(tmp_path: Path) -> None:
+    trace = generate(_hetero())
+    d = write_trace(trace, tmp_path / "t", extra_files={"plan.yaml": "name: x\n"})
+    assert (d / "plan.yaml").read_text() == "name: x\n"
+    with pytest.raises(ValueError, match="must be a plain file name"):
+        write_trace(trace, tmp_path / "u", extra_files={"../evil": "x"})
+    assert sorted(os.listdir(tmp_path)) == ["t"]

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,17 @@ def _group_of_ops(trace: Trace) -> tuple[list[str], np.ndarray]:
     return names, np.where(ranks >= 0, lookup[np.maximum(ranks, 0)], 0)
 
 
-def write_trace(trace: Trace, directory: str | os.PathLike[str]) -> Path:
-    """Write ``trace`` to ``directory`` atomically; returns the directory path."""
+def write_trace(
+    trace: Trace,
+    directory: str | os.PathLike[str],
+    *,
+    extra_files: Mapping[str, str | bytes] | None = None,
+) -> Path:
+    """Write ``trace`` to ``directory`` atomically; returns the directory path.
+
+    ``extra_files`` (relative name -> text or bytes, e.g. ``{"plan.yaml": ...}``) are written
+    into the same temporary directory, so they appear together with the trace or not at all.
+    """
     target = Path(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
@@ -72,6 +82,14 @@ def write_trace(trace: Trace, directory: str | os.PathLike[str]) -> Path:
             _write_parquet(part, tmp / "groups" / f"{name}.parquet")
         _write_parquet(trace.deps.reset_index(drop=True), tmp / "deps.parquet")
         _write_parquet(trace.collectives.reset_index(drop=True), tmp / "collectives.parquet")
+        for name, content in (extra_files or {}).items():
+            dest = tmp / name
+            if dest.resolve().parent != tmp.resolve() or name == MANIFEST:
+                raise ValueError(f"extra_files: {name!r} must be a plain file name, not {MANIFEST}")
+            if isinstance(content, bytes):
+                dest.write_bytes(content)
+            else:
+                dest.write_text(content)
         text = json.dumps(trace.manifest, indent=1, sort_keys=True) + "\n"
         (tmp / MANIFEST).write_text(text)  # last: a directory without it is not a trace
         os.chmod(tmp, 0o755)
