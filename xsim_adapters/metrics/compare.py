@@ -35,7 +35,7 @@ class Comparison:
 
 def _flat(summary: dict) -> dict[str, float]:
     """The numeric headline values of a summary as metric name -> value."""
-    out: dict[str, float] = {}
+    out: dict[str, float | None] = {}
     for k in ("iteration_time_ns", "tokens_per_s", "mfu"):
         out[k] = summary.get(k)
     for k, v in summary.get("totals", {}).items():

@@ -96,7 +96,8 @@ def plot_timeline(path: str | Path, tf: pd.DataFrame, ranks: pd.DataFrame,
             edge = "none"
         if len(k) == 0:
             continue
-        ax.add_collection(PolyCollection(_rects(k, lo, hi, y0, y1), linewidths=0.3,
+        verts = _rects(k, lo, hi, y0, y1)  # (n, 4, 2) array: taken as is, no per-box list
+        ax.add_collection(PolyCollection(verts, linewidths=0.3,  # type: ignore[arg-type]
                                          facecolors=PHASE_COLORS[phase], edgecolors=edge))
         handles.append(Patch(color=PHASE_COLORS[phase], label=phase))
     end_ms = float(tf["end_ns"].max()) / 1e6 if len(tf) else 1.0
