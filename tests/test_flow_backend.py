@@ -286,3 +286,49 @@ def test_progress_stats_and_determinism():
     again = FlowBackend().run(trace, topo, {})
     pd.testing.assert_frame_equal(tl.frame, again.frame)
     assert FlowBackend.available() == (True, "")
+
+
+def _dumbbell(n: int, bottleneck_gbps: float, access_gbps: list[float]) -> Topology:
+    """n senders -> s0 -> (bottleneck) -> s1 -> n receivers; zero latency everywhere."""
+    names = [f"src{i}" for i in range(n)] + [f"dst{i}" for i in range(n)] + ["s0", "s1"]
+    nodes = pd.DataFrame(
+        {
+            "node_id": np.arange(2 * n + 2, dtype=np.int32),
+            "kind": ["gpu"] * (2 * n) + ["leaf", "leaf"],
+            "name": names,
+            "rank": np.r_[np.arange(2 * n), -1, -1].astype(np.int32),
+            "server": np.full(2 * n + 2, -1, dtype=np.int32),
+        }
+    )
+    src = [2 * n] + list(range(n)) + [2 * n + 1] * n
+    dst = [2 * n + 1] + [2 * n] * n + list(range(n, 2 * n))
+    gbps = [bottleneck_gbps] + list(access_gbps) + [1e6] * n
+    links = pd.DataFrame(
+        {
+            "link_id": np.arange(len(src), dtype=np.int32),
+            "src": np.asarray(src, dtype=np.int32),
+            "dst": np.asarray(dst, dtype=np.int32),
+            "gbps": np.asarray(gbps, dtype=np.float64),
+            "latency_ns": np.zeros(len(src)),
+            "tier": ["fabric"] * len(src),
+        }
+    )
+    return Topology(nodes=nodes, links=links, rank_node=np.arange(2 * n, dtype=np.int32))
+
+
+def test_many_flows_on_one_bottleneck_use_the_vectorized_solver():
+    n, cap_gbps, nbytes = 120, 960.0, 600_000  # 120 flows x 3 links: the numpy water filling
+    c = cap_gbps / 8  # 120 bytes/ns
+    slow = c / (4 * n)  # the even senders' own links: a quarter of a fair share
+    access = [slow * 8 if i % 2 == 0 else 1e6 for i in range(n)]
+    topo = _dumbbell(n, cap_gbps, access)
+    tb = TraceBuilder(2 * n)
+    ops = [tb.flow(i, n + i, nbytes) for i in range(n)]
+    tl = run(tb.build(), topo)
+    end = tl.frame["end_ns"].to_numpy()[ops]
+    fast_rate = (c - (n / 2) * slow) / (n / 2)  # what the slow half leaves, split evenly
+    np.testing.assert_allclose(end[1::2], nbytes / fast_rate, rtol=1e-9)
+    np.testing.assert_allclose(end[0::2], nbytes / slow, rtol=1e-9)  # own link stays the limit
+    equal = _dumbbell(n, cap_gbps, [1e6] * n)
+    tl = run(tb.build(), equal)
+    np.testing.assert_allclose(tl.frame["end_ns"].to_numpy()[ops], n * nbytes / c, rtol=1e-9)

@@ -181,9 +181,9 @@ class _Executor:
                 max_active = len(flow_links)
             # 2. re-solve the flows connected to what changed
             if dirty:
-                comp = _component(dirty, link_flows, flow_links)
+                groups = _components(dirty, link_flows, flow_links)
                 dirty = set()
-                if comp:
+                for comp in groups:
                     recomputes += 1
                     if len(comp) == 1:  # alone: its bottleneck link
                         new = [min([cap[link] for link in flow_links[comp[0]]])]
@@ -325,20 +325,33 @@ class _Executor:
         return head + ": " + " | ".join(parts)
 
 
-def _component(
+def _components(
     seeds: set[int], link_flows: list[set[int]], flow_links: dict[int, list[int]]
-) -> list[int]:
-    """Active flows connected to links ``seeds`` through shared links, sorted by op id."""
-    seen_links = set(seeds)
-    stack = list(seeds)
-    comp: set[int] = set()
-    while stack:
-        for f in link_flows[stack.pop()]:
-            if f in comp:
-                continue
-            comp.add(f)
-            for link in flow_links[f]:
-                if link not in seen_links:
-                    seen_links.add(link)
-                    stack.append(link)
-    return sorted(comp)
+) -> list[list[int]]:
+    """The groups of active flows connected to links ``seeds`` through shared links.
+
+    Each group (flows sorted by op id) is independent of the others, so each is solved on its
+    own: a batch of simultaneous events mostly touches many small independent groups.
+    """
+    seen_links: set[int] = set()
+    seen_flows: set[int] = set()
+    groups = []
+    for seed in seeds:
+        if seed in seen_links or not link_flows[seed]:
+            continue
+        seen_links.add(seed)
+        stack = [seed]
+        comp: list[int] = []
+        while stack:
+            for f in link_flows[stack.pop()]:
+                if f in seen_flows:
+                    continue
+                seen_flows.add(f)
+                comp.append(f)
+                for link in flow_links[f]:
+                    if link not in seen_links:
+                        seen_links.add(link)
+                        stack.append(link)
+        comp.sort()
+        groups.append(comp)
+    return groups

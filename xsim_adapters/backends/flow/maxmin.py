@@ -20,7 +20,7 @@ import numpy as np
 # Links whose fair share is within this relative distance of the minimum saturate together;
 # without it float noise splits one level into many and can leave a link overfull by 1 ulp.
 _REL_TOL = 1e-12
-SMALL_ENTRIES = 96  # up to this many (flow, link) entries the Python version is faster
+SMALL_ENTRIES = 300  # up to this many (flow, link) entries the Python version is faster
 
 
 def maxmin_rates(flow_links: Sequence[Sequence[int]], capacity: Sequence[float]) -> list[float]:
