@@ -21,8 +21,11 @@ class FlowBackend(Backend):
 
     Options: ``seed`` (accepted; the model has no randomness), ``progress``
     (``callable(done_ops, total_ops)`` or None, called about every 1% of ops).
-    ``Timeline.stats``: ``wall_s`` (whole run), ``sim_wall_s`` (event loop only), ``events``,
-    ``events_per_s``, ``max_active_flows``, ``rate_recomputations``, ``routing_s``.
+    ``Timeline.stats``: ``wall_s`` (whole run, s), ``sim_wall_s`` (event loop only, s),
+    ``routing_s`` (ECMP paths of every flow, s), ``events`` (op ends, flow transmission ends and
+    link events processed), ``events_per_s`` (events / ``sim_wall_s``), ``max_active_flows``
+    (most flows transmitting at once), ``rate_recomputations`` (independent groups of flows
+    whose max-min rates were re-solved).
     """
 
     name = "flow"

@@ -292,7 +292,7 @@ class _Executor:
         )
 
     def _stuck_message(
-        self, end: list[float], flow_links: dict[int, list[int]], rate: dict[int, float],
+        self, end: list[float], flow_links: dict[int, list[int]], rate: list[float],
         done: int,
     ) -> str:
         unfinished = [i for i in range(self.n) if end[i] != end[i]]  # NaN: never ended
