@@ -37,13 +37,22 @@ STRAGGLER_COLUMNS = (
 _MAX_BARRIER_DEPTH = 32
 
 
-def _pred_end_max(deps: pd.DataFrame, end: np.ndarray, n: int) -> np.ndarray:
-    """Per op, the latest end (ns) of its predecessors; 0 for ops without predecessors."""
+def _pred_end_max(deps: pd.DataFrame, end: np.ndarray, n: int,
+                  ops: np.ndarray | None = None) -> np.ndarray:
+    """Per op, the latest end (ns) of its predecessors; 0 for ops without predecessors.
+
+    With ``ops`` only those ops' entries are computed (the others stay 0).
+    """
     out = np.zeros(n, dtype=np.float64)
     if len(deps) == 0:
         return out
     succ = deps["succ"].to_numpy(dtype=np.int64)
     pred = deps["pred"].to_numpy(dtype=np.int64)
+    if ops is not None:
+        wanted = np.zeros(n, dtype=bool)
+        wanted[ops] = True
+        keep = wanted[succ]
+        succ, pred = succ[keep], pred[keep]
     m = pd.Series(end[pred]).groupby(succ).max()
     out[m.index.to_numpy()] = m.to_numpy()
     return out
@@ -121,8 +130,8 @@ def _receive_waits(trace: Trace, tf: pd.DataFrame) -> pd.DataFrame:
     fl = tf[(tf["kind"] == KIND_FLOW) & tf["phase"].isin(phases)]
     if len(fl) == 0:
         return pd.DataFrame(columns=list(STRAGGLER_COLUMNS))
-    pe = _pred_end_max(trace.deps, end, n)
     op = fl["op_id"].to_numpy(dtype=np.int64)
+    pe = _pred_end_max(trace.deps, end, n, op)
     coll = fl["collective"].to_numpy(dtype=np.int64)
     f = pd.DataFrame({
         # One receive = one (collective, receiver); a flow outside any collective stands alone.
