@@ -191,3 +191,19 @@ def test_concurrent_waits_count_once_and_exclude_own_compute() -> None:
     assert r.loc[0, "straggler_wait_ns"] == 200.0  # [300, 600) once, minus [300, 400)
     assert r.loc[1, "caused_wait_ns"] == 200.0
     assert met.ranks["caused_wait_ns"].sum() == met.ranks["straggler_wait_ns"].sum()
+
+
+def test_public_functions_take_a_timeline_or_its_frame() -> None:
+    from xsim_adapters.metrics import rank_metrics, straggler_frame, summary, timeline_frame
+
+    trace = one_f_one_b(3, 4, 100, 200, act_bytes=40)
+    tl = asap_timeline(trace, backend="asap")
+    tf = timeline_frame(trace, tl)
+    assert list(tf["phase_name"].iloc[:2]) == ["fwd", "pp"]
+    assert (tf["elapsed_ns"] == tf["end_ns"] - tf["start_ns"]).all()
+    a, b = rank_metrics(trace, tl), rank_metrics(trace, tf)
+    assert a.equals(b)
+    assert straggler_frame(trace, tl).equals(straggler_frame(trace, tf))
+    s = summary(trace, tl)
+    assert s["backend"] == "asap" and s["backend_stats"] == {"events": trace.num_ops}
+    assert s == compute_metrics(trace, tl).summary

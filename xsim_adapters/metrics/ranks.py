@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..backends.base import Timeline
 from ..trace.schema import COMM_PHASES, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX, Trace
 from .intervals import clip, sort_order, union_length
 from .straggler import straggler_by_rank, straggler_frame
-from .timeline import rank_table
+from .timeline import as_frame, rank_table
 
 RANK_COLUMNS = (
     "rank", "group", "device_type", "replica", "stage",
@@ -36,11 +37,12 @@ def _comm_arrays(flows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarra
             np.concatenate([ph, ph]))
 
 
-def rank_metrics(trace: Trace, tf: pd.DataFrame,
+def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
                  stragglers: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per rank with times in ns (columns :data:`RANK_COLUMNS`).
 
-    ``tf`` is :func:`~xsim_adapters.metrics.timeline.timeline_frame`; ``stragglers`` is
+    ``timeline``: a Timeline, or its :func:`~xsim_adapters.metrics.timeline.timeline_frame`
+    (pass the frame to reuse it); ``stragglers`` is
     :func:`~xsim_adapters.metrics.straggler.straggler_frame` (computed if not given).
 
     - ``iteration_time_ns``: end of the rank's last op (ops it owns and flows it receives);
@@ -55,6 +57,7 @@ def rank_metrics(trace: Trace, tf: pd.DataFrame,
       :func:`~xsim_adapters.metrics.straggler.straggler_by_rank`.
     - ``idle_ns`` = iteration_time_ns - compute_ns; ``flops``: model FLOPs of its compute ops.
     """
+    tf = as_frame(trace, timeline)
     rt = rank_table(trace)
     n = len(rt)
     kind = tf["kind"].to_numpy()

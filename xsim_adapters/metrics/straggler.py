@@ -27,8 +27,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..backends.base import Timeline
 from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX, Trace
 from .intervals import union_length
+from .timeline import as_frame
 
 STRAGGLER_COLUMNS = (
     "kind", "collective", "op_id", "waiter", "culprit", "ready_ns", "last_ready_ns", "wait_ns",
@@ -181,14 +183,16 @@ def _receive_waits(trace: Trace, tf: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["op_id"]).reset_index(drop=True)
 
 
-def straggler_frame(trace: Trace, tf: pd.DataFrame) -> pd.DataFrame:
+def straggler_frame(trace: Trace, timeline: Timeline | pd.DataFrame) -> pd.DataFrame:
     """One row per (synchronization, participant that can wait) with its straggler wait.
 
-    ``tf`` is :func:`~xsim_adapters.metrics.timeline.timeline_frame`. Columns: ``kind`` (dp,
+    ``timeline``: a Timeline or its :func:`~xsim_adapters.metrics.timeline.timeline_frame`.
+    Columns: ``kind`` (dp,
     pp, reshard), ``collective`` (id, -1 for a flow outside any collective), ``op_id`` (the
     participant's first op in it), ``waiter`` (rank), ``culprit`` (rank that was ready last),
     ``ready_ns``, ``last_ready_ns``, ``wait_ns`` (= last_ready_ns - ready_ns, >= 0).
     """
+    tf = as_frame(trace, timeline)
     parts = [_dp_waits(trace, tf), _receive_waits(trace, tf)]
     parts = [p for p in parts if len(p)]
     if not parts:

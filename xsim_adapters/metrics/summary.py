@@ -7,8 +7,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..backends.base import Timeline
 from ..trace.schema import COMM_PHASES, COMPUTE_PHASES, KIND_COMPUTE, PHASE_INDEX, Trace
-from .ranks import SUMMABLE_COLUMNS
+from .ranks import SUMMABLE_COLUMNS, rank_metrics
+from .timeline import as_frame
 
 
 def _workload(trace: Trace) -> dict[str, Any]:
@@ -84,9 +86,13 @@ def phase_totals(tf: pd.DataFrame, ranks: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def summary(trace: Trace, tf: pd.DataFrame, ranks: pd.DataFrame, backend: str,
+def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
+            ranks: pd.DataFrame | None = None, backend: str | None = None,
             stats: dict[str, Any] | None = None) -> dict[str, Any]:
     """The headline numbers of one run as a JSON-ready dict.
+
+    ``timeline``: a Timeline (its backend name and stats are used) or its timeline frame;
+    ``ranks``: :func:`~xsim_adapters.metrics.ranks.rank_metrics` (computed if not given).
 
     Keys: plan, plan_digest, backend, ranks, replicas, iteration_time_ns, tokens_per_iteration,
     tokens_per_s, totals (sum over ranks of each summable rank column, rank-ns / FLOPs),
@@ -94,6 +100,12 @@ def summary(trace: Trace, tf: pd.DataFrame, ranks: pd.DataFrame, backend: str,
     ranks, flops, achieved_tflops_per_gpu, peak_tflops, mfu), mfu (all GPUs), max_straggler
     (the rank that caused the most wait), num_ops, backend_stats.
     """
+    if isinstance(timeline, Timeline):
+        backend = backend or timeline.backend
+        stats = timeline.stats if stats is None else stats
+    tf = as_frame(trace, timeline)
+    if ranks is None:
+        ranks = rank_metrics(trace, tf)
     it = float(tf["end_ns"].max()) if len(tf) else 0.0
     wl = _workload(trace)
     tokens = wl.get("tokens_per_iteration")
@@ -121,7 +133,7 @@ def summary(trace: Trace, tf: pd.DataFrame, ranks: pd.DataFrame, backend: str,
     return {
         "plan": trace.manifest.get("plan_name"),
         "plan_digest": trace.manifest.get("plan_digest"),
-        "backend": backend,
+        "backend": backend or "unknown",
         "ranks": int(len(ranks)),
         "replicas": int(ranks.loc[ranks["replica"] >= 0, "replica"].nunique()),
         "num_ops": int(len(tf)),

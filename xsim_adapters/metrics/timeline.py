@@ -76,3 +76,10 @@ def timeline_frame(trace: Trace, timeline: Timeline) -> pd.DataFrame:
     tf["group"] = pd.Categorical(np.where(has, groups, ""))
     tf["device_type"] = pd.Categorical(np.where(has, types, ""))
     return tf
+
+
+def as_frame(trace: Trace, timeline_or_frame: Timeline | pd.DataFrame) -> pd.DataFrame:
+    """A :func:`timeline_frame`: built from a Timeline, or passed through if already one."""
+    if isinstance(timeline_or_frame, Timeline):
+        return timeline_frame(trace, timeline_or_frame)
+    return timeline_or_frame
