@@ -60,7 +60,8 @@ def test_validate_prints_replicas_and_memory(capsys) -> None:
     assert "replica 1: pp 2, tp [4,4]" in out
     assert "layers [0,18) [18,32)" in out
     assert "memory per device (GB)" in out
-    assert out.count(" / 80 ") + out.count(" / 40 ") == 3  # one line per stage
+    assert out.count(" / 80 (") + out.count(" / 40 (") == 3  # one line per stage
+    assert "replica 1 stage 1 A100-40GB tp 4: " in out
 
 
 def test_invalid_plan_is_one_line_error_exit_1(tmp_path: Path, capsys) -> None:
@@ -117,3 +118,19 @@ def test_compare_needs_two_backends(tmp_path: Path, capsys) -> None:
     assert cli.main(["compare", str(HETERO), "--backends", "flow,flow", "-o",
                      str(tmp_path)]) == 1
     assert "at least two different names" in capsys.readouterr().err
+
+
+def test_validate_groups_identical_replicas(capsys) -> None:
+    assert cli.main(["validate", str(REPO / "workloads" / "llama2-70b-1024gpu.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "1024 ranks on 128 servers" in out
+    assert "    replicas 0-15: pp 4, tp [8,8,8,8], " in out
+    assert "    replicas 16-23: pp 8, " in out
+    assert len(out.splitlines()) < 30  # a short summary, not one line per replica and stage
+
+
+def test_span_and_runs_helpers() -> None:
+    assert cli._span("replica", [3]) == "replica 3"
+    assert cli._span("replica", [0, 1, 2]) == "replicas 0-2"
+    assert cli._span("replica", [0, 2]) == "replicas 0,2"
+    assert cli._runs(["a", "a", "b", "a"]) == [([0, 1], "a"), ([2], "b"), ([3], "a")]

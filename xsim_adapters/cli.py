@@ -7,6 +7,7 @@ few) with exit status 1, never a traceback; ``xsim`` without a subcommand prints
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,6 +67,26 @@ def _split_backend_options(opts: dict[str, Any], backends: Sequence[str]
 # ---------------------------------------------------------------- subcommands
 
 
+def _runs(items: Sequence[str]) -> list[tuple[list[int], str]]:
+    """Consecutive equal items grouped: [(indices, item), ...]."""
+    out: list[tuple[list[int], str]] = []
+    for i, text in enumerate(items):
+        if out and out[-1][1] == text:
+            out[-1][0].append(i)
+        else:
+            out.append(([i], text))
+    return out
+
+
+def _span(word: str, ids: Sequence[int]) -> str:
+    """``replica 3``, ``replicas 0-15`` or ``replicas 0,2,5``."""
+    if len(ids) == 1:
+        return f"{word} {ids[0]}"
+    if list(ids) == list(range(ids[0], ids[-1] + 1)):
+        return f"{word}s {ids[0]}-{ids[-1]}"
+    return f"{word}s " + ",".join(map(str, ids))
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from . import api
 
@@ -78,21 +99,30 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"  training: global batch {tr.global_batch}, micro-batch {tr.micro_batch}, "
           f"schedule {tr.schedule}, ZeRO {tr.zero_stage}, recompute {tr.recompute}")
     print(f"  {plan.dp} replicas:")
-    for i, rep in enumerate(plan.replicas):
+    descs = []
+    for rep in plan.replicas:
         tps = ",".join(str(s.tp) for s in rep.stages)
         layers = " ".join(f"[{s.layers[0]},{s.layers[1]})" for s in rep.stages)
         groups = ",".join(dict.fromkeys(s.group for s in rep.stages))
-        print(f"    replica {i}: pp {rep.pp}, tp [{tps}], {rep.micro_batches} micro-batches, "
-              f"layers {layers}, on {groups}")
+        descs.append(f"pp {rep.pp}, tp [{tps}], {rep.micro_batches} micro-batches, "
+                     f"layers {layers}, on {groups}")
+    for ids, text in _runs(descs):
+        print(f"    {_span('replica', ids)}: {text}")
     from .plan.memory import memory_report
 
     mem = memory_report(plan)
-    print("  memory per device (GB): replica stage type tp total / capacity")
-    for r in mem.itertuples():
-        print(f"    {r.replica:>3} {r.stage:>3} {r.device_type:<12} tp {r.tp:<2} "
-              f"{r.total_GB:8.2f} / {r.capacity_GB:.0f}  (weights {r.weights_GB:.2f}, "
-              f"grads {r.gradients_GB:.2f}, optimizer {r.optimizer_GB:.2f}, "
-              f"activations {r.activations_GB:.2f})")
+    print("  memory per device (GB): replicas, stage, type, tp: total / capacity")
+    lines = [
+        (int(r.replica), f"stage {r.stage} {r.device_type} tp {r.tp}: {r.total_GB:.2f} / "
+         f"{r.capacity_GB:.0f} (weights {r.weights_GB:.2f}, grads {r.gradients_GB:.2f}, "
+         f"optimizer {r.optimizer_GB:.2f}, activations {r.activations_GB:.2f})")
+        for r in mem.itertuples()
+    ]
+    by_text: dict[str, list[int]] = {}
+    for rep_id, text in lines:
+        by_text.setdefault(text, []).append(rep_id)
+    for text, ids in by_text.items():
+        print(f"    {_span('replica', ids)} {text}")
     return 0
 
 
@@ -304,6 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except XsimError as exc:
         print(f"xsim: error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # e.g. `xsim validate plan.yaml | head`: the reader left
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - flushing at exit must not fail
+        return 0
     except OSError as exc:  # a missing or unwritable file the user named
         print(f"xsim: error: {exc}", file=sys.stderr)
         return 1
