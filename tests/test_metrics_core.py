@@ -207,3 +207,16 @@ def test_public_functions_take_a_timeline_or_its_frame() -> None:
     s = summary(trace, tl)
     assert s["backend"] == "asap" and s["backend_stats"] == {"events": trace.num_ops}
     assert s == compute_metrics(trace, tl).summary
+
+
+def test_straggler_split_into_dp_and_pipeline_waits() -> None:
+    # 1F1B alone: every wait is a pipeline receive, none is a DP sync.
+    trace = one_f_one_b(3, 4, 100, 200)
+    r = compute_metrics(trace, asap_timeline(trace)).ranks
+    assert (r["straggler_dp_ns"] == 0).all()
+    assert (r["straggler_pp_ns"] == r["straggler_wait_ns"]).all()
+    assert r["straggler_pp_ns"].iloc[0] > 0  # stage 0 waits for gradients: the pipeline drain
+    # DP pair: the wait is all DP.
+    trace, _ = _dp_pair(late_bwd=300, via_barrier=False)
+    r = compute_metrics(trace, asap_timeline(trace)).ranks.set_index("rank")
+    assert r.loc[0, "straggler_dp_ns"] == 300.0 and r.loc[0, "straggler_pp_ns"] == 0.0

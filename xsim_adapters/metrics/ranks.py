@@ -16,11 +16,12 @@ RANK_COLUMNS = (
     "iteration_time_ns", "compute_ns", "comm_ns", "exposed_comm_ns",
     "bubble_ns", "bubble_fraction", "straggler_wait_ns", "caused_wait_ns", "idle_ns",
     *(f"comm_{p}_ns" for p in COMM_PHASES),
-    "flops",
+    "flops", "straggler_dp_ns", "straggler_pp_ns",
 )
 # Columns that add up meaningfully over ranks (summary totals).
 SUMMABLE_COLUMNS = (
-    "compute_ns", "comm_ns", "exposed_comm_ns", "bubble_ns", "straggler_wait_ns", "idle_ns",
+    "compute_ns", "comm_ns", "exposed_comm_ns", "bubble_ns", "straggler_wait_ns",
+    "straggler_dp_ns", "straggler_pp_ns", "idle_ns",
     *(f"comm_{p}_ns" for p in COMM_PHASES),
     "flops",
 )
@@ -108,6 +109,8 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     sb = straggler_by_rank(stragglers, n, tf)
     out["straggler_wait_ns"] = sb["straggler_wait_ns"].to_numpy()
     out["caused_wait_ns"] = sb["caused_wait_ns"].to_numpy()
+    out["straggler_dp_ns"] = sb["straggler_dp_ns"].to_numpy()
+    out["straggler_pp_ns"] = sb["straggler_pp_ns"].to_numpy()
     out["idle_ns"] = it - compute_ns
     for p in COMM_PHASES:
         out[f"comm_{p}_ns"] = union(ph == PHASE_INDEX[p])

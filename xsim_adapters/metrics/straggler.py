@@ -206,9 +206,37 @@ def straggler_frame(trace: Trace, timeline: Timeline | pd.DataFrame) -> pd.DataF
     return pd.concat(parts, ignore_index=True)[list(STRAGGLER_COLUMNS)]
 
 
+def _blocked(frame: pd.DataFrame, num_ranks: int, comp: pd.DataFrame | None
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """(waited, caused) per rank for the rows of ``frame``; see :func:`straggler_by_rank`."""
+    w = frame[(frame["wait_ns"] > 0) & (frame["culprit"] != frame["waiter"])]
+    waiter = w["waiter"].to_numpy(dtype=np.int64)
+    lo = w["ready_ns"].to_numpy(dtype=np.float64)
+    hi = w["last_ready_ns"].to_numpy(dtype=np.float64)
+    waited = union_length(waiter, lo, hi, num_ranks)
+    if comp is not None and len(w):
+        c = comp[comp["rank"].isin(np.unique(waiter))]
+        c_rank = c["rank"].to_numpy(dtype=np.int64)
+        c_s = c["start_ns"].to_numpy()
+        c_e = c["end_ns"].to_numpy()
+        both = union_length(np.concatenate([waiter, c_rank]), np.concatenate([lo, c_s]),
+                            np.concatenate([hi, c_e]), num_ranks)
+        waited = both - union_length(c_rank, c_s, c_e, num_ranks)
+    raw = w.groupby(["waiter", "culprit"])["wait_ns"].sum().reset_index()
+    raw_total = raw.groupby("waiter")["wait_ns"].transform("sum").to_numpy()
+    share = raw["wait_ns"].to_numpy() / np.where(raw_total > 0, raw_total, 1.0)
+    caused_part = waited[raw["waiter"].to_numpy(dtype=np.int64)] * share
+    caused = np.bincount(raw["culprit"].to_numpy(dtype=np.int64), weights=caused_part,
+                         minlength=num_ranks)[:num_ranks]
+    return waited.astype(np.float64), caused.astype(np.float64)
+
+
 def straggler_by_rank(frame: pd.DataFrame, num_ranks: int,
                       tf: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per rank: ``straggler_wait_ns`` (waited) and ``caused_wait_ns`` (others waited on it).
+    """Per rank: ``straggler_wait_ns`` (waited) and ``caused_wait_ns`` (others waited on it),
+    and the waited time split by what was waited for: ``straggler_dp_ns`` (DP syncs) and
+    ``straggler_pp_ns`` (PP and reshard receives; in a pipeline this includes the waits its
+    schedule implies, e.g. fill and drain, so even a balanced pipeline has some).
 
     A rank's waits in several synchronizations can overlap in time (DP sync groups of many
     layers wait on the same late backward at once), so adding them would count one idle
@@ -216,30 +244,18 @@ def straggler_by_rank(frame: pd.DataFrame, num_ranks: int,
     intervals ``[ready_ns, last_ready_ns]``, minus the part of it in which the rank computes
     anyway (given ``tf``, the timeline frame): the time it sat blocked on a slower peer. That
     total is attributed to culprits in proportion to their share of the rank's raw per-sync
-    waits, so ``sum(caused_wait_ns) == sum(straggler_wait_ns)``.
+    waits, so ``sum(caused_wait_ns) == sum(straggler_wait_ns)``. The two split columns are
+    computed the same way on their rows alone, so they can overlap (dp + pp >= total).
     """
-    w = frame[(frame["wait_ns"] > 0) & (frame["culprit"] != frame["waiter"])]
-    waiter = w["waiter"].to_numpy(dtype=np.int64)
-    lo = w["ready_ns"].to_numpy(dtype=np.float64)
-    hi = w["last_ready_ns"].to_numpy(dtype=np.float64)
-    waited = union_length(waiter, lo, hi, num_ranks)
-    if tf is not None and len(w):
-        comp = tf[(tf["kind"] == KIND_COMPUTE) & tf["rank"].isin(np.unique(waiter))]
-        c_rank = comp["rank"].to_numpy(dtype=np.int64)
-        c_s = comp["start_ns"].to_numpy()
-        c_e = comp["end_ns"].to_numpy()
-        both = union_length(np.concatenate([waiter, c_rank]), np.concatenate([lo, c_s]),
-                            np.concatenate([hi, c_e]), num_ranks)
-        busy = union_length(c_rank, c_s, c_e, num_ranks)
-        waited = both - busy
-    raw = w.groupby(["waiter", "culprit"])["wait_ns"].sum().reset_index()
-    raw_total = raw.groupby("waiter")["wait_ns"].transform("sum").to_numpy()
-    share = raw["wait_ns"].to_numpy() / np.where(raw_total > 0, raw_total, 1.0)
-    caused_part = waited[raw["waiter"].to_numpy(dtype=np.int64)] * share
-    caused = np.bincount(raw["culprit"].to_numpy(dtype=np.int64), weights=caused_part,
-                         minlength=num_ranks)[:num_ranks]
+    comp = None if tf is None else tf[tf["kind"] == KIND_COMPUTE]
+    waited, caused = _blocked(frame, num_ranks, comp)
+    is_dp = (frame["kind"] == "dp").to_numpy()
+    dp_w, _ = _blocked(frame[is_dp], num_ranks, comp)
+    pp_w, _ = _blocked(frame[~is_dp], num_ranks, comp)
     return pd.DataFrame({
         "rank": np.arange(num_ranks),
-        "straggler_wait_ns": waited.astype(np.float64),
-        "caused_wait_ns": caused.astype(np.float64),
+        "straggler_wait_ns": waited,
+        "caused_wait_ns": caused,
+        "straggler_dp_ns": dp_w,
+        "straggler_pp_ns": pp_w,
     })
