@@ -332,3 +332,22 @@ def test_many_flows_on_one_bottleneck_use_the_vectorized_solver():
     equal = _dumbbell(n, cap_gbps, [1e6] * n)
     tl = run(tb.build(), equal)
     np.testing.assert_allclose(tl.frame["end_ns"].to_numpy()[ops], n * nbytes / c, rtol=1e-9)
+
+
+def test_malformed_ops_are_rejected_by_name():
+    topo = two_servers()
+    tb = TraceBuilder(8)
+    tb.compute(0, 10)
+    tb.compute(1, -5)
+    with pytest.raises(BackendError, match=r"^flow: op 1 has duration_ns -5; expected a duration"):
+        run(tb.build(), topo)
+    tb = TraceBuilder(8)
+    tb.flow(0, 9, 10)
+    with pytest.raises(BackendError, match=r"^flow: op 0 is a flow with dst 9, but the topology"
+                                           r" has 8 ranks"):
+        run(tb.build(), topo)
+    tb = TraceBuilder(8)
+    a = tb.compute(0, 10)
+    tb.dep(a, 7)
+    with pytest.raises(BackendError, match=r"^flow: deps reference op 7 but the trace has 1 ops"):
+        run(tb.build(), topo)

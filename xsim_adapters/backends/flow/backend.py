@@ -63,6 +63,18 @@ def build_problem(trace: Trace, topology: Topology) -> tuple[FlowProblem, float]
     kind = ops["kind"].to_numpy(dtype=np.int8)
     rank = ops["rank"].to_numpy(dtype=np.int32)
     dst = ops["dst"].to_numpy(dtype=np.int32)
+    for col, bad_mask, what in (
+        ("kind", (kind < 0) | (kind > 2), "a kind index 0, 1 or 2"),
+        ("duration_ns", ops["duration_ns"].to_numpy() < 0, "a duration >= 0"),
+        ("bytes", ops["bytes"].to_numpy() < 0, "bytes >= 0"),
+    ):
+        bad = np.flatnonzero(bad_mask)
+        if len(bad):
+            op = int(bad[0])
+            raise BackendError(
+                f"flow: op {op} has {col} {ops[col].iloc[op]}; expected {what}"
+                f" ({len(bad)} such ops)"
+            )
     is_flow = kind == KIND_FLOW
     flow_ids = np.flatnonzero(is_flow)
     nr = topology.num_ranks
