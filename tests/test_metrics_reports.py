@@ -124,6 +124,10 @@ def test_write_run_outputs_round_trip(tmp_path: Path, pipeline) -> None:
         assert key in s
     assert s["iteration_time_ns"] == float(tl.frame["end_ns"].max())
     assert json.loads((tmp_path / "out" / "timeline.perfetto.json").read_text())["traceEvents"]
+    # A later run without plots must not leave the old pictures beside its numbers.
+    write_run(tmp_path / "out", tl, met, plots=False)
+    assert not (tmp_path / "out" / "timeline.png").exists()
+    assert not (tmp_path / "out" / "timeline.perfetto.json").exists()
 
 
 def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path) -> None:

@@ -76,7 +76,8 @@ def read_timeline(path: str | Path) -> Timeline:
 def write_run(out: str | Path, timeline: Timeline, met: Metrics, plots: bool = True,
               title: str = "") -> list[Path]:
     """Write ``timeline.parquet``, ``ranks.csv``, ``summary.json`` and, with ``plots``,
-    ``timeline.png`` and ``timeline.perfetto.json`` into ``out``; returns the paths."""
+    ``timeline.png`` and ``timeline.perfetto.json`` into ``out`` (without, removes those of an
+    earlier run there); returns the paths written."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = [
@@ -87,4 +88,8 @@ def write_run(out: str | Path, timeline: Timeline, met: Metrics, plots: bool = T
     if plots:
         paths.append(plot_timeline(out / "timeline.png", met.timeline, met.ranks, title))
         paths.append(write_perfetto(out / "timeline.perfetto.json", met.timeline, met.ranks))
+    else:
+        # Pictures of an earlier run in the same directory would contradict the new numbers.
+        for stale in ("timeline.png", "timeline.perfetto.json"):
+            (out / stale).unlink(missing_ok=True)
     return paths
