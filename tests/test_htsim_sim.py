@@ -8,13 +8,17 @@ Tolerances, and why:
   last one is padded) and RoCE paces at (MTU + ACK size) per packet slot, about 0.7% slow.
 - an uncongested ring all-reduce: within 3% of the closed form 2(n-1)/n * S/B + steps x latency
   and of the flow backend, and never below the bound 2(n-1)/n * S/B.
-- shipped plans of <= 16 GPUs: iteration time within 15% of the flow backend (packet-level
-  queueing and per-packet overheads against fluid max-min sharing).
+- shipped plans of <= 16 GPUs: iteration time within 3% of the flow backend (measured: 0.3% to
+  0.9% above it: whole packets, ACK pacing and store-and-forward against fluid max-min sharing).
+  Plans moving more than 1 TB per iteration take minutes packet by packet (hetero-dp-h100-a100:
+  3.4 TB, 5.6 min) and run only with XSIM_HTSIM_SLOW=1. The comparison with ns-3 is in
+  benchmarks/bench_htsim.py (ns-3 takes longer still).
 """
 
 from __future__ import annotations
 
 import glob
+import os
 import subprocess
 from pathlib import Path
 
@@ -167,7 +171,12 @@ def test_shipped_plans_complete_and_agree_with_flow(driver: str, plan_path: str)
     topo = build_topology(plan)
     if len(topo.events):
         pytest.skip(f"{Path(plan_path).name}: timed link events are not modelled by htsim")
+    moved = int(trace.flows()["bytes"].sum())
+    if moved > 10**12 and not os.environ.get("XSIM_HTSIM_SLOW"):
+        pytest.skip(f"{Path(plan_path).name}: {moved / 1e12:.1f} TB per iteration takes minutes"
+                    " packet by packet; set XSIM_HTSIM_SLOW=1 to run it")
     tl = run(trace, topo, driver)
+    assert tl.stats["flows"] > 0
     flow = FlowBackend().run(trace, topo, {})
-    assert abs(tl.makespan_ns - flow.makespan_ns) <= 0.15 * flow.makespan_ns, (
+    assert abs(tl.makespan_ns - flow.makespan_ns) <= 0.03 * flow.makespan_ns, (
         Path(plan_path).name, tl.makespan_ns, flow.makespan_ns)
