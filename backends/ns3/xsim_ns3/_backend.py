@@ -1,0 +1,183 @@
+"""The ns-3 backend: prepares the replay, runs it in a worker process, reads the timeline back."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from xsim_adapters.backends.base import Backend, Timeline
+from xsim_adapters.errors import BackendError, BackendUnavailable
+from xsim_adapters.topology.model import Topology
+from xsim_adapters.trace.schema import KINDS, PHASES, Trace
+
+from ._options import parse_options
+from ._prepare import prepare
+
+INSTALL_HINT = "install the official ns-3 wheel with `pip install ns3` (ns-3 3.44 or later)"
+# Lines cppyy prints on every import of the wheel; they are not errors.
+_NOISE = ("[runStaticInitializersOnce]",)
+_STDERR_TAIL = 2000  # characters of the worker's stderr carried into an error message
+
+
+def _ns_import_problem() -> str | None:
+    """Why ``ns`` (the ns-3 wheel) and ``cppyy`` cannot be imported, or None if they can.
+
+    Uses module specs only: really importing ns-3 takes ~10 s and loads 500 MB of libraries,
+    which the parent process never needs (the worker imports it).
+    """
+    for name in ("ns", "cppyy"):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if spec is None:
+            return f"ModuleNotFoundError: No module named '{name}'"
+    return None
+
+
+def _stderr_text(path: Path) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(_NOISE)]
+    # After an abort cppyy prints a long gdb backtrace; ns-3's own message comes before it.
+    for i, ln in enumerate(lines):
+        if "*** Break ***" in ln:
+            lines = lines[:i] or lines
+            break
+    return "\n".join(lines)[-_STDERR_TAIL:]
+
+
+def describe_ops(trace: Trace, op_ids: np.ndarray, limit: int = 5) -> str:
+    """``op 12 (flow rank 3->4, phase dp, 1048576 B)``-style descriptions of the first ops."""
+    ops = trace.ops
+    parts = []
+    for op in op_ids[:limit]:
+        r = ops.iloc[int(op)]
+        kind = KINDS[int(r["kind"])]
+        phase = PHASES[int(r["phase"])] if 0 <= int(r["phase"]) < len(PHASES) else r["phase"]
+        if kind == "flow":
+            what = f"flow rank {int(r['rank'])}->{int(r['dst'])}, {int(r['bytes'])} B"
+        elif kind == "compute":
+            what = f"compute rank {int(r['rank'])}, {int(r['duration_ns'])} ns"
+        else:
+            what = f"barrier rank {int(r['rank'])}"
+        parts.append(f"op {int(op)} ({what}, phase {phase})")
+    more = len(op_ids) - limit
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+class Ns3Backend(Backend):
+    """Packet-level replay on the official ns-3 wheel (see docs/ns3.md for options)."""
+
+    name = "ns3"
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        problem = _ns_import_problem()
+        if problem is None:
+            return True, ""
+        return False, f"ns3 backend: the ns-3 Python wheel is not importable ({problem}); " + (
+            INSTALL_HINT
+        )
+
+    def run(self, trace: Trace, topology: Topology, options: Mapping[str, Any]) -> Timeline:
+        """Replay ``trace`` on ``topology`` in ns-3; times in ns; raise BackendError on failure."""
+        opts = parse_options(options)
+        ok, why = self.available()
+        if not ok:
+            raise BackendUnavailable(why)
+        t0 = time.perf_counter()
+        rin = prepare(trace, topology, opts)
+        prepare_s = time.perf_counter() - t0
+        with tempfile.TemporaryDirectory(prefix="xsim-ns3-") as tmp:
+            work = Path(tmp)
+            (work / "in").mkdir()
+            (work / "out").mkdir()
+            (work / "cwd").mkdir()  # clean directory for the wheel's *.so glob
+            np.savez(work / "in" / "input.npz", **rin.arrays)
+            (work / "in" / "meta.json").write_text(json.dumps(rin.meta))
+            stats = self._spawn(work, opts.wall_limit_s)
+            with np.load(work / "out" / "result.npz") as z:
+                start, end = z["start_ns"], z["end_ns"]
+        unfinished = np.flatnonzero(~np.isfinite(end))
+        if stats.get("engine_error"):
+            raise BackendError(f"ns3: {stats['engine_error']}")
+        if len(unfinished):
+            limit = opts.sim_limit_ns
+            cause = (
+                f"the simulated-time limit sim_limit_ns={limit:g} was reached"
+                if limit and stats["sim_time_ns"] >= limit
+                else "the event queue ran dry (lost packets with transport=udp, or a"
+                " dependency cycle)"
+            )
+            raise BackendError(
+                f"ns3: replay stalled at t={stats['sim_time_ns']} ns: {len(unfinished)} of"
+                f" {len(end)} ops never completed; {cause}; first: "
+                + describe_ops(trace, unfinished)
+            )
+        frame = pd.DataFrame(
+            {"op_id": np.arange(len(end), dtype=np.int64), "start_ns": start, "end_ns": end}
+        )
+        wall = time.perf_counter() - t0
+        stats.update(rin.meta)
+        stats.pop("options", None)
+        stats.update(
+            wall_s=wall,
+            prepare_s=prepare_s,
+            transport=opts.transport,
+            scale_up=opts.scale_up,
+        )
+        tl = Timeline(backend=self.name, frame=frame, stats=stats)
+        tl.check_complete(trace)
+        return tl
+
+    @staticmethod
+    def _spawn(work: Path, wall_limit_s: float) -> dict[str, Any]:
+        """Run the worker; return its stats or raise BackendError with its own message."""
+        err_path = work / "stderr.txt"
+        env = dict(os.environ)
+        # The worker must import this package and the core from anywhere.
+        here = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+        cmd = [sys.executable, "-m", "xsim_ns3.worker", str(work / "in"), str(work / "out")]
+        with open(err_path, "wb") as err, open(work / "stdout.txt", "wb") as out:
+            proc = subprocess.Popen(
+                cmd, cwd=work / "cwd", stdout=out, stderr=err, env=env, start_new_session=True
+            )
+            try:
+                rc = proc.wait(timeout=wall_limit_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise BackendError(
+                    f"ns3: replay exceeded wall_limit_s={wall_limit_s:g} s and was stopped; no"
+                    " partial timeline is returned (raise wall_limit_s, use transport=udp or"
+                    " scale_up=fluid to make it cheaper)"
+                ) from None
+        if rc != 0:
+            how = (
+                f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
+            )
+            msg = _stderr_text(err_path) or "(no message on stderr)"
+            raise BackendError(f"ns3: the ns-3 worker {how}: {msg}")
+        stats_path = work / "out" / "stats.json"
+        if not stats_path.exists():
+            raise BackendError(
+                "ns3: the ns-3 worker exited without writing results: "
+                + (_stderr_text(err_path) or "(no message on stderr)")
+            )
+        return json.loads(stats_path.read_text())

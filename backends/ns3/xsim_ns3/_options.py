@@ -1,0 +1,89 @@
+"""Options of the ns-3 backend: names, defaults, validation (errors name the option)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from xsim_adapters.errors import BackendError
+
+TRANSPORTS = ("dctcp", "tcp", "udp")
+SCALE_UP_MODES = ("fluid", "packet")
+MAX_P2P_MTU = 65535  # the point-to-point device's limit (and IPv4's total length)
+
+
+@dataclass(frozen=True)
+class Ns3Options:
+    """Validated options.
+
+    ``transport``: dctcp (RED step ECN marking), tcp (NewReno over FIFO queues) or udp (paced at
+    the path's bottleneck rate: a lossless stand-in when queues are deep).
+    ``scale_up``: fluid (flows whose whole path is scale-up links are timed by the C++ engine as a
+    max-min fair share of those links, plus path latency) or packet (every flow is packets).
+    ``mtu`` (bytes) on NIC/fabric links; ``scale_up_mtu`` (bytes) on scale-up links in packet mode.
+    ``queue_packets``: queue-disc capacity per device; ``ecn_k_packets``: DCTCP marking threshold;
+    ``device_queue_packets``: the device's own small FIFO under the queue disc.
+    ``socket_buffer_bytes``: TCP send/receive buffer (0: twice the largest path's
+    bandwidth-delay product, at least 256 KiB). ``min_rto_us``: TCP minimum RTO (µs).
+    ``wall_limit_s``: wall-clock limit of one replay (s). ``sim_limit_ns``: stop the simulator
+    at this simulated time (0: none); ops unfinished by then make the run fail.
+    """
+
+    transport: str = "dctcp"
+    scale_up: str = "fluid"
+    mtu: int = 9000
+    scale_up_mtu: int = 65000
+    queue_packets: int = 1000
+    ecn_k_packets: float = 30.0
+    device_queue_packets: int = 4
+    socket_buffer_bytes: int = 0
+    min_rto_us: int = 1000
+    del_ack_count: int = 2
+    wall_limit_s: float = 1800.0
+    sim_limit_ns: float = 0.0
+    seed: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_options(options: Mapping[str, Any] | None) -> Ns3Options:
+    """Validate backend options; unknown names and bad values raise BackendError naming them.
+
+    Options the ns-3 backend does not know but the project passes to every backend (``seed``
+    is one of ours; anything else is rejected so typos do not pass silently).
+    """
+    opts = dict(options or {})
+    known = set(Ns3Options.__dataclass_fields__)
+    unknown = sorted(set(opts) - known)
+    if unknown:
+        raise BackendError(
+            f"ns3: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    o = Ns3Options(**opts)
+    if o.transport not in TRANSPORTS:
+        raise BackendError(f"ns3: option transport must be one of {TRANSPORTS} (got {o.transport!r})")
+    if o.scale_up not in SCALE_UP_MODES:
+        raise BackendError(
+            f"ns3: option scale_up must be one of {SCALE_UP_MODES} (got {o.scale_up!r})"
+        )
+    for name in ("mtu", "scale_up_mtu"):
+        v = getattr(o, name)
+        if not isinstance(v, int) or not 576 <= v <= MAX_P2P_MTU:
+            raise BackendError(f"ns3: option {name} must be an integer in [576, 65535] (got {v!r})")
+    for name in ("queue_packets", "device_queue_packets", "min_rto_us", "del_ack_count"):
+        v = getattr(o, name)
+        if not isinstance(v, int) or v < 1:
+            raise BackendError(f"ns3: option {name} must be a positive integer (got {v!r})")
+    if o.ecn_k_packets <= 0 or o.ecn_k_packets >= o.queue_packets:
+        raise BackendError(
+            f"ns3: option ecn_k_packets must be in (0, queue_packets={o.queue_packets})"
+            f" (got {o.ecn_k_packets!r})"
+        )
+    if o.socket_buffer_bytes < 0 or o.wall_limit_s <= 0 or o.sim_limit_ns < 0:
+        raise BackendError(
+            "ns3: options socket_buffer_bytes and sim_limit_ns must be >= 0 and wall_limit_s > 0"
+            f" (got {o.socket_buffer_bytes!r}, {o.sim_limit_ns!r}, {o.wall_limit_s!r})"
+        )
+    return o

@@ -1,0 +1,262 @@
+"""Turn a Trace and a Topology into the flat arrays the C++ replay engine loads (no ns-3 here).
+
+Routing choice: each (source GPU, destination GPU) pair that has packet flows gets one
+persistent connection and two /32 endpoint addresses of its own; static host routes for those
+addresses are installed hop by hop along ``Topology.path(src, dst, key)`` (forward) and
+``Topology.path(dst, src, key)`` (reverse, for ACKs), with ``key`` the pair's first flow op id.
+So ns-3 packets cross exactly the links the flow backend routes that pair's first flow over,
+including the chosen parallel link of a multi-edge. ns-3's global routing could not promise
+that (it picks its own equal-cost path and ignores multi-edge identity). Later flows of a pair
+reuse the connection and therefore its path; the flow backend may hash them elsewhere (ECMP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from xsim_adapters.errors import BackendError
+from xsim_adapters.topology.model import Topology
+from xsim_adapters.trace.schema import KIND_FLOW, Trace
+
+from ._options import Ns3Options
+
+PAIR_ADDRESS_BASE = 0x0B000000  # 11.0.0.0: per-pair destination addresses
+CABLE_NET_BASE = 0x0A000000  # 10.0.0.0: one /30 per cable, .1 on end a, .2 on end b (engine.cpp)
+FIRST_PORT = 1024
+
+
+@dataclass
+class ReplayInput:
+    """Everything the worker needs; ``arrays`` go to an .npz file, ``meta`` to JSON."""
+
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _dag_arrays(trace: Trace) -> dict[str, np.ndarray]:
+    ops = trace.ops
+    n = len(ops)
+    pred = trace.deps["pred"].to_numpy(np.int64)
+    succ = trace.deps["succ"].to_numpy(np.int64)
+    if len(pred) and (pred.min() < 0 or succ.min() < 0 or pred.max() >= n or succ.max() >= n):
+        raise BackendError(f"ns3: trace deps reference op ids outside 0..{n - 1}")
+    order = np.argsort(pred, kind="stable")
+    sptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(pred, minlength=n), out=sptr[1:])
+    return {
+        "kind": ops["kind"].to_numpy(np.int64),
+        "dur": ops["duration_ns"].to_numpy(np.int64),
+        "bytes": ops["bytes"].to_numpy(np.int64),
+        "sptr": sptr,
+        "sidx": succ[order].astype(np.int64),
+        "pending": np.bincount(succ, minlength=n).astype(np.int64),
+    }
+
+
+def _cables(links: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pair directed links into cables: link -> (cable, side); cable -> (link a->b, link b->a|-1).
+
+    Within one node pair, the k-th a->b link (by id) pairs with the k-th b->a link, so
+    multi-edges stay distinct cables.
+    """
+    src = links["src"].to_numpy(np.int64)
+    dst = links["dst"].to_numpy(np.int64)
+    cable_of = np.full(len(src), -1, np.int64)
+    side_of = np.zeros(len(src), np.int64)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for lid in range(len(src)):
+        groups.setdefault((int(src[lid]), int(dst[lid])), []).append(lid)
+    fwd: list[int] = []
+    rev: list[int] = []
+    for (a, b), ids in sorted(groups.items()):
+        if cable_of[ids[0]] >= 0:
+            continue
+        back = groups.get((b, a), []) if a != b else []
+        for k, lid in enumerate(ids):
+            cable_of[lid], side_of[lid] = len(fwd), 0
+            other = back[k] if k < len(back) else -1
+            if other >= 0:
+                cable_of[other], side_of[other] = len(fwd), 1
+            fwd.append(lid)
+            rev.append(other)
+        for lid in back[len(ids):]:
+            cable_of[lid], side_of[lid] = len(fwd), 0
+            fwd.append(lid)
+            rev.append(-1)
+    return cable_of, side_of, np.array([fwd, rev], np.int64).reshape(2, -1)
+
+
+def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
+    """Flatten ``trace`` and ``topology`` for the worker; see the module docstring for routing."""
+    out = ReplayInput()
+    a = _dag_arrays(trace)
+    n = len(a["kind"])
+    ops = trace.ops
+    links = topology.links
+    gbps = links["gbps"].to_numpy(np.float64)
+    lat = links["latency_ns"].to_numpy(np.float64)
+    tier = links["tier"].astype(str).to_numpy()
+    lsrc = links["src"].to_numpy(np.int64)
+    ldst = links["dst"].to_numpy(np.int64)
+    num_nodes = len(topology.nodes)
+
+    flow_ids = np.flatnonzero((a["kind"] == KIND_FLOW) & (a["bytes"] > 0))
+    fsrc = ops["rank"].to_numpy(np.int64)[flow_ids]
+    fdst = ops["dst"].to_numpy(np.int64)[flow_ids]
+    nr = topology.num_ranks
+    bad = (fsrc < 0) | (fsrc >= nr) | (fdst < 0) | (fdst >= nr) | (fsrc == fdst)
+    if bad.any():
+        i = int(flow_ids[np.flatnonzero(bad)[0]])
+        raise BackendError(
+            f"ns3: flow op {i} goes from rank {int(ops['rank'].iat[i])} to rank"
+            f" {int(ops['dst'].iat[i])}; the topology has ranks 0..{nr - 1} and a flow needs two"
+        )
+    # One path per (src, dst) pair, keyed on the pair's first flow (np.unique keeps the first).
+    pair_key = fsrc * nr + fdst
+    uniq, first, pair_of_flow = np.unique(pair_key, return_index=True, return_inverse=True)
+    conn = np.full(n, -1, np.int64)
+    fluid_lat = np.zeros(n, np.float64)
+    fluid_paths: dict[int, np.ndarray] = {}
+    pairs: list[dict[str, Any]] = []
+    used_links: set[int] = set()
+    pair_is_fluid = np.zeros(len(uniq), bool)
+    pair_slot = np.full(len(uniq), -1, np.int64)
+    for p, key in enumerate(uniq):
+        s, d = int(key // nr), int(key % nr)
+        op0 = int(flow_ids[first[p]])
+        path = np.asarray(topology.path(s, d, op0), np.int64)
+        if len(path) == 0:
+            raise BackendError(f"ns3: the topology has no path from rank {s} to rank {d} (op {op0})")
+        if opts.scale_up == "fluid" and bool(np.all(tier[path] == "scale_up")):
+            pair_is_fluid[p] = True
+            fluid_paths[p] = path
+            continue
+        back = np.asarray(topology.path(d, s, op0), np.int64)
+        if len(back) == 0:
+            raise BackendError(f"ns3: the topology has no path from rank {d} back to rank {s}")
+        used_links.update(path.tolist())
+        used_links.update(back.tolist())
+        pair_slot[p] = len(pairs)
+        pairs.append({"src": s, "dst": d, "path": path, "back": back})
+
+    # Fluid flows: local link ids, capacity in bytes/ns, path latency per op.
+    fluid_link_ids = sorted({int(x) for pth in fluid_paths.values() for x in pth})
+    local = {lid: i for i, lid in enumerate(fluid_link_ids)}
+    fptr = np.zeros(n + 1, np.int64)
+    counts = np.zeros(n, np.int64)
+    for j, op in enumerate(flow_ids):
+        p = int(pair_of_flow[j])
+        if pair_is_fluid[p]:
+            counts[op] = len(fluid_paths[p])
+            fluid_lat[op] = float(lat[fluid_paths[p]].sum())
+        else:
+            conn[op] = pair_slot[p]
+    np.cumsum(counts, out=fptr[1:])
+    flink = np.zeros(int(fptr[-1]), np.int64)
+    for j, op in enumerate(flow_ids):
+        p = int(pair_of_flow[j])
+        if pair_is_fluid[p]:
+            flink[fptr[op]:fptr[op + 1]] = [local[int(x)] for x in fluid_paths[p]]
+
+    cable_of, side_of, cable_links = _cables(links)
+    used_cables = sorted({int(cable_of[lid]) for lid in used_links})
+    cmap = {c: i for i, c in enumerate(used_cables)}
+    cab_fwd = cable_links[0, used_cables] if used_cables else np.zeros(0, np.int64)
+    cab_rev = cable_links[1, used_cables] if used_cables else np.zeros(0, np.int64)
+    rev_or_fwd = np.where(cab_rev >= 0, cab_rev, cab_fwd)
+    is_up = tier[cab_fwd] == "scale_up" if len(cab_fwd) else np.zeros(0, bool)
+    cable_mtu = np.where(is_up, opts.scale_up_mtu, opts.mtu).astype(np.int64)
+
+    # Endpoint addresses and hop-by-hop host routes.
+    r_cable: list[int] = []
+    r_side: list[int] = []
+    r_addr: list[int] = []
+    addr_cable, addr_side, addr_value = [], [], []
+    c_src, c_dst, c_daddr, c_port, c_mtu, c_pace = [], [], [], [], [], []
+    next_port: dict[int, int] = {}
+    max_bdp = 0.0
+    reverse_routed: set[tuple[int, int]] = set()  # (sending node, address)
+    for i, pr in enumerate(pairs):
+        daddr = PAIR_ADDRESS_BASE + i
+        for lid in pr["path"]:
+            r_cable.append(cmap[int(cable_of[lid])])
+            r_side.append(int(side_of[lid]))
+            r_addr.append(daddr)
+        # ACKs go to the source's egress-interface address (TCP picks it from the route): the
+        # first pair to need a hop wins. Loop-free, as every path is a shortest path to that
+        # address, so any node's next hop is one hop closer.
+        first = int(pr["path"][0])
+        saddr = CABLE_NET_BASE + 4 * cmap[int(cable_of[first])] + 1 + int(side_of[first])
+        for lid in pr["back"]:
+            key = (int(lsrc[lid]), saddr)
+            if key in reverse_routed:
+                continue
+            reverse_routed.add(key)
+            r_cable.append(cmap[int(cable_of[lid])])
+            r_side.append(int(side_of[lid]))
+            r_addr.append(saddr)
+        # The pair's destination address lives on the interface the destination replies from.
+        lid = int(pr["back"][0])
+        addr_cable.append(cmap[int(cable_of[lid])])
+        addr_side.append(int(side_of[lid]))
+        addr_value.append(daddr)
+        sn = int(lsrc[pr["path"][0]])
+        dn = int(ldst[pr["path"][-1]])
+        port = next_port.get(dn, FIRST_PORT)
+        if port > 65535:
+            raise BackendError(f"ns3: node {dn} receives from more than 64k sources")
+        next_port[dn] = port + 1
+        bottleneck = float(gbps[pr["path"]].min()) * 1e9
+        path_mtu = int(cable_mtu[[cmap[int(cable_of[x])] for x in pr["path"]]].min())
+        c_src.append(sn)
+        c_dst.append(dn)
+        c_daddr.append(daddr)
+        c_port.append(port)
+        c_mtu.append(path_mtu)
+        c_pace.append(bottleneck)
+        rtt_ns = float(lat[pr["path"]].sum() + lat[pr["back"]].sum())
+        max_bdp = max(max_bdp, bottleneck / 8.0 * rtt_ns * 1e-9)
+
+    sock_buf = opts.socket_buffer_bytes or int(max(256 * 1024, 2 * max_bdp))
+    out.arrays.update(a)
+    out.arrays.update(
+        conn=conn,
+        fluid_cap=np.array([gbps[x] / 8.0 for x in fluid_link_ids], np.float64),
+        fluid_ptr=fptr,
+        fluid_links=flink,
+        fluid_lat=fluid_lat,
+        cable_a=lsrc[cab_fwd] if len(cab_fwd) else np.zeros(0, np.int64),
+        cable_b=ldst[cab_fwd] if len(cab_fwd) else np.zeros(0, np.int64),
+        cable_bps_ab=gbps[cab_fwd] * 1e9 if len(cab_fwd) else np.zeros(0),
+        cable_bps_ba=gbps[rev_or_fwd] * 1e9 if len(cab_fwd) else np.zeros(0),
+        cable_delay_ns=np.rint(lat[cab_fwd]).astype(np.int64) if len(cab_fwd) else np.zeros(0, np.int64),
+        cable_mtu=cable_mtu,
+        route_cable=np.array(r_cable, np.int64),
+        route_side=np.array(r_side, np.int64),
+        route_addr=np.array(r_addr, np.int64),
+        addr_cable=np.array(addr_cable, np.int64),
+        addr_side=np.array(addr_side, np.int64),
+        addr_value=np.array(addr_value, np.int64),
+        conn_src=np.array(c_src, np.int64),
+        conn_dst=np.array(c_dst, np.int64),
+        conn_daddr=np.array(c_daddr, np.int64),
+        conn_port=np.array(c_port, np.int64),
+        conn_mtu=np.array(c_mtu, np.int64),
+        conn_pace_bps=np.array(c_pace, np.float64),
+    )
+    out.meta = {
+        "options": opts.to_dict(),
+        "num_nodes": num_nodes,
+        "socket_buffer_bytes": sock_buf,
+        "packet_pairs": len(pairs),
+        "fluid_pairs": int(pair_is_fluid.sum()),
+        "packet_flows": int((conn >= 0).sum()),
+        "fluid_flows": int(len(flow_ids) - (conn >= 0).sum()),
+        "packet_bytes": int(a["bytes"][conn >= 0].sum()),
+        "fluid_bytes": int(a["bytes"][flow_ids].sum() - a["bytes"][conn >= 0].sum()),
+        "cables": len(used_cables),
+    }
+    return out

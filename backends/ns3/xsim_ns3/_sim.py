@@ -1,0 +1,99 @@
+"""The ns-3 side of a replay: runs inside the worker process only (imports ns-3 and cppyy).
+
+Builds the network from the prepared arrays (nodes, point-to-point cables, queue discs, pair
+addresses, host routes, persistent connections), loads the DAG into the C++ engine and runs.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TRANSPORT_CODE = {"dctcp": 0, "tcp": 1, "udp": 2}
+_ENGINE_SOURCE = Path(__file__).with_name("engine.cpp")
+
+
+def load_ns() -> tuple[Any, Any]:
+    """Import ns-3 and define the engine once per process (cppdef twice is a redefinition)."""
+    from ns import ns  # noqa: F401  (loads the libraries and headers into cppyy)
+    import cppyy
+
+    if not hasattr(cppyy.gbl, "xsim") or not hasattr(cppyy.gbl.xsim, "Engine"):
+        cppyy.cppdef(_ENGINE_SOURCE.read_text())
+    return ns, cppyy.gbl.xsim
+
+
+def _i64(a: np.ndarray) -> np.ndarray:
+    # cppyy cannot turn an empty buffer into a pointer: pad (the length is passed separately).
+    return np.ascontiguousarray(a if len(a) else np.zeros(1), dtype=np.int64)
+
+
+def _f64(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a if len(a) else np.zeros(1), dtype=np.float64)
+
+
+def replay(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray,
+                                                                          dict[str, Any]]:
+    """Build, run, and return (start_ns, end_ns, stats); unfinished ops have NaN times."""
+    t_import = time.perf_counter()
+    _, xsim = load_ns()
+    import_s = time.perf_counter() - t_import
+    opts = meta["options"]
+    transport = TRANSPORT_CODE[opts["transport"]]
+
+    t_build = time.perf_counter()
+    xsim.Configure(transport, int(meta["socket_buffer_bytes"]), int(opts["min_rto_us"]),
+                   int(opts["seed"]), int(opts["del_ack_count"]))
+    xsim.CreateNodes(int(meta["num_nodes"]))
+    eng = xsim.Engine()
+    qdisc = 0 if opts["transport"] == "dctcp" else 1
+    ca, cb = arrays["cable_a"], arrays["cable_b"]
+    ab, ba = arrays["cable_bps_ab"], arrays["cable_bps_ba"]
+    delay, mtu = arrays["cable_delay_ns"], arrays["cable_mtu"]
+    for i in range(len(ca)):
+        eng.AddCable(int(ca[i]), int(cb[i]), float(ab[i]), float(ba[i]), int(delay[i]),
+                     int(mtu[i]), int(opts["device_queue_packets"]), qdisc,
+                     int(opts["queue_packets"]), float(opts["ecn_k_packets"]))
+    for c, s, v in zip(arrays["addr_cable"], arrays["addr_side"], arrays["addr_value"],
+                       strict=True):
+        eng.AddPairAddress(int(c), int(s), int(v))
+    rc, rs, ra = _i64(arrays["route_cable"]), _i64(arrays["route_side"]), _i64(arrays["route_addr"])
+    if len(rc):
+        eng.AddRoutes(len(rc), rc, rs, ra)
+    for i in range(len(arrays["conn_src"])):
+        eng.AddConn(int(arrays["conn_src"][i]), int(arrays["conn_dst"][i]),
+                    int(arrays["conn_daddr"][i]),
+                    int(arrays["conn_port"][i]), transport, int(arrays["conn_mtu"][i]),
+                    float(arrays["conn_pace_bps"][i]))
+    n = len(arrays["kind"])
+    kind, dur, nbytes, conn = (_i64(arrays[k]) for k in ("kind", "dur", "bytes", "conn"))
+    sptr, sidx, pending = (_i64(arrays[k]) for k in ("sptr", "sidx", "pending"))
+    eng.LoadDag(n, kind, dur, nbytes, conn, len(sidx), sptr, sidx, pending)
+    fcap, fptr, flinks = _f64(arrays["fluid_cap"]), _i64(arrays["fluid_ptr"]), _i64(
+        arrays["fluid_links"])
+    eng.LoadFluid(len(fcap), fcap, len(flinks), fptr, flinks, _f64(arrays["fluid_lat"]))
+    build_s = time.perf_counter() - t_build
+
+    t_run = time.perf_counter()
+    sim_now = int(xsim.RunSimulation(eng, float(opts["sim_limit_ns"])))
+    run_s = time.perf_counter() - t_run
+    start = np.empty(n, np.float64)
+    end = np.empty(n, np.float64)
+    eng.Results(start, end)
+    events = int(xsim.EventCount())
+    stats = {
+        "import_s": import_s,
+        "build_s": build_s,
+        "run_s": run_s,
+        "events": events,
+        "events_per_s": events / run_s if run_s > 0 else 0.0,
+        "packets_received": int(eng.PacketsReceived()),
+        "fluid_recomputes": int(eng.fluidRecomputes),
+        "sim_time_ns": sim_now,
+        "engine_error": str(eng.error),
+        "ops_done": int(eng.done),
+    }
+    return start, end, stats

@@ -1,0 +1,162 @@
+"""Hand-built topologies and traces for the ns-3 backend tests (no plan machinery needed)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from xsim_adapters.topology import Router, Topology
+from xsim_adapters.trace.schema import (
+    COLLECTIVE_COLUMNS,
+    DEP_COLUMNS,
+    KIND_BARRIER,
+    KIND_COMPUTE,
+    KIND_FLOW,
+    OP_COLUMNS,
+    PHASE_INDEX,
+    Trace,
+)
+
+HAVE_NS3 = importlib.util.find_spec("ns") is not None and importlib.util.find_spec(
+    "cppyy"
+) is not None
+needs_ns3 = [
+    pytest.mark.ns3,
+    pytest.mark.skipif(not HAVE_NS3, reason="the ns-3 wheel is not installed (pip install ns3)"),
+]
+
+
+def star_topology(
+    servers: int,
+    gpus_per_server: int,
+    nic_gbps: float | list[float] = 100.0,
+    nvlink_gbps: float = 2400.0,
+    nic_latency_ns: float = 1000.0,
+    nvlink_latency_ns: float = 250.0,
+) -> Topology:
+    """GPUs on an NVSwitch per server, every GPU's NIC on one leaf switch (cables both ways).
+
+    ``nic_gbps`` may be a list, one entry per rank (a slow NIC is the heterogeneity case).
+    """
+    n = servers * gpus_per_server
+    nic = list(nic_gbps) if isinstance(nic_gbps, list) else [float(nic_gbps)] * n
+    kinds, names, ranks, srv = [], [], [], []
+    for r in range(n):
+        kinds.append("gpu")
+        names.append(f"gpu{r}")
+        ranks.append(r)
+        srv.append(r // gpus_per_server)
+    for s in range(servers):
+        kinds.append("nvswitch")
+        names.append(f"nvs{s}")
+        ranks.append(-1)
+        srv.append(s)
+    leaf = len(kinds)
+    kinds.append("leaf")
+    names.append("leaf0")
+    ranks.append(-1)
+    srv.append(-1)
+    rows = []
+
+    def cable(a: int, b: int, gbps: float, lat: float, tier: str) -> None:
+        rows.append((a, b, gbps, lat, tier))
+        rows.append((b, a, gbps, lat, tier))
+
+    for r in range(n):
+        cable(r, n + r // gpus_per_server, nvlink_gbps, nvlink_latency_ns, "scale_up")
+        cable(r, leaf, nic[r], nic_latency_ns, "nic")
+    nodes = pd.DataFrame(
+        {
+            "node_id": np.arange(len(kinds), dtype=np.int32),
+            "kind": kinds,
+            "name": names,
+            "rank": np.array(ranks, np.int32),
+            "server": np.array(srv, np.int32),
+        }
+    )
+    links = pd.DataFrame(
+        {
+            "link_id": np.arange(len(rows), dtype=np.int32),
+            "src": np.array([x[0] for x in rows], np.int32),
+            "dst": np.array([x[1] for x in rows], np.int32),
+            "gbps": np.array([x[2] for x in rows], np.float64),
+            "latency_ns": np.array([x[3] for x in rows], np.float64),
+            "tier": [x[4] for x in rows],
+        }
+    )
+    return Topology(
+        nodes=nodes,
+        links=links,
+        rank_node=np.arange(n, dtype=np.int32),
+        events=pd.DataFrame(
+            {"at_ns": pd.Series([], dtype=np.float64), "link_id": pd.Series([], dtype=np.int32),
+             "factor": pd.Series([], dtype=np.float64)}
+        ),
+        _router=Router(nodes, links),
+    )
+
+
+class TraceBuilder:
+    """Appends ops and edges; ``build()`` returns a schema-conformant Trace."""
+
+    def __init__(self, num_ranks: int) -> None:
+        self.num_ranks = num_ranks
+        self.rows: list[dict] = []
+        self.edges: list[tuple[int, int]] = []
+
+    def _add(self, **kw) -> int:
+        op = len(self.rows)
+        row = {c: -1 for c in OP_COLUMNS}
+        row.update(bytes=0, duration_ns=0, flops=0.0, phase=PHASE_INDEX["dp"])
+        row.update(kw)
+        row["op_id"] = op
+        self.rows.append(row)
+        return op
+
+    def compute(self, rank: int, ns: int, deps: tuple[int, ...] = ()) -> int:
+        op = self._add(kind=KIND_COMPUTE, rank=rank, duration_ns=ns, phase=PHASE_INDEX["fwd"])
+        self.edges += [(d, op) for d in deps]
+        return op
+
+    def flow(self, src: int, dst: int, nbytes: int, deps: tuple[int, ...] = (), **tags) -> int:
+        op = self._add(kind=KIND_FLOW, rank=src, dst=dst, bytes=nbytes, **tags)
+        self.edges += [(d, op) for d in deps]
+        return op
+
+    def barrier(self, deps: tuple[int, ...] = ()) -> int:
+        op = self._add(kind=KIND_BARRIER)
+        self.edges += [(d, op) for d in deps]
+        return op
+
+    def ring_all_reduce(self, ranks: list[int], nbytes: int, collective: int = 0) -> list[int]:
+        """2(n-1) steps; step k on rank i sends S/n to the next rank after step k-1 arrived."""
+        n = len(ranks)
+        chunk = nbytes // n
+        prev: dict[int, int] = {}
+        last = []
+        for step in range(2 * (n - 1)):
+            cur = {}
+            for i, r in enumerate(ranks):
+                # rank i's step-k send needs what its predecessor sent at step k-1
+                dep = (prev[ranks[(i - 1) % n]],) if step else ()
+                cur[r] = self.flow(r, ranks[(i + 1) % n], chunk, dep, collective=collective,
+                                   step=step, channel=0)
+            prev = cur
+        last = list(prev.values())
+        return last
+
+    def build(self) -> Trace:
+        ops = pd.DataFrame(self.rows, columns=list(OP_COLUMNS)).astype(OP_COLUMNS)
+        deps = pd.DataFrame(self.edges or np.zeros((0, 2), np.int64), columns=["pred", "succ"])
+        deps = deps.astype(DEP_COLUMNS)
+        coll = pd.DataFrame({c: pd.Series([], dtype=t) for c, t in COLLECTIVE_COLUMNS.items()})
+        manifest = {
+            "schema_version": 1,
+            "ranks": [{"rank": r, "group": "g", "node": 0, "device_type": "x", "local": r}
+                      for r in range(self.num_ranks)],
+            "num_ops": len(ops),
+        }
+        return Trace(ops=ops, deps=deps, collectives=coll, manifest=manifest)
