@@ -139,7 +139,9 @@ def test_pp_receive_wait_attributed_to_sender() -> None:
     # Gradient: rank 0 ready at 100 (its forward), rank 1 sends at 110 + 100 + 200 = 410.
     assert st.loc[g, ["waiter", "culprit", "wait_ns"]].tolist() == [0, 1, 310.0]
     r = met.ranks.set_index("rank")
-    assert r.loc[0, "straggler_wait_ns"] == 310.0 and r.loc[0, "caused_wait_ns"] == 100.0
+    # Receive waits are pipeline waits: reported alone, not as straggler wait.
+    assert r.loc[0, "straggler_pp_ns"] == 310.0 and r.loc[1, "straggler_pp_ns"] == 100.0
+    assert (r["straggler_wait_ns"] == 0).all() and (r["caused_wait_ns"] == 0).all()
     # Pipeline window of rank 0: [0, 620); computing 300 of it.
     assert r.loc[0, "bubble_ns"] == 620.0 - 300.0
 
@@ -214,9 +216,10 @@ def test_straggler_split_into_dp_and_pipeline_waits() -> None:
     trace = one_f_one_b(3, 4, 100, 200)
     r = compute_metrics(trace, asap_timeline(trace)).ranks
     assert (r["straggler_dp_ns"] == 0).all()
-    assert (r["straggler_pp_ns"] == r["straggler_wait_ns"]).all()
+    assert (r["straggler_wait_ns"] == 0).all()  # a balanced pipeline has no straggler
     assert r["straggler_pp_ns"].iloc[0] > 0  # stage 0 waits for gradients: the pipeline drain
     # DP pair: the wait is all DP.
     trace, _ = _dp_pair(late_bwd=300, via_barrier=False)
     r = compute_metrics(trace, asap_timeline(trace)).ranks.set_index("rank")
     assert r.loc[0, "straggler_dp_ns"] == 300.0 and r.loc[0, "straggler_pp_ns"] == 0.0
+    assert r.loc[0, "straggler_wait_ns"] == 300.0

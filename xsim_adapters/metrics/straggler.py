@@ -233,10 +233,15 @@ def _blocked(frame: pd.DataFrame, num_ranks: int, comp: pd.DataFrame | None
 
 def straggler_by_rank(frame: pd.DataFrame, num_ranks: int,
                       tf: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per rank: ``straggler_wait_ns`` (waited) and ``caused_wait_ns`` (others waited on it),
-    and the waited time split by what was waited for: ``straggler_dp_ns`` (DP syncs) and
-    ``straggler_pp_ns`` (PP and reshard receives; in a pipeline this includes the waits its
-    schedule implies, e.g. fill and drain, so even a balanced pipeline has some).
+    """Per rank: ``straggler_wait_ns`` (waited on a slower data-parallel peer),
+    ``caused_wait_ns`` (others waited on it), ``straggler_dp_ns`` (the same as
+    ``straggler_wait_ns``, named by what was waited for) and ``straggler_pp_ns`` (waits at PP
+    and reshard receives).
+
+    Receive waits are kept out of ``straggler_wait_ns``: a pipeline's own schedule makes its
+    stages wait at receives (fill and drain) even when every stage is equally fast, so those
+    waits measure the pipeline, not a straggler; they are part of ``bubble_ns`` and are
+    reported alone in ``straggler_pp_ns`` (per receive, with its culprit, in the frame).
 
     A rank's waits in several synchronizations can overlap in time (DP sync groups of many
     layers wait on the same late backward at once), so adding them would count one idle
@@ -244,18 +249,16 @@ def straggler_by_rank(frame: pd.DataFrame, num_ranks: int,
     intervals ``[ready_ns, last_ready_ns]``, minus the part of it in which the rank computes
     anyway (given ``tf``, the timeline frame): the time it sat blocked on a slower peer. That
     total is attributed to culprits in proportion to their share of the rank's raw per-sync
-    waits, so ``sum(caused_wait_ns) == sum(straggler_wait_ns)``. The two split columns are
-    computed the same way on their rows alone, so they can overlap (dp + pp >= total).
+    waits, so ``sum(caused_wait_ns) == sum(straggler_wait_ns)``.
     """
     comp = None if tf is None else tf[tf["kind"] == KIND_COMPUTE]
-    waited, caused = _blocked(frame, num_ranks, comp)
     is_dp = (frame["kind"] == "dp").to_numpy()
-    dp_w, _ = _blocked(frame[is_dp], num_ranks, comp)
+    waited, caused = _blocked(frame[is_dp], num_ranks, comp)
     pp_w, _ = _blocked(frame[~is_dp], num_ranks, comp)
     return pd.DataFrame({
         "rank": np.arange(num_ranks),
         "straggler_wait_ns": waited,
         "caused_wait_ns": caused,
-        "straggler_dp_ns": dp_w,
+        "straggler_dp_ns": waited,
         "straggler_pp_ns": pp_w,
     })
