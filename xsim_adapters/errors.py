@@ -8,7 +8,7 @@ class XsimError(Exception):
 
 
 class PlanError(XsimError, ValueError):
-    """A deployment plan is malformed: the message names the YAML path, the expectation, the value."""
+    """A plan is malformed: the message names the YAML path, what was expected, what was found."""
 
     def __init__(self, path: str, message: str) -> None:
         self.path = path
@@ -29,7 +29,7 @@ class BackendError(XsimError, RuntimeError):
 
 
 class BackendUnavailable(XsimError, RuntimeError):
-    """A backend cannot run on this machine (missing dependency); the message says what is missing."""
+    """A backend cannot run here (a missing dependency); the message says what is missing."""
 
 
 class BackendContractError(XsimError, TypeError):
