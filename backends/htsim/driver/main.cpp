@@ -147,6 +147,7 @@ int main(int argc, char** argv) {
     std::snprintf(buf, sizeof buf, "%.6f", wall);
     std::string summary = "{\"protocol\": \"" + proto_name + "\", \"ops\": " + std::to_string(n) +
                           ", \"flows\": " + std::to_string(rep.flows_started()) +
+                          ", \"flows_freed\": " + std::to_string(rep.flows_freed()) +
                           ", \"links\": " + std::to_string(in.links.size()) +
                           ", \"events\": " + std::to_string(events) +
                           ", \"sim_ps\": " + std::to_string(EventList::now()) +

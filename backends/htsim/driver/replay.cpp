@@ -53,6 +53,41 @@ private:
 
 }  // namespace
 
+// The sender's end trigger: hands the flow to the reaper.
+class RoceEndTrigger final : public Trigger {
+public:
+    RoceEndTrigger(EventList& ev, RoceReaper* reaper) : Trigger(ev, 0), _reaper(reaper) {}
+    RoceReaper::Flow flow{};
+    void activate() override { _reaper->add(flow); }
+private:
+    RoceReaper* _reaper;
+};
+
+RoceReaper::RoceReaper(EventList& ev, simtime_picosec delay)
+    : EventSource(ev, "xsim_roce_reaper"), _delay(delay) {}
+
+void RoceReaper::add(const Flow& f) {
+    simtime_picosec t = eventlist().now() + _delay;
+    _due.emplace_back(t, f);
+    eventlist().sourceIsPending(*this, t);
+}
+
+void RoceReaper::doNextEvent() {
+    simtime_picosec now = eventlist().now();
+    while (!_due.empty() && _due.front().first <= now) {
+        Flow& f = _due.front().second;
+        if (f.src->_nacks_received == 0 && f.src->_rtx_packets_sent == 0) {
+            delete f.src;
+            delete f.sink;
+            delete f.out;
+            delete f.back;
+            _reaped++;
+        }
+        delete f.trigger;
+        _due.pop_front();
+    }
+}
+
 NdpScanner::NdpScanner(EventList& ev, simtime_picosec period)
     : EventSource(ev, "xsim_ndp_scanner"), _period(period) {}
 
@@ -96,6 +131,14 @@ Replayer::Replayer(EventList& ev, const Input& in, const Options& opt)
     if (_opt.protocol == PROTO_NDP) {
         _ndp_src.assign(n, nullptr);
         _scanner = new NdpScanner(ev, timeFromUs((uint32_t)9));
+    } else {
+        // The slowest link's packet slot bounds every sender's pacing interval.
+        uint64_t slowest = UINT64_MAX;
+        for (const LinkSpec& l : in.links) slowest = std::min(slowest, l.bps);
+        simtime_picosec slot = 1;
+        if (!in.links.empty())
+            slot = (simtime_picosec)std::ceil((opt.mtu + 64.0) * 8e12 / (double)slowest);
+        _reaper = new RoceReaper(ev, 2 * slot + 1);
     }
 }
 
@@ -202,6 +245,9 @@ void Replayer::start_flow(uint32_t op) {
         Route* back = make_route(f.rev_route, src);
         out->set_reverse(back);
         back->set_reverse(out);
+        RoceEndTrigger* trig = new RoceEndTrigger(eventlist(), _reaper);
+        trig->flow = RoceReaper::Flow{src, snk, out, back, trig};
+        src->set_end_trigger(*trig);
         src->connect(out, back, *snk, now);
     } else {
         NdpSrc* src = new NdpSrc(nullptr, nullptr, eventlist(), false);

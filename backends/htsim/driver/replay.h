@@ -5,6 +5,7 @@
 #define XSIM_HTSIM_REPLAY_H
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <queue>
 #include <string>
@@ -16,9 +17,12 @@
 #include "pipe.h"
 #include "queue.h"
 #include "route.h"
+#include "trigger.h"
 
 class NdpSrc;
 class NdpPullPacer;
+class RoceSrc;
+class RoceSink;
 
 namespace xsim {
 
@@ -47,6 +51,30 @@ private:
     bool _armed = false;
 };
 
+class RoceEndTrigger;
+
+// Frees a RoCE flow's htsim objects once its sender has its last ACK. Deletion waits one packet
+// slot (the sender's last pacing event has then fired and found nothing to send), and a flow
+// that saw a NACK is kept, since retransmitted copies may still be in flight.
+class RoceReaper : public EventSource {
+public:
+    struct Flow {
+        RoceSrc* src;
+        RoceSink* sink;
+        Route* out;
+        Route* back;
+        RoceEndTrigger* trigger;
+    };
+    RoceReaper(EventList& ev, simtime_picosec delay);
+    void add(const Flow& f);
+    void doNextEvent() override;
+    uint64_t reaped() const { return _reaped; }
+private:
+    simtime_picosec _delay;
+    std::deque<std::pair<simtime_picosec, Flow>> _due;  // times rise: one fixed delay
+    uint64_t _reaped = 0;
+};
+
 class Replayer : public EventSource {
 public:
     Replayer(EventList& ev, const Input& in, const Options& opt);
@@ -62,6 +90,7 @@ public:
     const std::vector<simtime_picosec>& end_ps() const { return _end; }
     uint64_t ops_done() const { return _done_count; }
     uint64_t flows_started() const { return _flows_started; }
+    uint64_t flows_freed() const { return _reaper ? _reaper->reaped() : 0; }
     // Ids of up to `limit` ops that have not ended, lowest first.
     std::vector<uint32_t> unfinished(size_t limit) const;
 
@@ -89,6 +118,7 @@ private:
     std::map<uint32_t, NdpPullPacer*> _pacers;  // NDP: one pull pacer per receiving link
     std::vector<NdpSrc*> _ndp_src;              // NDP: source of each live flow op
     NdpScanner* _scanner = nullptr;
+    RoceReaper* _reaper = nullptr;
 };
 
 }  // namespace xsim
