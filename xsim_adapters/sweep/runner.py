@@ -1,0 +1,169 @@
+"""Running variants: one task -> one result row, in this process, a local process pool or Ray.
+
+A task is plain data (the plan as a dict, the backend name and options), so it pickles the
+same way for a spawned worker process and for a Ray worker; results come back as plain dicts
+in task order whatever order they finish in, so a sweep's frame does not depend on ``jobs``.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Protocol
+
+from ..errors import BackendUnavailable, XsimError
+
+Task = dict[str, Any]
+Row = dict[str, Any]
+Progress = Callable[[int], None]
+
+RAY_HINT = 'pip install "xsim-adapters[ray]"'
+
+
+def run_variant(task: Task) -> Row:
+    """Validate, generate, replay and measure one plan; never raises for a plan or backend
+    error: the row's ``error`` says what went wrong (``ExceptionType: message``).
+
+    ``task``: ``plan`` (plain data), ``base_dir`` (for relative profile paths), ``backend``,
+    ``options``. Row keys: see :func:`summary_row`, plus ``error`` and ``wall_s`` (seconds).
+    """
+    t0 = time.perf_counter()
+    try:
+        from .. import api
+        from ..plan import plan_from_dict
+
+        plan = plan_from_dict(task["plan"], base_dir=task.get("base_dir"))
+        trace = api.generate(plan)
+        timeline = api.run(trace, task.get("backend", "flow"), api.build_topology(plan),
+                           task.get("options") or {})
+        met = api.metrics(trace, timeline)
+        row = summary_row(met.summary, met.ranks)
+        row["error"] = ""
+    except XsimError as e:  # the plan or the backend said no: record it, keep sweeping
+        row = {"error": f"{type(e).__name__}: {e}"}
+    row["wall_s"] = time.perf_counter() - t0
+    return row
+
+
+def summary_row(summary: dict[str, Any], ranks: Any) -> Row:
+    """The flat result columns of one run (times in ns, rates per second).
+
+    ``mean_*_ns`` are means over ranks; ``phase_<p>_ns`` are totals over ranks (rank-ns);
+    ``mfu_<type>`` / ``tflops_per_gpu_<type>`` are per device type; ``bubble_fraction`` is the
+    mean over ranks of bubble / pipeline window.
+    """
+    row: Row = {
+        "plan": summary.get("plan"),
+        "ranks": summary["ranks"],
+        "num_ops": summary["num_ops"],
+        "iteration_time_ns": summary["iteration_time_ns"],
+        "tokens_per_s": _num(summary.get("tokens_per_s")),
+        "mfu": _num(summary.get("mfu")),
+    }
+    for name in sorted(summary.get("device_types", {})):
+        d = summary["device_types"][name]
+        row[f"mfu_{name}"] = _num(d.get("mfu"))
+        row[f"tflops_per_gpu_{name}"] = _num(d.get("achieved_tflops_per_gpu"))
+    for key, value in summary["means"].items():
+        row[f"mean_{key}"] = float(value)
+    row["bubble_fraction"] = (float(ranks["bubble_fraction"].mean())
+                              if "bubble_fraction" in ranks and len(ranks) else math.nan)
+    for phase, value in summary["phases"].items():
+        row[f"phase_{phase}_ns"] = float(value)
+    return row
+
+
+def _num(v: Any) -> float:
+    return math.nan if v is None else float(v)
+
+
+class Executor(Protocol):
+    """Runs ``fn`` on every task and returns the results in task order."""
+
+    def map(self, fn: Callable[[Task], Row], tasks: Sequence[Task],
+            progress: Progress | None = None) -> list[Row]: ...
+
+
+class LocalExecutor:
+    """``jobs`` worker processes (spawned: no state inherited from the parent, the same on
+    every OS); ``jobs=1`` runs in this process with no pool at all."""
+
+    def __init__(self, jobs: int = 1) -> None:
+        if jobs < 1:
+            raise XsimError(f"jobs: must be at least 1 (got {jobs})")
+        self.jobs = jobs
+
+    def map(self, fn: Callable[[Task], Row], tasks: Sequence[Task],
+            progress: Progress | None = None) -> list[Row]:
+        workers = min(self.jobs, len(tasks))
+        if workers <= 1:
+            out = []
+            for t in tasks:
+                out.append(fn(t))
+                if progress:
+                    progress(1)
+            return out
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            futures = [pool.submit(fn, t) for t in tasks]
+            results: list[Row] = []
+            for f in futures:  # in task order; progress counts each as it is collected
+                results.append(f.result())
+                if progress:
+                    progress(1)
+            return results
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or BackendUnavailable saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise BackendUnavailable(
+            f"executor 'ray' needs the ray package, which is not installed: {RAY_HINT} "
+            "(or use --executor local)"
+        ) from None
+    return ray
+
+
+class RayExecutor:
+    """One Ray task per variant on the cluster at ``address`` (``None``: the cluster named by
+    ``RAY_ADDRESS``, else a local one; ``"auto"``: an already running cluster). Every Ray
+    worker must have xsim-adapters (and the backend) installed. ``ray_module`` is for tests."""
+
+    def __init__(self, address: str | None = None, ray_module: Any = None,
+                 num_cpus: float = 1.0) -> None:
+        self.address = address
+        self.num_cpus = num_cpus
+        self._ray = ray_module if ray_module is not None else import_ray()
+
+    def map(self, fn: Callable[[Task], Row], tasks: Sequence[Task],
+            progress: Progress | None = None) -> list[Row]:
+        ray = self._ray
+        if not tasks:
+            return []
+        if not ray.is_initialized():
+            ray.init(address=self.address)
+        remote = ray.remote(num_cpus=self.num_cpus)(fn)
+        refs = [remote.remote(t) for t in tasks]
+        pending = list(refs)
+        while pending:  # wait only to report progress; results are taken in task order
+            done, pending = ray.wait(pending, num_returns=1)
+            if progress:
+                progress(len(done))
+        return list(ray.get(refs))
+
+
+EXECUTORS = ("local", "ray")
+
+
+def make_executor(name: str, jobs: int = 1, ray_address: str | None = None) -> Executor:
+    """The executor called ``name`` (``local`` or ``ray``)."""
+    if name == "local":
+        return LocalExecutor(jobs)
+    if name == "ray":
+        return RayExecutor(ray_address)
+    raise XsimError(f"executor: expected one of {', '.join(EXECUTORS)} (got {name!r})")

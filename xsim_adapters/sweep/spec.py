@@ -1,0 +1,178 @@
+"""What a sweep is: a base plan and ordered axes ``{yaml path: [values]}``.
+
+Paths use the syntax of plan error messages: dotted mapping keys and ``[i]`` list indices,
+e.g. ``training.micro_batch``, ``replicas[1].stages[0].layers``, ``device_groups.a100.nodes``.
+Values are YAML: ``--set path=1,2`` is read as the YAML flow list ``[1,2]``, so
+``--set replicas[0].stages[0].layers=[0,16],[0,20]`` gives two lists and ``lcm,direct`` two
+strings.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import XsimError
+
+PathPart = str | int
+SWEEP_KEYS = ("base", "axes", "backend", "options")
+
+
+class SweepError(XsimError, ValueError):
+    """A sweep is malformed (bad axis path or value syntax, a bad sweep file, no axes)."""
+
+
+_KEY = re.compile(r"[^.\[\]]+")
+_INDEX = re.compile(r"\[(-?\d+)\]")
+
+
+def parse_path(text: str) -> tuple[PathPart, ...]:
+    """``"replicas[1].stages[0].tp"`` -> ``("replicas", 1, "stages", 0, "tp")``.
+
+    Raises SweepError naming the path and the position of the first character not understood.
+    """
+    s = text.strip()
+    parts: list[PathPart] = []
+    pos = 0
+    while pos < len(s):
+        m: re.Match[str] | None
+        if s[pos] == "[":
+            m = _INDEX.match(s, pos)
+        else:
+            # A key comes first or after a '.', never straight after a key or an index.
+            ok = not parts or s[pos] == "."
+            pos += 1 if parts and ok else 0
+            m = _KEY.match(s, pos) if ok else None
+        if m is None:
+            raise SweepError(
+                f"axis path {text!r}: cannot read it at character {pos + 1} "
+                "(expected keys separated by '.' and list indices as [i], e.g. "
+                "replicas[1].stages[0].tp)"
+            )
+        parts.append(int(m.group(1)) if m.re is _INDEX else m.group(0))
+        pos = m.end()
+    if not parts or isinstance(parts[0], int):
+        raise SweepError(f"axis path {text!r}: must start with a section name (e.g. "
+                         "training.micro_batch)")
+    return tuple(parts)
+
+
+def format_path(parts: Sequence[PathPart]) -> str:
+    """The inverse of :func:`parse_path`: ``("replicas", 1, "tp")`` -> ``"replicas[1].tp"``."""
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def parse_values(text: str, where: str) -> list[Any]:
+    """``"1,2"`` -> ``[1, 2]``; the text is read as the body of a YAML flow list."""
+    try:
+        values = yaml.safe_load(f"[{text}]")
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SweepError(f"{where}: the values are not valid YAML ({problem})") from None
+    if not values:
+        raise SweepError(f"{where}: no values (expected e.g. 1,2)")
+    return list(values)
+
+
+def parse_set(item: str) -> tuple[str, list[Any]]:
+    """One ``--set PATH=V1,V2`` argument -> (canonical path, values)."""
+    path, sep, values = item.partition("=")
+    if not sep or not path.strip():
+        raise SweepError(
+            f"--set {item!r}: expected PATH=VALUES (e.g. --set training.micro_batch=1,2)"
+        )
+    canonical = format_path(parse_path(path))
+    return canonical, parse_values(values, f"--set {canonical}")
+
+
+@dataclass
+class SweepSpec:
+    """A base plan as plain data (what the YAML gives), the axes in product order (the first
+    axis varies slowest), the backend and its options. ``base_dir`` resolves relative profile
+    paths in the plan; ``source`` says where the base came from (for messages)."""
+
+    base: dict[str, Any]
+    axes: dict[str, list[Any]]
+    backend: str = "flow"
+    options: dict[str, Any] = field(default_factory=dict)
+    base_dir: str | None = None
+    source: str = "<plan>"
+
+    def __post_init__(self) -> None:
+        self.axes = check_axes(self.axes)
+
+
+def check_axes(axes: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """Canonical paths, each with a non-empty list of values; a path given twice is an error."""
+    if not isinstance(axes, Mapping):
+        raise SweepError(f"axes: expected a mapping of path -> list of values (got "
+                         f"{type(axes).__name__})")
+    out: dict[str, list[Any]] = {}
+    for raw, values in axes.items():
+        path = format_path(parse_path(str(raw)))
+        if path in out:
+            raise SweepError(f"axes: {path} is given twice (merge its values into one list)")
+        if not isinstance(values, list | tuple):
+            values = [values]  # one value: a fixed override, still a column of the result
+        if len(values) == 0:
+            raise SweepError(f"axes: {path} has no values")
+        out[path] = list(values)
+    return out
+
+
+def load_sweep_file(path: str | os.PathLike[str]) -> SweepSpec:
+    """Read a sweep YAML file: ``base`` (a plan path relative to this file, or an inline
+    plan mapping), ``axes`` ({path: [values]}), optional ``backend`` and ``options``."""
+    from ..plan import parse_yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise SweepError(f"sweep file not found: {p}")
+    d = parse_yaml(p.read_text(), str(p))
+    if not isinstance(d, Mapping):
+        raise SweepError(f"{p}: expected a mapping with keys base, axes (got "
+                         f"{type(d).__name__})")
+    unknown = [k for k in d if k not in SWEEP_KEYS]
+    if unknown:
+        raise SweepError(f"{p}: unknown key {unknown[0]!r} (expected one of "
+                         f"{', '.join(SWEEP_KEYS)})")
+    for key in ("base", "axes"):
+        if key not in d:
+            raise SweepError(f"{p}: missing key {key!r}")
+    base_dir = str(p.resolve().parent)
+    if isinstance(d["base"], str):
+        plan_path = Path(base_dir) / d["base"]
+        base, base_dir, source = read_plan_data(plan_path)
+    elif isinstance(d["base"], Mapping):
+        base, source = dict(d["base"]), f"{p} (inline base)"
+    else:
+        raise SweepError(f"{p}: base: expected a plan file path or a plan mapping (got "
+                         f"{type(d['base']).__name__})")
+    options = d.get("options") or {}
+    if not isinstance(options, Mapping):
+        raise SweepError(f"{p}: options: expected a mapping of backend options")
+    return SweepSpec(base=base, axes=d["axes"] or {}, backend=str(d.get("backend") or "flow"),
+                     options=dict(options), base_dir=base_dir, source=source)
+
+
+def read_plan_data(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str, str]:
+    """A plan file as plain data (not validated yet), its directory and its name."""
+    from ..errors import PlanError
+    from ..plan import parse_yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise PlanError("", f"plan file not found: {p}")
+    data = parse_yaml(p.read_text(), str(p))
+    if not isinstance(data, Mapping):
+        raise PlanError("", f"{p}: expected a mapping at the top level of the plan")
+    return dict(data), str(p.resolve().parent), str(p)
