@@ -1,4 +1,5 @@
-"""The ``xsim`` command: validate plans, write traces, run backends, compare them.
+"""The ``xsim`` command: validate plans, write traces, run backends, compare them and
+sweep over plan variants.
 
 Errors the project raises on purpose (XsimError) print as one ``xsim: error: ...`` line (or a
 few) with exit status 1, never a traceback; ``xsim`` without a subcommand prints help, exit 2.
@@ -265,6 +266,13 @@ def cmd_backends(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """``xsim sweep``: see docs/sweep.md."""
+    from .sweep.cli import run_sweep_command
+
+    return run_sweep_command(args)
+
+
 # ---------------------------------------------------------------- parser
 
 
@@ -316,6 +324,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Comma-separated backends; the first is the reference (default: "
                         "flow,ns3). Prefix an option with a backend name to aim it at that "
                         "backend only, e.g. --option ns3.transport=dctcp.")
+
+    from .sweep.cli import add_sweep_arguments
+
+    add_sweep_arguments(add("sweep", "Run every combination of plan overrides (--set or a sweep "
+                                     "file) on one backend and write one result row per "
+                                     "variant to OUT/sweep.csv and OUT/sweep.parquet.",
+                            cmd_sweep))
 
     add("backends", "List every installed backend with its availability and, if it cannot "
                     "run here, the reason.", cmd_backends)

@@ -80,19 +80,21 @@ def spec_for(plan_or_path: Plan | Mapping[str, Any] | str | os.PathLike[str],
     from ..plan import Plan, parse_yaml, plan_to_dict
 
     base_dir: str | None = None
+    base_path: str | None = None
     if isinstance(plan_or_path, Plan):
         base, source = plan_to_dict(plan_or_path), plan_or_path.name
     elif isinstance(plan_or_path, Mapping):
         base, source = dict(plan_or_path), "<plan dict>"
     elif isinstance(plan_or_path, os.PathLike) or "\n" not in str(plan_or_path):
         base, base_dir, source = read_plan_data(Path(plan_or_path))
+        base_path = str(Path(plan_or_path).resolve())
     else:
         data = parse_yaml(str(plan_or_path))
         if not isinstance(data, Mapping):
             raise SweepError("the plan text is not a mapping")
         base, source = dict(data), "<plan text>"
     return SweepSpec(base=base, axes=dict(axes), backend=backend, options=dict(options or {}),
-                     base_dir=base_dir, source=source)
+                     base_dir=base_dir, source=source, base_path=base_path)
 
 
 def run_spec(spec: SweepSpec, executor: Executor | None = None,

@@ -106,6 +106,18 @@ class SweepSpec:
     options: dict[str, Any] = field(default_factory=dict)
     base_dir: str | None = None
     source: str = "<plan>"
+    base_path: str | None = None  # the plan file, when the base came from one
+
+    def to_yaml(self) -> str:
+        """This sweep as a sweep file (``base`` is the plan's absolute path when it came
+        from a file, else the plan inline)."""
+        doc = {
+            "base": self.base_path or self.base,
+            "axes": self.axes,
+            "backend": self.backend,
+            "options": self.options,
+        }
+        return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
 
     def __post_init__(self) -> None:
         self.axes = check_axes(self.axes)
@@ -152,8 +164,9 @@ def load_sweep_file(path: str | os.PathLike[str]) -> SweepSpec:
     if isinstance(d["base"], str):
         plan_path = Path(base_dir) / d["base"]
         base, base_dir, source = read_plan_data(plan_path)
+        base_path: str | None = str(plan_path.resolve())
     elif isinstance(d["base"], Mapping):
-        base, source = dict(d["base"]), f"{p} (inline base)"
+        base, source, base_path = dict(d["base"]), f"{p} (inline base)", None
     else:
         raise SweepError(f"{p}: base: expected a plan file path or a plan mapping (got "
                          f"{type(d['base']).__name__})")
@@ -161,7 +174,8 @@ def load_sweep_file(path: str | os.PathLike[str]) -> SweepSpec:
     if not isinstance(options, Mapping):
         raise SweepError(f"{p}: options: expected a mapping of backend options")
     return SweepSpec(base=base, axes=d["axes"] or {}, backend=str(d.get("backend") or "flow"),
-                     options=dict(options), base_dir=base_dir, source=source)
+                     options=dict(options), base_dir=base_dir, source=source,
+                     base_path=base_path)
 
 
 def read_plan_data(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str, str]:
