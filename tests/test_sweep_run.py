@@ -13,10 +13,11 @@ import xsim_adapters as xs
 from xsim_adapters.cli import main
 from xsim_adapters.errors import BackendUnavailable
 from xsim_adapters.plan import parse_yaml, plan_from_dict
-from xsim_adapters.sweep import RayExecutor, make_executor, sweep
+from xsim_adapters.sweep import TIMING_COLUMNS, RayExecutor, make_executor, sweep
 from xsim_adapters.trace.schema import KIND_COMPUTE, PHASE_INDEX
 
 AXES = {"training.micro_batch": [1, 2, 3], "collectives.resharding": ["lcm", "direct"]}
+TIMING = list(TIMING_COLUMNS)
 MB3_ERROR = ("PlanError: training.global_batch: must be divisible by training.micro_batch 3 "
              "(got 8)")
 
@@ -85,7 +86,7 @@ def test_an_invalid_variant_records_its_plan_error_and_the_sweep_goes_on(frame):
 
 def test_jobs_1_and_2_give_identical_frames(plan_path, frame):
     two = sweep(plan_path, AXES, jobs=2)
-    pd.testing.assert_frame_equal(frame.drop(columns="wall_s"), two.drop(columns="wall_s"))
+    pd.testing.assert_frame_equal(frame.drop(columns=TIMING), two.drop(columns=TIMING))
 
 
 class FakeRay:
@@ -136,7 +137,7 @@ def test_ray_executor_dispatches_one_task_per_runnable_variant_in_order(plan_pat
     assert fake.init_calls == [{"address": "auto"}]
     assert fake.remote_options[-1] == {"num_cpus": 1.0}
     assert fake.submitted == 6  # micro_batch 3 fails in the plan check, inside the task
-    pd.testing.assert_frame_equal(frame.drop(columns="wall_s"), got.drop(columns="wall_s"))
+    pd.testing.assert_frame_equal(frame.drop(columns=TIMING), got.drop(columns=TIMING))
     ex.map(lambda t: {"t": t}, [1, 2, 3], done.append)
     assert done == [1, 1, 1]
 
@@ -168,7 +169,7 @@ def test_cli_writes_sweep_csv_parquet_and_yaml(plan_path, tmp_path, capsys, fram
     assert csv["iteration_time_ns"].iloc[0] == frame["iteration_time_ns"].iloc[0]
     assert csv["error"].fillna("").tolist() == frame["error"].tolist()
     pq = pd.read_parquet(out / "sweep.parquet")
-    pd.testing.assert_frame_equal(pq.drop(columns="wall_s"), frame.drop(columns="wall_s"),
+    pd.testing.assert_frame_equal(pq.drop(columns=TIMING), frame.drop(columns=TIMING),
                                   check_dtype=False)
     assert "training.micro_batch: [1, 2, 3]" in (out / "sweep.yaml").read_text()
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no temp files left

@@ -115,7 +115,7 @@ def run_spec(spec: SweepSpec, executor: Executor | None = None,
     if progress:
         progress(len(variants) - len(runnable))  # the failed overrides are done already
     results = iter(executor.map(run_variant, tasks, progress))
-    rows = [next(results) if v.plan is not None else {"error": v.error, "wall_s": 0.0}
+    rows = [next(results) if v.plan is not None else {"error": v.error, "wall_s": 0.0, "cpu_s": 0.0}
             for v in variants]
     return variants, build_frame(variants, rows)
 
@@ -129,7 +129,8 @@ def sweep(plan_or_path: Plan | Mapping[str, Any] | str | os.PathLike[str],
     Returns one row per variant in product order (the first axis varies slowest): ``variant``,
     one column per axis path, ``error`` ("" if it ran), iteration_time_ns, tokens_per_s, mfu,
     ``mfu_<type>``, ``mean_*_ns`` (per rank), bubble_fraction, ``phase_<p>_ns`` (rank-ns) and
-    wall_s (seconds; the only column that depends on ``jobs`` or ``executor``).
+    wall_s and cpu_s (seconds; the only columns that depend on ``jobs`` or ``executor``,
+    listed in ``TIMING_COLUMNS``).
     ``executor``: ``"local"`` (``jobs`` processes), ``"ray"`` (needs ``ray``) or an object
     with the :class:`Executor` ``map`` method.
     """

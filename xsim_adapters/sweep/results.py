@@ -12,7 +12,7 @@ import yaml
 from .expand import Variant
 
 # Columns that are the same for every --jobs / executor; the rest are wall-clock times.
-TIMING_COLUMNS = ("wall_s",)
+TIMING_COLUMNS = ("wall_s", "cpu_s")
 INT_COLUMNS = ("ranks", "num_ops")
 
 
@@ -35,7 +35,7 @@ def _axis_column(values: list[Any]) -> list[Any]:
 def build_frame(variants: Sequence[Variant], rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """``variants[i]`` and its result ``rows[i]`` -> one frame: ``variant``, one column per
     axis (named by its path), ``error`` ("" when the variant ran), then the metric columns
-    (NaN for a failed variant) and ``wall_s``."""
+    (NaN for a failed variant), ``wall_s`` and ``cpu_s``."""
     axes = list(variants[0].overrides) if variants else []
     data: dict[str, list[Any]] = {"variant": [v.index for v in variants]}
     for name in axes:

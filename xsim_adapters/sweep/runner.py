@@ -28,9 +28,10 @@ def run_variant(task: Task) -> Row:
     error: the row's ``error`` says what went wrong (``ExceptionType: message``).
 
     ``task``: ``plan`` (plain data), ``base_dir`` (for relative profile paths), ``backend``,
-    ``options``. Row keys: see :func:`summary_row`, plus ``error`` and ``wall_s`` (seconds).
+    ``options``. Row keys: see :func:`summary_row`, plus ``error``, ``wall_s`` and ``cpu_s``
+    (seconds of this variant, wall clock and this process's CPU).
     """
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         from .. import api
         from ..plan import plan_from_dict
@@ -45,6 +46,7 @@ def run_variant(task: Task) -> Row:
     except XsimError as e:  # the plan or the backend said no: record it, keep sweeping
         row = {"error": f"{type(e).__name__}: {e}"}
     row["wall_s"] = time.perf_counter() - t0
+    row["cpu_s"] = time.process_time() - c0  # wall_s >> cpu_s: the worker waited for a core
     return row
 
 
