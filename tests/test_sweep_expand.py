@@ -79,3 +79,17 @@ def test_missing_sections_are_created_and_unknown_keys_left_to_the_validator():
         plan_from_dict(d)
     with pytest.raises(OverrideError, match=r"^replicas: a shorthand"):
         apply_override(tiny(), parse_path("replicas[0].stages"), [])
+
+
+def test_expanding_the_shorthand_keeps_the_plan_and_the_batch_split_derived():
+    base_plan = plan_from_dict(tiny())
+    variants = expand(tiny(), {"training.micro_batch": [1, 2],
+                               "replicas[0].stages[0].tp": [2]})
+    assert "micro_batches" not in variants[0].plan["replicas"][0]
+    assert plan_from_dict(variants[0].plan) == base_plan  # tp 2 is the base's own value
+    assert [r.micro_batches for r in plan_from_dict(variants[1].plan).replicas] == [2, 2]
+    # A shorthand that sets the split itself keeps it explicit.
+    d = tiny()
+    d["replicas"]["uniform"]["micro_batches"] = 4
+    (v,) = expand(d, {"replicas[0].stages[0].tp": [2]})
+    assert [r["micro_batches"] for r in v.plan["replicas"]] == [4, 4]

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
+import yaml
 
+from .expand import Variant
 from .spec import SweepError, SweepSpec, check_axes, load_sweep_file, parse_set
 
 DEFAULT_SWEEP_OUT = "xsim-sweep"
@@ -100,27 +103,40 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     executor = make_executor(args.executor, args.jobs, args.ray_address)
     total = len(product(spec.axes))
     with ProgressBar(total, "xsim sweep", force=args.progress) as bar:
-        _, frame = run_spec(spec, executor, lambda n: bar.advance(n))
+        variants, frame = run_spec(spec, executor, lambda n: bar.advance(n))
     out = Path(args.output)
     write_sweep(out, frame, spec.to_yaml())
     failed = frame[frame["error"] != ""]
     print(f"{len(frame)} variants of {spec.source} on {spec.backend}: "
           f"{len(frame) - len(failed)} ran, {len(failed)} failed")
-    _print_best(frame, list(spec.axes))
-    for rec in failed.head(MAX_ERRORS_PRINTED).to_dict("records"):
-        what = ", ".join(f"{a}={rec[a]}" for a in spec.axes)
-        print(f"  variant {rec['variant']} ({what}): {rec['error']}")
+    _print_best(frame, variants)
+    for i in failed["variant"].head(MAX_ERRORS_PRINTED):
+        v = variants[int(i)]
+        print(f"  variant {v.index} ({show_overrides(v.overrides)}): {frame['error'].iloc[i]}")
     if len(failed) > MAX_ERRORS_PRINTED:
         print(f"  ... {len(failed) - MAX_ERRORS_PRINTED} more failures in sweep.csv")
     print(f"wrote {out}/: sweep.csv, sweep.parquet, sweep.yaml")
     return 1 if len(failed) and not args.allow_failures else 0
 
 
-def _print_best(frame: pd.DataFrame, axes: list[str]) -> None:
+def show_overrides(overrides: dict[str, Any]) -> str:
+    """``path=value, ...`` with values as YAML (``null``, ``true``, ``[0, 16]``), the way
+    ``--set`` reads them."""
+    return ", ".join(f"{k}={_yaml_scalar(v)}" for k, v in overrides.items())
+
+
+def _yaml_scalar(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    text = yaml.safe_dump(v, default_flow_style=True, width=10**6).strip()
+    return text.removesuffix("...").strip()
+
+
+def _print_best(frame: pd.DataFrame, variants: list[Variant]) -> None:
     ok = frame[frame["error"] == ""]
     if ok.empty:
         return
     best = ok.loc[ok["iteration_time_ns"].idxmin()]
-    what = ", ".join(f"{a}={best[a]}" for a in axes)
+    what = show_overrides(variants[int(best["variant"])].overrides)
     print(f"  fastest: variant {best['variant']} ({what}): iteration "
           f"{best['iteration_time_ns'] / 1e6:.3f} ms, {best['tokens_per_s']:,.0f} tokens/s")

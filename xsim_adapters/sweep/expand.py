@@ -5,7 +5,9 @@ Overrides are applied to the plan as the user wrote it, so shorthands keep worki
 micro-batch count. Two shorthands are opened up only when a path reaches inside them:
 - ``model: llama2-7b`` with a path ``model.<key>`` becomes ``{preset: llama2-7b, <key>: ...}``;
 - ``replicas: {uniform: ...}`` (or any non-list form) with a path ``replicas[i]...`` becomes
-  the explicit list of the validated base plan (``plan_to_dict``), so every stage exists.
+  the explicit list of the validated base plan (``plan_to_dict``), so every stage exists;
+  the micro-batch counts are left out unless the shorthand set a batch split itself, so the
+  validator still derives them from ``training``.
 A path that cannot be applied (an index out of range, a key under a scalar) fails that variant
 only, with the path down to the part that failed.
 """
@@ -59,8 +61,23 @@ class _ExpandedReplicas:
             # Only the replica layout is needed: skip the memory check (a variant may fix it).
             plan = plan_from_dict(copy.deepcopy(dict(self._base)), base_dir=self._base_dir,
                                   feasibility=False)
-            self._value = plan_to_dict(plan)["replicas"]
+            replicas = plan_to_dict(plan)["replicas"]
+            if not _mentions(self._base.get("replicas"), ("micro_batches", "batch_share")):
+                # The shorthand left the batch split to the validator (from global_batch and
+                # micro_batch): keep it that way, so a training.micro_batch axis still works.
+                for rep in replicas:
+                    rep.pop("micro_batches", None)
+            self._value = replicas
         return copy.deepcopy(self._value)
+
+
+def _mentions(data: Any, keys: tuple[str, ...]) -> bool:
+    """Whether any mapping inside ``data`` has one of ``keys``."""
+    if isinstance(data, dict):
+        return any(k in data for k in keys) or any(_mentions(v, keys) for v in data.values())
+    if isinstance(data, list):
+        return any(_mentions(v, keys) for v in data)
+    return False
 
 
 def apply_override(plan: dict[str, Any], parts: tuple[PathPart, ...], value: Any,
