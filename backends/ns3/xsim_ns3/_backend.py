@@ -53,10 +53,12 @@ def _stderr_text(path: Path) -> str:
     except OSError:
         return ""
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(_NOISE)]
-    # After an abort cppyy prints a long gdb backtrace; ns-3's own message comes before it.
+    # After a crash cppyy prints a long gdb backtrace; ns-3's own message (an NS_ASSERT or
+    # NS_FATAL line) comes before it. Without one, keep the signal and the named frames.
     for i, ln in enumerate(lines):
         if "*** Break ***" in ln:
-            lines = lines[:i] or lines
+            frames = [f.split(" in ", 1)[-1] for f in lines[i:] if "ns3::" in f or "xsim" in f]
+            lines = lines[:i] + [ln.strip()] + frames[:6]
             break
     return "\n".join(lines)[-_STDERR_TAIL:]
 

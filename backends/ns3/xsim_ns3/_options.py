@@ -25,7 +25,7 @@ class Ns3Options:
     ``queue_packets``: queue-disc capacity per device; ``ecn_k_packets``: DCTCP marking threshold;
     ``device_queue_packets``: the device's own small FIFO under the queue disc.
     ``socket_buffer_bytes``: TCP send/receive buffer (0: twice the largest path's
-    bandwidth-delay product, at least 256 KiB). ``min_rto_us``: TCP minimum RTO (µs).
+    bandwidth-delay product, at least 1 MiB). ``min_rto_us``: TCP minimum RTO (µs).
     ``wall_limit_s``: wall-clock limit of one replay (s). ``sim_limit_ns``: stop the simulator
     at this simulated time (0: none); ops unfinished by then make the run fail.
     """

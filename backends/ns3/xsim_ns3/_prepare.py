@@ -102,6 +102,7 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
     lsrc = links["src"].to_numpy(np.int64)
     ldst = links["dst"].to_numpy(np.int64)
     num_nodes = len(topology.nodes)
+    is_gpu = (topology.nodes["kind"].astype(str) == "gpu").to_numpy()
 
     flow_ids = np.flatnonzero((a["kind"] == KIND_FLOW) & (a["bytes"] > 0))
     fsrc = ops["rank"].to_numpy(np.int64)[flow_ids]
@@ -220,7 +221,8 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
         rtt_ns = float(lat[pr["path"]].sum() + lat[pr["back"]].sum())
         max_bdp = max(max_bdp, bottleneck / 8.0 * rtt_ns * 1e-9)
 
-    sock_buf = opts.socket_buffer_bytes or int(max(256 * 1024, 2 * max_bdp))
+    # 1 MiB floor (measured): ACKs queue behind data on shared NIC links, inflating the RTT.
+    sock_buf = opts.socket_buffer_bytes or int(max(1 << 20, 2 * max_bdp))
     out.arrays.update(a)
     out.arrays.update(
         conn=conn,
@@ -234,6 +236,8 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
         cable_bps_ba=gbps[rev_or_fwd] * 1e9 if len(cab_fwd) else np.zeros(0),
         cable_delay_ns=np.rint(lat[cab_fwd]).astype(np.int64) if len(cab_fwd) else np.zeros(0, np.int64),
         cable_mtu=cable_mtu,
+        cable_host_a=is_gpu[lsrc[cab_fwd]].astype(np.int64) if len(cab_fwd) else np.zeros(0, np.int64),
+        cable_host_b=is_gpu[ldst[cab_fwd]].astype(np.int64) if len(cab_fwd) else np.zeros(0, np.int64),
         route_cable=np.array(r_cable, np.int64),
         route_side=np.array(r_side, np.int64),
         route_addr=np.array(r_addr, np.int64),

@@ -53,16 +53,18 @@ def replay(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> tuple[np.ndar
     ca, cb = arrays["cable_a"], arrays["cable_b"]
     ab, ba = arrays["cable_bps_ab"], arrays["cable_bps_ba"]
     delay, mtu = arrays["cable_delay_ns"], arrays["cable_mtu"]
+    host_a, host_b = arrays["cable_host_a"], arrays["cable_host_b"]
     for i in range(len(ca)):
         eng.AddCable(int(ca[i]), int(cb[i]), float(ab[i]), float(ba[i]), int(delay[i]),
                      int(mtu[i]), int(opts["device_queue_packets"]), qdisc,
-                     int(opts["queue_packets"]), float(opts["ecn_k_packets"]))
+                     int(opts["queue_packets"]), float(opts["ecn_k_packets"]),
+                     int(host_a[i]), int(host_b[i]))
     for c, s, v in zip(arrays["addr_cable"], arrays["addr_side"], arrays["addr_value"],
                        strict=True):
         eng.AddPairAddress(int(c), int(s), int(v))
-    rc, rs, ra = _i64(arrays["route_cable"]), _i64(arrays["route_side"]), _i64(arrays["route_addr"])
-    if len(rc):
-        eng.AddRoutes(len(rc), rc, rs, ra)
+    if len(arrays["route_cable"]):
+        eng.AddRoutes(len(arrays["route_cable"]), _i64(arrays["route_cable"]),
+                      _i64(arrays["route_side"]), _i64(arrays["route_addr"]))
     for i in range(len(arrays["conn_src"])):
         eng.AddConn(int(arrays["conn_src"][i]), int(arrays["conn_dst"][i]),
                     int(arrays["conn_daddr"][i]),

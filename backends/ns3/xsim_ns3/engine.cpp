@@ -115,7 +115,7 @@ class Engine {
     // One point-to-point cable between nodes a and b: rates per direction, symmetric delay.
     void AddCable(uint32_t a, uint32_t b, double bpsAB, double bpsBA, int64_t delayNs,
                   uint32_t mtu, uint32_t devQueuePkts, int qdisc, uint32_t queuePkts,
-                  double ecnK) {
+                  double ecnK, int hostA, int hostB) {
         PointToPointHelper p2p;
         p2p.SetDeviceAttribute("Mtu", UintegerValue(mtu));
         p2p.SetChannelAttribute("Delay", TimeValue(NanoSeconds(delayNs)));
@@ -128,7 +128,9 @@ class Engine {
         for (int side = 0; side < 2; ++side) {
             TrafficControlHelper tch;
             double bps = side == 0 ? bpsAB : bpsBA;
-            if (qdisc == DCTCP) {
+            // ECN marking belongs to switch egress queues; a GPU's own NIC queue is a FIFO.
+            bool host = side == 0 ? hostA : hostB;
+            if (qdisc == DCTCP && !host) {
                 // Step marking at K packets on the instantaneous queue (QW = 1), as DCTCP wants.
                 tch.SetRootQueueDisc(
                     "ns3::RedQueueDisc", "UseEcn", BooleanValue(true), "UseHardDrop",
