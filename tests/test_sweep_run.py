@@ -197,3 +197,16 @@ def test_cli_sweep_file_plus_set_axes(plan_path, tmp_path, capsys):
 def test_failed_rows_have_nan_metrics_not_zero(frame):
     row = frame.iloc[4]
     assert math.isnan(row["mfu"]) and math.isnan(row["phase_fwd_ns"])
+
+
+def test_sweep_help_is_full_sentences(capsys):
+    from xsim_adapters import cli
+
+    with pytest.raises(SystemExit) as ei:
+        cli.main(["sweep", "--help"])
+    assert ei.value.code == 0
+    assert "--set PATH=V1,V2" in capsys.readouterr().out
+    sub = cli.build_parser()._subparsers._group_actions[0].choices["sweep"]  # type: ignore
+    for action in sub._actions:
+        if action.help and action.dest != "help":
+            assert action.help[0].isupper() and action.help.endswith("."), action.help

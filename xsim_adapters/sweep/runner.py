@@ -12,6 +12,7 @@ import multiprocessing
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Protocol
 
 from ..errors import BackendUnavailable, XsimError
@@ -109,14 +110,26 @@ class LocalExecutor:
                     progress(1)
             return out
         ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+        try:
             futures = [pool.submit(fn, t) for t in tasks]
             results: list[Row] = []
-            for f in futures:  # in task order; progress counts each as it is collected
-                results.append(f.result())
+            for i, f in enumerate(futures):  # in task order; progress counts each collected
+                try:
+                    results.append(f.result())
+                except BrokenProcessPool:
+                    raise XsimError(
+                        f"a sweep worker process died while running variant task {i} (out of "
+                        "memory, or killed); run that variant alone with `xsim run` to see why"
+                    ) from None
                 if progress:
                     progress(1)
+            pool.shutdown()
             return results
+        except BaseException:
+            # Ctrl-C or a dead worker: drop the variants not started instead of running them all.
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
 
 
 def import_ray() -> Any:
