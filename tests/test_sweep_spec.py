@@ -96,3 +96,20 @@ def test_sweep_file_errors_name_the_file_and_key(tmp_path):
     f.write_text("axes: {training.micro_batch: [1]}\n")
     with pytest.raises(SweepError, match=r"s\.yaml: missing key 'base'"):
         load_sweep_file(f)
+
+
+def test_spec_for_accepts_a_plan_a_dict_yaml_text_or_a_path(tmp_path):
+    from test_sweep_helpers import TINY_PLAN
+
+    from xsim_adapters.plan import load_plan, parse_yaml, plan_to_dict
+    from xsim_adapters.sweep import spec_for
+
+    path = write_tiny_plan(tmp_path)
+    by_path = spec_for(path, {"training.micro_batch": 2})
+    assert by_path.base == parse_yaml(TINY_PLAN)
+    assert (by_path.base_dir, by_path.source) == (str(tmp_path.resolve()), str(path))
+    assert by_path.axes == {"training.micro_batch": [2]}
+    assert spec_for(TINY_PLAN, {}).base == parse_yaml(TINY_PLAN)
+    assert spec_for(parse_yaml(TINY_PLAN), {}).source == "<plan dict>"
+    plan = load_plan(path)
+    assert spec_for(plan, {}).base == plan_to_dict(plan)  # explicit: shorthands expanded
