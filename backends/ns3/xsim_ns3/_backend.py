@@ -171,9 +171,9 @@ class Ns3Backend(Backend):
                     " scale_up=fluid to make it cheaper)"
                 ) from None
         if rc != 0:
-            how = (
-                f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
-            )
+            how = f"exited with status {rc}"
+            if rc < 0:
+                how = f"was killed by {signal.Signals(-rc).name}"
             msg = _stderr_text(err_path) or "(no message on stderr)"
             raise BackendError(f"ns3: the ns-3 worker {how}: {msg}")
         stats_path = work / "out" / "stats.json"

@@ -63,7 +63,9 @@ def parse_options(options: Mapping[str, Any] | None) -> Ns3Options:
         )
     o = Ns3Options(**opts)
     if o.transport not in TRANSPORTS:
-        raise BackendError(f"ns3: option transport must be one of {TRANSPORTS} (got {o.transport!r})")
+        raise BackendError(
+            f"ns3: option transport must be one of {TRANSPORTS} (got {o.transport!r})"
+        )
     if o.scale_up not in SCALE_UP_MODES:
         raise BackendError(
             f"ns3: option scale_up must be one of {SCALE_UP_MODES} (got {o.scale_up!r})"

@@ -1,13 +1,15 @@
 """Turn a Trace and a Topology into the flat arrays the C++ replay engine loads (no ns-3 here).
 
-Routing choice: each (source GPU, destination GPU) pair that has packet flows gets one
-persistent connection and two /32 endpoint addresses of its own; static host routes for those
-addresses are installed hop by hop along ``Topology.path(src, dst, key)`` (forward) and
-``Topology.path(dst, src, key)`` (reverse, for ACKs), with ``key`` the pair's first flow op id.
-So ns-3 packets cross exactly the links the flow backend routes that pair's first flow over,
-including the chosen parallel link of a multi-edge. ns-3's global routing could not promise
-that (it picks its own equal-cost path and ignores multi-edge identity). Later flows of a pair
-reuse the connection and therefore its path; the flow backend may hash them elsewhere (ECMP).
+Routing choice: static host routes computed from ``Topology.path``, not ns-3's global routing.
+Each (source GPU, destination GPU) pair with packet flows gets one persistent connection and a
+/32 destination address of its own; host routes for it are installed hop by hop along
+``Topology.path(src, dst, key)`` with ``key`` the pair's first flow op id. So data packets cross
+exactly the links the flow backend routes that pair's first flow over, including the chosen
+parallel link of a multi-edge; ns-3's global routing could not promise that (it picks its own
+equal-cost path and ignores multi-edge identity). Later flows of a pair reuse the connection
+and its path; the flow backend may hash them onto other equal-cost paths (ECMP per flow).
+ACKs go back to the source's interface address along ``Topology.path(dst, src, key)``; where
+two pairs disagree about a hop toward the same source, the first pair's route is kept.
 """
 
 from __future__ import annotations
@@ -130,7 +132,9 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
         op0 = int(flow_ids[first[p]])
         path = np.asarray(topology.path(s, d, op0), np.int64)
         if len(path) == 0:
-            raise BackendError(f"ns3: the topology has no path from rank {s} to rank {d} (op {op0})")
+            raise BackendError(
+                f"ns3: the topology has no path from rank {s} to rank {d} (op {op0})"
+            )
         if opts.scale_up == "fluid" and bool(np.all(tier[path] == "scale_up")):
             pair_is_fluid[p] = True
             fluid_paths[p] = path
@@ -165,11 +169,11 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
     cable_of, side_of, cable_links = _cables(links)
     used_cables = sorted({int(cable_of[lid]) for lid in used_links})
     cmap = {c: i for i, c in enumerate(used_cables)}
-    cab_fwd = cable_links[0, used_cables] if used_cables else np.zeros(0, np.int64)
-    cab_rev = cable_links[1, used_cables] if used_cables else np.zeros(0, np.int64)
+    used_idx = np.array(used_cables, dtype=np.int64)
+    cab_fwd = cable_links[0, used_idx]
+    cab_rev = cable_links[1, used_idx]
     rev_or_fwd = np.where(cab_rev >= 0, cab_rev, cab_fwd)
-    is_up = tier[cab_fwd] == "scale_up" if len(cab_fwd) else np.zeros(0, bool)
-    cable_mtu = np.where(is_up, opts.scale_up_mtu, opts.mtu).astype(np.int64)
+    cable_mtu = np.where(tier[cab_fwd] == "scale_up", opts.scale_up_mtu, opts.mtu).astype(np.int64)
 
     # Endpoint addresses and hop-by-hop host routes.
     r_cable: list[int] = []
@@ -230,14 +234,14 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
         fluid_ptr=fptr,
         fluid_links=flink,
         fluid_lat=fluid_lat,
-        cable_a=lsrc[cab_fwd] if len(cab_fwd) else np.zeros(0, np.int64),
-        cable_b=ldst[cab_fwd] if len(cab_fwd) else np.zeros(0, np.int64),
-        cable_bps_ab=gbps[cab_fwd] * 1e9 if len(cab_fwd) else np.zeros(0),
-        cable_bps_ba=gbps[rev_or_fwd] * 1e9 if len(cab_fwd) else np.zeros(0),
-        cable_delay_ns=np.rint(lat[cab_fwd]).astype(np.int64) if len(cab_fwd) else np.zeros(0, np.int64),
+        cable_a=lsrc[cab_fwd],
+        cable_b=ldst[cab_fwd],
+        cable_bps_ab=gbps[cab_fwd] * 1e9,
+        cable_bps_ba=gbps[rev_or_fwd] * 1e9,
+        cable_delay_ns=np.rint(lat[cab_fwd]).astype(np.int64),
         cable_mtu=cable_mtu,
-        cable_host_a=is_gpu[lsrc[cab_fwd]].astype(np.int64) if len(cab_fwd) else np.zeros(0, np.int64),
-        cable_host_b=is_gpu[ldst[cab_fwd]].astype(np.int64) if len(cab_fwd) else np.zeros(0, np.int64),
+        cable_host_a=is_gpu[lsrc[cab_fwd]].astype(np.int64),
+        cable_host_b=is_gpu[ldst[cab_fwd]].astype(np.int64),
         route_cable=np.array(r_cable, np.int64),
         route_side=np.array(r_side, np.int64),
         route_addr=np.array(r_addr, np.int64),

@@ -18,8 +18,8 @@ _ENGINE_SOURCE = Path(__file__).with_name("engine.cpp")
 
 def load_ns() -> tuple[Any, Any]:
     """Import ns-3 and define the engine once per process (cppdef twice is a redefinition)."""
-    from ns import ns  # noqa: F401  (loads the libraries and headers into cppyy)
     import cppyy
+    from ns import ns  # noqa: F401  (loads the libraries and headers into cppyy)
 
     if not hasattr(cppyy.gbl, "xsim") or not hasattr(cppyy.gbl.xsim, "Engine"):
         cppyy.cppdef(_ENGINE_SOURCE.read_text())
