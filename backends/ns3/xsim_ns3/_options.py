@@ -10,7 +10,10 @@ from xsim_adapters.errors import BackendError
 
 TRANSPORTS = ("dctcp", "tcp", "udp")
 SCALE_UP_MODES = ("fluid", "packet")
-MAX_P2P_MTU = 65535  # the point-to-point device's limit (and IPv4's total length)
+MAX_P2P_MTU = 65535
+DEFAULT_QUEUE_PACKETS = 1000
+# Queued packets cost memory only when present, and payloads are virtual in ns-3.
+DEEP_UDP_QUEUE_PACKETS = 1_000_000  # the point-to-point device's limit (and IPv4's total length)
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,9 @@ class Ns3Options:
     ``scale_up``: fluid (flows whose whole path is scale-up links are timed by the C++ engine as a
     max-min fair share of those links, plus path latency) or packet (every flow is packets).
     ``mtu`` (bytes) on NIC/fabric links; ``scale_up_mtu`` (bytes) on scale-up links in packet mode.
-    ``queue_packets``: queue-disc capacity per device; ``ecn_k_packets``: DCTCP marking threshold;
+    ``queue_packets``: queue-disc capacity per device (0: 1000 for TCP/DCTCP; 1,000,000 for UDP,
+    whose lost packets are never resent, so it gets queues deep enough to stand in for a lossless
+    fabric); ``ecn_k_packets``: DCTCP marking threshold;
     ``device_queue_packets``: the device's own small FIFO under the queue disc.
     ``socket_buffer_bytes``: TCP send/receive buffer (0: twice the largest path's
     bandwidth-delay product, at least 1 MiB). ``min_rto_us``: TCP minimum RTO (µs).
@@ -34,7 +39,7 @@ class Ns3Options:
     scale_up: str = "fluid"
     mtu: int = 9000
     scale_up_mtu: int = 65000
-    queue_packets: int = 1000
+    queue_packets: int = 0
     ecn_k_packets: float = 30.0
     device_queue_packets: int = 4
     socket_buffer_bytes: int = 0
@@ -61,6 +66,9 @@ def parse_options(options: Mapping[str, Any] | None) -> Ns3Options:
         raise BackendError(
             f"ns3: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
         )
+    if not opts.get("queue_packets"):
+        udp = opts.get("transport") == "udp"
+        opts["queue_packets"] = DEEP_UDP_QUEUE_PACKETS if udp else DEFAULT_QUEUE_PACKETS
     o = Ns3Options(**opts)
     if o.transport not in TRANSPORTS:
         raise BackendError(
