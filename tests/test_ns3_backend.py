@@ -233,3 +233,44 @@ def test_wall_limit_ends_in_backend_error(ns3):
     tb.flow(0, 1, MiB)
     with pytest.raises(BackendError, match=r"exceeded wall_limit_s=0.5 s.*no partial timeline"):
         ns3.run(tb.build(), star_topology(2, 1), {"wall_limit_s": 0.5})
+
+
+@_mark
+def test_link_events_degrade_packet_and_fluid_links(ns3):
+    """At t = 400 µs, rank 2's NIC downlink and server 0's NVLink into rank 0 drop to half.
+
+    Flow A (rank 0 -> rank 2, different servers, packets, 16 MiB at 100 Gb/s) and flow B
+    (rank 1 -> rank 0, same server, fluid, 256 MiB at 2400 Gb/s) both straddle the change, so
+    each takes 400 µs at full rate and the rest at half. Closed form and flow backend within
+    1% for the packet flow (UDP headers, store-and-forward), 2 ns for the fluid one.
+    """
+    import pandas as pd
+
+    topo = star_topology(2, 2, nic_latency_ns=NIC_LAT_NS)
+    links = topo.links
+    leaf = int(topo.nodes.index[topo.nodes["kind"] == "leaf"][0])
+    nvs0 = int(topo.nodes.index[topo.nodes["name"] == "nvs0"][0])
+    down_nic = int(links.index[(links["src"] == leaf) & (links["dst"] == 2)][0])
+    down_nvl = int(links.index[(links["src"] == nvs0) & (links["dst"] == 0)][0])
+    topo.events = pd.DataFrame({
+        "at_ns": np.array([400_000.0, 400_000.0]),
+        "link_id": np.array([down_nic, down_nvl], np.int32),
+        "factor": np.array([0.5, 0.5]),
+    })
+    tb = TraceBuilder(4)
+    tb.flow(0, 2, 16 * MiB)
+    tb.flow(1, 0, 256 * MiB)
+    trace = tb.build()
+    tl = ns3.run(trace, topo, {"transport": "udp"})
+    flow = FlowBackend().run(trace, topo, {})
+    assert tl.stats["packet_flows"] == 1 and tl.stats["fluid_flows"] == 1
+
+    def closed(nbytes: float, gbps: float, lat: float) -> float:
+        done_bits = 400_000.0 * gbps
+        return 400_000.0 + (nbytes * 8 - done_bits) / (gbps / 2) + lat
+
+    ends = tl.frame["end_ns"].to_numpy()
+    assert ends[0] == pytest.approx(closed(16 * MiB, 100.0, 2 * NIC_LAT_NS), rel=0.01)
+    assert ends[0] == pytest.approx(flow.frame["end_ns"].iat[0], rel=0.01)
+    assert ends[1] == pytest.approx(closed(256 * MiB, 2400.0, 500.0), abs=2)
+    assert ends[1] == pytest.approx(flow.frame["end_ns"].iat[1], abs=2)

@@ -91,6 +91,39 @@ def _cables(links: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return cable_of, side_of, np.array([fwd, rev], np.int64).reshape(2, -1)
 
 
+def _link_events(
+    topology: Topology,
+    fluid_local: dict[int, int],
+    cable_of: np.ndarray,
+    side_of: np.ndarray,
+    cmap: dict[int, int],
+    gbps: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """Timed link events on built links: the new capacity (factor x the link's Gb/s).
+
+    Events on links no flow crosses change nothing and are dropped. Times round to the ns.
+    """
+    rows: list[tuple[int, int, int, int, float]] = []
+    ev = topology.events
+    if ev is not None and len(ev):
+        for at, lid, factor in zip(ev["at_ns"], ev["link_id"], ev["factor"], strict=True):
+            lid = int(lid)
+            cap = float(gbps[lid]) * float(factor)
+            if lid in fluid_local:
+                rows.append((round(float(at)), 1, fluid_local[lid], 0, cap / 8.0))
+            elif int(cable_of[lid]) in cmap:
+                rows.append((round(float(at)), 0, cmap[int(cable_of[lid])], int(side_of[lid]),
+                             cap * 1e9))
+    cols = list(zip(*rows, strict=True)) if rows else [(), (), (), (), ()]
+    return {
+        "event_at_ns": np.array(cols[0], np.int64),
+        "event_fluid": np.array(cols[1], np.int64),
+        "event_index": np.array(cols[2], np.int64),
+        "event_side": np.array(cols[3], np.int64),
+        "event_value": np.array(cols[4], np.float64),
+    }
+
+
 def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
     """Flatten ``trace`` and ``topology`` for the worker; see the module docstring for routing."""
     out = ReplayInput()
@@ -227,6 +260,7 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
 
     # 1 MiB floor (measured): ACKs queue behind data on shared NIC links, inflating the RTT.
     sock_buf = opts.socket_buffer_bytes or int(max(1 << 20, 2 * max_bdp))
+    out.arrays.update(_link_events(topology, local, cable_of, side_of, cmap, gbps))
     out.arrays.update(a)
     out.arrays.update(
         conn=conn,

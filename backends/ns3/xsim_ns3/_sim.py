@@ -77,6 +77,11 @@ def replay(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> tuple[np.ndar
     fcap, fptr, flinks = _f64(arrays["fluid_cap"]), _i64(arrays["fluid_ptr"]), _i64(
         arrays["fluid_links"])
     eng.LoadFluid(len(fcap), fcap, len(flinks), fptr, flinks, _f64(arrays["fluid_lat"]))
+    for at, fluid, index, side, value in zip(
+        arrays["event_at_ns"], arrays["event_fluid"], arrays["event_index"], arrays["event_side"],
+        arrays["event_value"], strict=True,
+    ):
+        eng.AddLinkEvent(int(at), int(fluid), int(index), int(side), float(value))
     build_s = time.perf_counter() - t_build
 
     t_run = time.perf_counter()

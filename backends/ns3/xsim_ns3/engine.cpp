@@ -201,6 +201,9 @@ class Engine {
         for (int64_t i = 0; i < n; ++i)
             if (pending[i] == 0) ready.push_back(i);
         Simulator::ScheduleNow(&Engine::Drain, this);
+        for (size_t i = 0; i < linkEvents.size(); ++i)
+            Simulator::Schedule(NanoSeconds(linkEvents[i].atNs), &Engine::ApplyLinkEvent, this,
+                                int64_t(i));
     }
 
     void Drain() {
@@ -319,6 +322,43 @@ class Engine {
         if (std::isfinite(next)) {
             int64_t dt = std::max<int64_t>(1, int64_t(std::ceil(next - 1e-9)));
             fluidEv = Simulator::Schedule(NanoSeconds(dt), &Engine::FluidTick, this);
+        }
+    }
+
+    // ---------- timed link events (degrade / fail / restore) ----------
+    struct LinkEvent { int64_t atNs; int fluid; int64_t index; int side; double value; };
+    std::vector<LinkEvent> linkEvents;
+    std::vector<Ptr<RateErrorModel>> downModels;  // per cable end, created on first failure
+
+    // fluid: index = local fluid link, value = bytes/ns; packet: index = cable, side = sending
+    // end, value = bit/s (0: the link drops every packet until restored).
+    void AddLinkEvent(int64_t atNs, int fluid, int64_t index, int side, double value) {
+        linkEvents.push_back({atNs, fluid, index, side, value});
+    }
+
+    void ApplyLinkEvent(int64_t i) {
+        const LinkEvent& e = linkEvents[i];
+        if (e.fluid) {
+            FluidAdvance();
+            fcap[e.index] = e.value;
+            FluidResolve();
+            return;
+        }
+        Ptr<NetDevice> tx = cables[e.index].Get(e.side);
+        Ptr<NetDevice> rx = cables[e.index].Get(1 - e.side);
+        if (downModels.size() < 2 * cables.size()) downModels.resize(2 * cables.size());
+        Ptr<RateErrorModel>& em = downModels[2 * e.index + e.side];
+        if (e.value <= 0) {
+            if (!em) {
+                em = CreateObject<RateErrorModel>();
+                em->SetUnit(RateErrorModel::ERROR_UNIT_PACKET);
+                em->SetRate(1.0);
+                rx->SetAttribute("ReceiveErrorModel", PointerValue(em));
+            }
+            em->Enable();
+        } else {
+            if (em) em->Disable();
+            tx->SetAttribute("DataRate", DataRateValue(DataRate(uint64_t(e.value))));
         }
     }
 
