@@ -132,3 +132,23 @@ def driver_path(tmp_factory) -> Path:
     if proc.returncode != 0:
         pytest.fail(f"building the htsim driver failed:\n{proc.stdout}\n{proc.stderr}")
     return out / "xsim-htsim"
+
+
+def golden_case() -> tuple[Trace, Topology]:
+    """The small case behind the golden files: heterogeneous NICs, compute, a ring, odd flows.
+
+    Rank 0 computes 10 us, then a 1 MiB ring all-reduce over ranks 0-3 (NICs 400, 400, 200,
+    100 Gb/s), then every rank computes 5 us; a local flow (rank 1 to itself) and an empty flow
+    hang off the end barrier.
+    """
+    tb = TraceBuilder(4)
+    c0 = tb.compute(0, 10_000)
+    start, end = ring_allreduce(tb, [0, 1, 2, 3], 1 << 20)
+    tb.dep(c0, start)
+    for r in range(4):
+        tb.dep(end, tb.compute(r, 5_000))
+    local = tb.flow(1, 1, 4096)
+    empty = tb.flow(2, 3, 0)
+    tb.dep(end, local)
+    tb.dep(end, empty)
+    return tb.build(), star(4, [400.0, 400.0, 200.0, 100.0], latency_ns=500.0)
