@@ -56,10 +56,13 @@ class Ns3Options:
 def parse_options(options: Mapping[str, Any] | None) -> Ns3Options:
     """Validate backend options; unknown names and bad values raise BackendError naming them.
 
-    Options the ns-3 backend does not know but the project passes to every backend (``seed``
-    is one of ours; anything else is rejected so typos do not pass silently).
+    ``progress`` (a callback other backends accept) is accepted and ignored; any other unknown
+    name is rejected so typos do not pass silently.
     """
     opts = dict(options or {})
+    # A progress callback the flow backend accepts: the replay runs in a child process that
+    # reports no progress, so it is accepted and unused.
+    opts.pop("progress", None)
     known = set(Ns3Options.__dataclass_fields__)
     unknown = sorted(set(opts) - known)
     if unknown:
