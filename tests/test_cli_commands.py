@@ -13,7 +13,7 @@ from xsim_adapters.errors import XsimError
 
 REPO = Path(__file__).resolve().parents[1]
 HETERO = REPO / "workloads" / "hetero-dp-h100-a100.yaml"
-SUBCOMMANDS = ("validate", "trace", "run", "compare", "backends")
+SUBCOMMANDS = ("validate", "trace", "run", "compare", "sweep", "export", "backends")
 
 
 def test_no_arguments_prints_help_and_exits_2(capsys) -> None:
@@ -22,6 +22,11 @@ def test_no_arguments_prints_help_and_exits_2(capsys) -> None:
     assert err.startswith("usage: xsim")
     for name in SUBCOMMANDS:
         assert name in err
+
+
+def test_the_help_tests_cover_every_subcommand() -> None:
+    choices = cli.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert set(choices) == set(SUBCOMMANDS)
 
 
 @pytest.mark.parametrize("name", SUBCOMMANDS)
@@ -134,3 +139,17 @@ def test_span_and_runs_helpers() -> None:
     assert cli._span("replica", [0, 1, 2]) == "replicas 0-2"
     assert cli._span("replica", [0, 2]) == "replicas 0,2"
     assert cli._runs(["a", "a", "b", "a"]) == [([0, 1], "a"), ([2], "b"), ([3], "a")]
+
+
+def test_export_goal_and_chakra(tmp_path: Path, capsys) -> None:
+    plan = REPO / "workloads" / "uneven-layers.yaml"
+    goal = tmp_path / "t.goal"
+    assert cli.main(["export", str(plan), "--format", "goal", "-o", str(goal)]) == 0
+    text = goal.read_text()
+    assert text.startswith("num_ranks 12\n")
+    assert [ln for ln in text.splitlines() if ln.startswith("rank ")] == [
+        f"rank {r} {{" for r in range(12)]
+    assert cli.main(["export", str(plan), "--format", "chakra", "-o", str(tmp_path / "et")]) == 0
+    assert sorted(p.name for p in (tmp_path / "et").iterdir()) == sorted(
+        f"et.{r}.json" for r in range(12))
+    assert "wrote 12 Chakra ET" in capsys.readouterr().out

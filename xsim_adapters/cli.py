@@ -145,6 +145,26 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """``xsim export``: the trace in a peer simulator's format."""
+    plan, trace = _load_input(args.plan)
+    if trace is None:
+        from . import api
+
+        trace = api.generate(plan)
+    if args.format == "goal":
+        from .trace.export_goal import export_goal
+
+        path = export_goal(trace, args.output)
+        print(f"wrote GOAL schedule for {trace.num_ranks} ranks to {path}")
+    else:
+        from .trace.export_chakra import export_chakra
+
+        paths = export_chakra(trace, args.output)
+        print(f"wrote {len(paths)} Chakra ET (JSON) files to {args.output}")
+    return 0
+
+
 def _load_input(path: str):
     """(plan, trace or None) from a plan file or a trace directory."""
     from . import api
@@ -297,6 +317,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("plan", metavar="PLAN", help="The plan YAML file.")
     t.add_argument("-o", "--output", required=True, metavar="DIR",
                    help="The trace directory to write (the plan is stored in it as plan.yaml).")
+
+    e = add("export", "Write the trace of a plan (or of a trace directory) in a peer "
+                      "simulator's format: GOAL text for LogGOPSim/ATLAHS, or Chakra "
+                      "execution traces (as JSON, one file per rank) for ASTRA-sim.", cmd_export)
+    e.add_argument("plan", metavar="PLAN",
+                   help="A plan YAML file, or a trace directory written by `xsim trace`.")
+    e.add_argument("--format", choices=("goal", "chakra"), required=True,
+                   help="The output format.")
+    e.add_argument("-o", "--output", required=True, metavar="PATH",
+                   help="The GOAL file to write, or the directory for the Chakra files.")
 
     def run_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("plan", metavar="PLAN",
