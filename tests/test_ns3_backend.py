@@ -274,3 +274,20 @@ def test_link_events_degrade_packet_and_fluid_links(ns3):
     assert ends[0] == pytest.approx(flow.frame["end_ns"].iat[0], rel=0.01)
     assert ends[1] == pytest.approx(closed(256 * MiB, 2400.0, 500.0), abs=2)
     assert ends[1] == pytest.approx(flow.frame["end_ns"].iat[1], abs=2)
+
+
+@_mark
+def test_scale_up_packet_mode_uses_nvswitch_packets(ns3):
+    """scale_up=packet: an intra-server flow becomes packets through the NVSwitch node, with
+    MTU scale_up_mtu on the NVLink cables; closed form S*8/B + 2 hops + one 65000-byte
+    store-and-forward at the switch (0.2 µs). 1%: UDP headers are 30 B per 64970 B datagram."""
+    topo = star_topology(1, 2, nvlink_gbps=2400.0, nvlink_latency_ns=250.0)
+    tb = TraceBuilder(2)
+    tb.flow(0, 1, 64 * MiB)
+    tl = ns3.run(tb.build(), topo, {"transport": "udp", "scale_up": "packet"})
+    assert tl.stats["packet_flows"] == 1 and tl.stats["fluid_flows"] == 0
+    assert tl.stats["cables"] == 2  # gpu0-nvs0 and nvs0-gpu1
+    closed = serial_ns(64 * MiB, 2400.0) + 500.0
+    assert tl.makespan_ns == pytest.approx(closed, rel=0.01)
+    assert tl.makespan_ns > closed
+    assert tl.stats["packets_received"] == -(-64 * MiB // (65000 - 28))
