@@ -83,9 +83,11 @@ def ring_allreduce(tb: TraceBuilder, ranks: list[int], size_bytes: int) -> tuple
     return start, end
 
 
-def star(n: int, gbps: float | list[float], latency_ns: float = 500.0) -> Topology:
-    """``n`` GPUs on one switch; GPU i's cable runs at gbps[i] both ways."""
+def star(n: int, gbps: float | list[float], latency_ns: float = 500.0,
+         tier: str | list[str] = "scale_up") -> Topology:
+    """``n`` GPUs on one switch; GPU i's cable runs at gbps[i] both ways, tier tier[i]."""
     speeds = [float(gbps)] * n if np.isscalar(gbps) else [float(g) for g in gbps]
+    tiers = [tier] * n if isinstance(tier, str) else list(tier)
     nodes = pd.DataFrame({
         "node_id": np.arange(n + 1, dtype=np.int32),
         "kind": ["gpu"] * n + ["nvswitch"],
@@ -93,18 +95,19 @@ def star(n: int, gbps: float | list[float], latency_ns: float = 500.0) -> Topolo
         "rank": np.array(list(range(n)) + [-1], dtype=np.int32),
         "server": np.array([0] * (n + 1), dtype=np.int32),
     })
-    src, dst, bw = [], [], []
+    src, dst, bw, tr = [], [], [], []
     for i in range(n):
         src += [i, n]
         dst += [n, i]
         bw += [speeds[i], speeds[i]]
+        tr += [tiers[i], tiers[i]]
     links = pd.DataFrame({
         "link_id": np.arange(2 * n, dtype=np.int32),
         "src": np.array(src, dtype=np.int32),
         "dst": np.array(dst, dtype=np.int32),
         "gbps": np.array(bw, dtype=np.float64),
         "latency_ns": np.full(2 * n, latency_ns),
-        "tier": ["scale_up"] * (2 * n),
+        "tier": tr,
     })
     topo = Topology(nodes=nodes, links=links, rank_node=np.arange(n, dtype=np.int32))
     topo._router = Router(nodes, links)
@@ -139,7 +142,8 @@ def golden_case() -> tuple[Trace, Topology]:
 
     Rank 0 computes 10 us, then a 1 MiB ring all-reduce over ranks 0-3 (NICs 400, 400, 200,
     100 Gb/s), then every rank computes 5 us; a local flow (rank 1 to itself) and an empty flow
-    hang off the end barrier.
+    hang off the end barrier. Ranks 0 and 1 hang on the switch by scale-up links, ranks 2 and 3
+    by NICs, so the ring's 0 -> 1 flows are scale-up (fluid by default) and the rest packets.
     """
     tb = TraceBuilder(4)
     c0 = tb.compute(0, 10_000)
@@ -151,4 +155,5 @@ def golden_case() -> tuple[Trace, Topology]:
     empty = tb.flow(2, 3, 0)
     tb.dep(end, local)
     tb.dep(end, empty)
-    return tb.build(), star(4, [400.0, 400.0, 200.0, 100.0], latency_ns=500.0)
+    return tb.build(), star(4, [400.0, 400.0, 200.0, 100.0], latency_ns=500.0,
+                            tier=["scale_up", "scale_up", "nic", "nic"])

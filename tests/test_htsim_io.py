@@ -156,7 +156,8 @@ def test_fake_driver_receives_the_options(tmp_path: Path) -> None:
     with pytest.raises(BackendError) as e:
         HtsimBackend().run(trace, topo, {"driver": str(drv), "protocol": "ndp", "mtu": 4096,
                                          "queue_bytes": 100000, "cwnd_pkts": 20, "seed": 7})
-    assert str(e.value) == ("htsim: the driver failed (exit 2): --protocol ndp --mtu 4096 "
+    assert str(e.value) == ("htsim: the driver failed (exit 2): --protocol ndp --scale-up fluid "
+                            "--mtu 4096 "
                             "--queue-bytes 100000 --cwnd-pkts 20 --seed 7")
 
 
@@ -217,6 +218,8 @@ def test_wall_limit_stops_the_driver(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("opts", "msg"), [
     ({"protocol": "tcp"}, "htsim: option protocol must be one of roce, ndp (got 'tcp')"),
     ({"mtu": 100}, "htsim: option mtu must be an integer >= 256 (got 100)"),
+    ({"scale_up": "nvlink"},
+     "htsim: option scale_up must be one of fluid, packet (got 'nvlink')"),
     ({"wall_limit_s": 0}, "htsim: option wall_limit_s must be > 0 seconds (got 0)"),
 ])
 def test_bad_options(tmp_path: Path, opts: dict, msg: str) -> None:

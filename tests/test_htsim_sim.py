@@ -54,7 +54,7 @@ def test_single_flow_closed_form(driver: str, protocol: str) -> None:
     tb.flow(0, 1, 8 << 20)
     trace = tb.build()
     topo = star(2, 200.0, latency_ns=700.0)
-    tl = run(trace, topo, driver, protocol=protocol)
+    tl = run(trace, topo, driver, protocol=protocol, scale_up="packet")
     ideal = (8 << 20) * 8 / 200.0 + 2 * 700.0
     assert ideal <= tl.makespan_ns <= ideal * 1.02 + 1000.0
     assert tl.stats["protocol"] == protocol and tl.stats["events"] > 0
@@ -67,7 +67,7 @@ def test_ring_allreduce_closed_form_and_flow_backend(driver: str, protocol: str)
     ring_allreduce(tb, list(range(n)), size)
     trace = tb.build()
     topo = star(n, gbps, latency_ns=lat)
-    tl = run(trace, topo, driver, protocol=protocol)
+    tl = run(trace, topo, driver, protocol=protocol, scale_up="packet")
     bound = 2 * (n - 1) / n * size * 8 / gbps
     closed = bound + 2 * (n - 1) * 2 * lat
     assert tl.makespan_ns >= bound
@@ -92,9 +92,10 @@ def test_compute_gaps_between_flows(driver: str) -> None:
     assert fr.loc[c1, "end_ns"] == 40_000.0
     assert fr.loc[f1, "start_ns"] == 40_000.0  # a flow starts when its dependency ends
     assert fr.loc[c2, "start_ns"] == fr.loc[f1, "end_ns"]
-    assert fr.loc[c2, "end_ns"] - fr.loc[c2, "start_ns"] == 25_000.0
+    # ps -> ns floats: exact to well under a picosecond
+    assert fr.loc[c2, "end_ns"] - fr.loc[c2, "start_ns"] == pytest.approx(25_000.0, abs=1e-6)
     assert fr.loc[f2, "start_ns"] == fr.loc[c2, "end_ns"]
-    assert fr.loc[c3, "end_ns"] - fr.loc[c3, "start_ns"] == 7_000.0
+    assert fr.loc[c3, "end_ns"] - fr.loc[c3, "start_ns"] == pytest.approx(7_000.0, abs=1e-6)
     one_flow = (1 << 20) * 8 / 100.0 + 1000.0
     assert tl.makespan_ns == pytest.approx(72_000.0 + 2 * one_flow, rel=0.02)
 
@@ -117,7 +118,7 @@ def test_heterogeneous_nics_bound_the_ring(driver: str) -> None:
 
 def test_stuck_dag_is_reported_by_the_driver(driver: str, tmp_path: Path) -> None:
     (tmp_path / "in.txt").write_text(
-        "xsim-htsim 1\nnodes 1\nlinks 0\nroutes 0\nops 3\nC 5\nB\nB\n"
+        "xsim-htsim 2\nnodes 1\nlinks 0\nroutes 0\nops 3\nC 5\nB\nB\n"
         "succ 2\n0\n1 2\n1 1\nend\n"
     )
     proc = subprocess.run([driver, str(tmp_path / "in.txt"), "--out", str(tmp_path / "t.csv"),
@@ -131,7 +132,7 @@ def test_stuck_dag_is_reported_by_the_driver(driver: str, tmp_path: Path) -> Non
 
 
 def test_malformed_input_names_the_line(driver: str, tmp_path: Path) -> None:
-    (tmp_path / "in.txt").write_text("xsim-htsim 1\nnodes 2\nlinks 1\n0 7 100 5 1\n")
+    (tmp_path / "in.txt").write_text("xsim-htsim 2\nnodes 2\nlinks 1\n0 7 100 5 1\n")
     proc = subprocess.run([driver, str(tmp_path / "in.txt"), "--out", str(tmp_path / "t.csv"),
                            "--summary", str(tmp_path / "s.json")],
                           capture_output=True, text=True, check=False)

@@ -49,12 +49,13 @@ bool read_input(const std::string& path, Input& in, std::string& error) {
     std::string magic;
     int version = 0;
     if (!r.next() || !(r.ss >> magic >> version) || magic != "xsim-htsim") {
-        error = r.where() + "not an xsim-htsim input (first line must be 'xsim-htsim 1')";
+        error = r.where() + "not an xsim-htsim input (first line must be 'xsim-htsim 2')";
         return false;
     }
-    if (version != 1) {
+    if (version != 2) {
         error = "input format version " + std::to_string(version) +
-                " is not supported by this driver (it reads version 1); rebuild the driver";
+                " is not supported by this driver (it reads version 2); rebuild the driver or"
+                " rewrite the input with this checkout's xsim_htsim";
         return false;
     }
     uint64_t n;
@@ -107,6 +108,7 @@ bool read_input(const std::string& path, Input& in, std::string& error) {
         OpSpec& op = in.ops[i];
         op.src_rank = op.dst_rank = op.fwd_route = op.rev_route = -1;
         op.value = 0;
+        op.scale_up = false;
         char kind = 0;
         bool ok = r.next() && (bool)(r.ss >> kind);
         if (ok && kind == 'C') {
@@ -114,8 +116,10 @@ bool read_input(const std::string& path, Input& in, std::string& error) {
             ok = (bool)(r.ss >> op.value);
         } else if (ok && kind == 'F') {
             op.kind = OP_FLOW;
+            int su = -1;
             ok = (bool)(r.ss >> op.value >> op.src_rank >> op.dst_rank >> op.fwd_route >>
-                        op.rev_route);
+                        op.rev_route >> su) && (su == 0 || su == 1);
+            op.scale_up = su == 1;
             ok = ok && op.fwd_route < (int64_t)in.routes.size() &&
                  op.rev_route < (int64_t)in.routes.size() &&
                  (op.fwd_route < 0) == (op.rev_route < 0);
@@ -126,8 +130,8 @@ bool read_input(const std::string& path, Input& in, std::string& error) {
         }
         if (!ok) {
             error = r.where() + "op " + std::to_string(i) +
-                    ": expected 'C <duration_ps>', 'F <bytes> <src> <dst> <route> <reverse>'"
-                    " or 'B'";
+                    ": expected 'C <duration_ps>', 'F <bytes> <src> <dst> <route> <reverse>"
+                    " <scale_up 0|1>' or 'B'";
             return false;
         }
     }

@@ -1,4 +1,4 @@
-// The driver's input: a small text format written by xsim_htsim.input (see docs/htsim.md).
+// The driver's input (format version 2): a small text format written by xsim_htsim.input (see docs/htsim.md).
 // Everything is in integers: bits per second, picoseconds, bytes, dense ids.
 #ifndef XSIM_HTSIM_INPUT_H
 #define XSIM_HTSIM_INPUT_H
@@ -23,6 +23,7 @@ struct OpSpec {
     uint64_t value;       // compute: duration in ps; flow: payload bytes; barrier: 0
     int32_t src_rank, dst_rank;  // flows only (-1 otherwise)
     int32_t fwd_route, rev_route;  // flows only: route ids (-1: a local flow, no network)
+    bool scale_up;        // flows only: the whole forward path is scale-up (intra-server) links
 };
 
 struct Input {

@@ -2,6 +2,7 @@
 //
 //   xsim-htsim INPUT --out TIMES.csv --summary SUMMARY.json
 //              [--protocol roce|ndp] [--mtu BYTES] [--queue-bytes BYTES] [--cwnd-pkts N] [--seed N]
+//              [--scale-up fluid|packet]
 //
 // Writes TIMES.csv (op_id,start_ps,end_ps; one line per op, in op order) and SUMMARY.json only
 // when every op has ended; otherwise prints why on stderr and exits non-zero, so a partial
@@ -35,7 +36,8 @@ namespace {
 
 const char* USAGE =
     "usage: xsim-htsim INPUT --out TIMES.csv --summary SUMMARY.json [--protocol roce|ndp]"
-    " [--mtu BYTES] [--queue-bytes BYTES] [--cwnd-pkts N] [--seed N]";
+    " [--mtu BYTES] [--queue-bytes BYTES] [--cwnd-pkts N] [--seed N]"
+    " [--scale-up fluid|packet]";
 
 uint64_t parse_uint(const char* flag, const char* s) {
     char* end = nullptr;
@@ -60,7 +62,8 @@ bool write_atomic(const std::string& path, const std::string& text) {
 
 int main(int argc, char** argv) {
     Options opt;
-    std::string input_path, out_path, summary_path, proto_name = "roce";
+    std::string input_path, out_path, summary_path, proto_name = "roce",
+                scale_up_name = "fluid";
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         bool has_value = i + 1 < argc;
@@ -85,6 +88,11 @@ int main(int argc, char** argv) {
             opt.queue_bytes = (int64_t)parse_uint("--queue-bytes", argv[++i]);
         } else if (a == "--cwnd-pkts") {
             opt.cwnd_pkts = (uint32_t)parse_uint("--cwnd-pkts", argv[++i]);
+        } else if (a == "--scale-up") {
+            scale_up_name = argv[++i];
+            if (scale_up_name == "fluid") opt.scale_up_fluid = true;
+            else if (scale_up_name == "packet") opt.scale_up_fluid = false;
+            else fail(2, "unknown --scale-up mode '" + scale_up_name + "' (fluid or packet)");
         } else if (a == "--seed") {
             opt.seed = (uint32_t)parse_uint("--seed", argv[++i]);
         } else if (a.rfind("--", 0) == 0) {
@@ -148,6 +156,10 @@ int main(int argc, char** argv) {
     std::string summary = "{\"protocol\": \"" + proto_name + "\", \"ops\": " + std::to_string(n) +
                           ", \"flows\": " + std::to_string(rep.flows_started()) +
                           ", \"flows_freed\": " + std::to_string(rep.flows_freed()) +
+                          ", \"scale_up\": \"" + scale_up_name + "\"" +
+                          ", \"fluid_flows\": " + std::to_string(rep.fluid_flows()) +
+                          ", \"fluid_groups\": " + std::to_string(rep.fluid_groups()) +
+                          ", \"fluid_recomputes\": " + std::to_string(rep.fluid_recomputes()) +
                           ", \"links\": " + std::to_string(in.links.size()) +
                           ", \"events\": " + std::to_string(events) +
                           ", \"sim_ps\": " + std::to_string(EventList::now()) +

@@ -189,7 +189,57 @@ bool Replayer::build(std::string& error) {
             return false;
         }
     }
+    if (_opt.scale_up_fluid) build_fluid_groups();
     return true;
+}
+
+// Groups are the connected components (union-find over nodes) of the links that fluid flows'
+// routes use; on an NVSwitch star that is one group per server.
+void Replayer::build_fluid_groups() {
+    std::vector<uint32_t> parent(_in.num_nodes);
+    for (uint32_t i = 0; i < _in.num_nodes; i++) parent[i] = i;
+    auto find = [&parent](uint32_t x) {
+        while (parent[x] != x) x = parent[x] = parent[parent[x]];
+        return x;
+    };
+    std::vector<char> fluid_route(_in.routes.size(), 0);
+    for (const OpSpec& o : _in.ops)
+        if (o.kind == OP_FLOW && o.scale_up && o.fwd_route >= 0) fluid_route[o.fwd_route] = 1;
+    for (size_t r = 0; r < _in.routes.size(); r++)
+        if (fluid_route[r])
+            for (uint32_t l : _in.routes[r])
+                parent[find(_in.links[l].src_node)] = find(_in.links[l].dst_node);
+    _route_group.assign(_in.routes.size(), -1);
+    std::map<uint32_t, int32_t> group_of_root;
+    for (size_t r = 0; r < _in.routes.size(); r++) {
+        if (!fluid_route[r]) continue;
+        uint32_t root = find(_in.links[_in.routes[r].front()].src_node);
+        auto it = group_of_root.find(root);
+        if (it == group_of_root.end()) {
+            it = group_of_root.emplace(root, (int32_t)_fluid.size()).first;
+            _fluid.push_back(new FluidGroup(eventlist(), this, _in, &_scratch));
+        }
+        _route_group[r] = it->second;
+    }
+    _scratch.resid.assign(_in.links.size(), 0.0);
+    _scratch.count.assign(_in.links.size(), 0);
+}
+
+uint64_t Replayer::fluid_recomputes() const {
+    uint64_t n = 0;
+    for (const FluidGroup* g : _fluid) n += g->recomputes();
+    return n;
+}
+
+void Replayer::finish_after(uint32_t op, simtime_picosec latency) {
+    if (latency == 0) {
+        _finished.push_back(op);
+        drain();
+        return;
+    }
+    simtime_picosec t = eventlist().now() + latency;
+    _timers.push(Timer(t, op));
+    eventlist().sourceIsPending(*this, t);
 }
 
 Route* Replayer::make_route(int32_t route_id, PacketSink* endpoint) const {
@@ -230,6 +280,11 @@ void Replayer::start_flow(uint32_t op) {
             _timers.push(Timer(eventlist().now() + lat, op));
             eventlist().sourceIsPending(*this, eventlist().now() + lat);
         }
+        return;
+    }
+    if (f.scale_up && _opt.scale_up_fluid) {
+        _fluid_flows++;
+        _fluid[_route_group[f.fwd_route]]->add(op, f.value, f.fwd_route);
         return;
     }
     _flows_started++;

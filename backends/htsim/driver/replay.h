@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "eventlist.h"
+#include "fluid.h"
 #include "input.h"
 #include "pipe.h"
 #include "queue.h"
@@ -34,6 +35,7 @@ struct Options {
     int64_t queue_bytes = -1;     // switch queue capacity; -1: protocol default
     uint32_t cwnd_pkts = 0;       // NDP initial window; 0: 1.5 x the route's bandwidth-delay
     uint32_t seed = 1;
+    bool scale_up_fluid = true;   // flows flagged scale_up are timed by the fluid model
 };
 
 // Walks NDP sources that are still sending, every `period`, so their retransmission timers run;
@@ -84,6 +86,8 @@ public:
     uint64_t run();
     // Called by a flow's sink when the last payload byte has arrived.
     void flow_done(uint32_t op);
+    // Called by the fluid model: flow `op` sent its last byte now; it ends `latency` ps later.
+    void finish_after(uint32_t op, simtime_picosec latency);
     void doNextEvent() override;  // compute timers
 
     const std::vector<simtime_picosec>& start_ps() const { return _start; }
@@ -91,6 +95,9 @@ public:
     uint64_t ops_done() const { return _done_count; }
     uint64_t flows_started() const { return _flows_started; }
     uint64_t flows_freed() const { return _reaper ? _reaper->reaped() : 0; }
+    uint64_t fluid_flows() const { return _fluid_flows; }
+    uint64_t fluid_groups() const { return _fluid.size(); }
+    uint64_t fluid_recomputes() const;
     // Ids of up to `limit` ops that have not ended, lowest first.
     std::vector<uint32_t> unfinished(size_t limit) const;
 
@@ -100,6 +107,7 @@ private:
     void start_flow(uint32_t op);
     Route* make_route(int32_t route_id, PacketSink* endpoint) const;
     NdpPullPacer* pacer_for(uint32_t link);
+    void build_fluid_groups();
 
     const Input& _in;
     Options _opt;
@@ -119,6 +127,11 @@ private:
     std::vector<NdpSrc*> _ndp_src;              // NDP: source of each live flow op
     NdpScanner* _scanner = nullptr;
     RoceReaper* _reaper = nullptr;
+    // Fluid scale-up: one group per connected set of scale-up links (a server), by route id.
+    std::vector<FluidGroup*> _fluid;
+    std::vector<int32_t> _route_group;  // route id -> index in _fluid, -1: not a fluid route
+    FluidScratch _scratch;
+    uint64_t _fluid_flows = 0;
 };
 
 }  // namespace xsim

@@ -18,8 +18,10 @@ from ._input import write_input
 from ._output import read_summary, read_times
 
 PROTOCOLS = ("roce", "ndp")
+SCALE_UP_MODES = ("fluid", "packet")
 KNOWN_OPTIONS = (
-    "driver", "protocol", "mtu", "queue_bytes", "cwnd_pkts", "seed", "wall_limit_s", "work_dir",
+    "driver", "protocol", "scale_up", "mtu", "queue_bytes", "cwnd_pkts", "seed", "wall_limit_s",
+    "work_dir",
 )
 
 
@@ -35,7 +37,10 @@ def _positive_int(options: Mapping[str, Any], key: str, minimum: int = 1) -> int
 class HtsimBackend(Backend):
     """Packet-level replay on htsim through the project's own C++ driver.
 
-    Options (all optional): ``protocol`` (``roce`` default, or ``ndp``), ``mtu`` (bytes, default
+    Options (all optional): ``protocol`` (``roce`` default, or ``ndp``), ``scale_up``
+    (``fluid`` default: a flow whose whole path is scale-up links is a max-min fair share of
+    those links in the driver, as in the flow and ns-3 backends; ``packet``: every flow is
+    packets), ``mtu`` (bytes, default
     9000), ``queue_bytes`` (switch queue capacity; default deep for RoCE, 15 packets for NDP),
     ``cwnd_pkts`` (NDP initial window; default 1.5x the route's bandwidth-delay product),
     ``seed`` (default 1), ``wall_limit_s`` (stop the driver after this many wall seconds),
@@ -60,6 +65,12 @@ class HtsimBackend(Backend):
             raise BackendError(
                 f"htsim: option protocol must be one of {', '.join(PROTOCOLS)} (got {protocol!r})"
             )
+        scale_up = options.get("scale_up") or "fluid"
+        if scale_up not in SCALE_UP_MODES:
+            raise BackendError(
+                f"htsim: option scale_up must be one of {', '.join(SCALE_UP_MODES)}"
+                f" (got {scale_up!r})"
+            )
         events = getattr(topology, "events", None)
         if events is not None and len(events):
             raise BackendError(
@@ -67,7 +78,7 @@ class HtsimBackend(Backend):
                 " the htsim driver does not model link changes during a run: use the flow or"
                 " ns3 backend for this plan"
             )
-        argv_opts = ["--protocol", protocol]
+        argv_opts = ["--protocol", protocol, "--scale-up", scale_up]
         for key, flag, minimum in (
             ("mtu", "--mtu", 256), ("queue_bytes", "--queue-bytes", 1),
             ("cwnd_pkts", "--cwnd-pkts", 1), ("seed", "--seed", 0),
@@ -104,6 +115,9 @@ class HtsimBackend(Backend):
             "events_per_s": ev / sim_wall if sim_wall > 0 else float("nan"),
             "protocol": protocol,
             "flows": int(summary.get("flows", 0)),
+            "scale_up": scale_up,
+            "fluid_flows": int(summary.get("fluid_flows", 0)),
+            "fluid_recomputes": int(summary.get("fluid_recomputes", 0)),
             "routes": info.routes,
             "sim_ns": int(summary.get("sim_ps", 0)) / 1000.0,
         }

@@ -2,7 +2,7 @@
 
 Format (text, one record per line, integers only, ``#`` lines ignored)::
 
-    xsim-htsim 1
+    xsim-htsim 2
     nodes <N>
     links <L>
     <src_node> <dst_node> <bps> <latency_ps> <from_gpu 0|1>      L lines, link id = line order
@@ -10,7 +10,7 @@ Format (text, one record per line, integers only, ``#`` lines ignored)::
     <hops> <link_id> ...                                          R lines, route id = line order
     ops <N_ops>
     C <duration_ps>                                              compute
-    F <bytes> <src_rank> <dst_rank> <route> <reverse_route>      flow (-1 -1: a local flow)
+    F <bytes> <src_rank> <dst_rank> <route> <reverse_route> <su>  flow (-1 -1: a local flow)
     B                                                            barrier
     succ <E>
     <k> <succ_op> ...                                            N_ops lines: successors of op i
@@ -18,7 +18,10 @@ Format (text, one record per line, integers only, ``#`` lines ignored)::
 
 Routes are the topology's own ECMP paths (``Topology.path(src, dst, op_id)`` forward and
 ``Topology.path(dst, src, op_id)`` for ACKs), deduplicated in order of first use, so htsim
-routes every flow exactly as the flow backend does. The output is a pure function of the trace
+routes every flow exactly as the flow backend does. ``su`` is 1 when every link of the flow's
+forward route has ``tier == "scale_up"`` (an intra-server NVLink/NVSwitch flow, which the driver
+times with its fluid model under ``--scale-up fluid``), else 0 (always 0 for a local flow). The
+flag depends only on the topology, so the file is the same for either scale-up mode. The output is a pure function of the trace
 and topology (byte-identical across runs) and is written atomically.
 """
 
@@ -34,7 +37,7 @@ from xsim_adapters.errors import BackendError
 from xsim_adapters.topology.model import Topology
 from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, Trace
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class InputInfo:
     ops: int
     flows: int
     edges: int
+    scale_up_flows: int  # flows flagged su=1 (remote, every forward link tier scale_up)
     bytes_written: int
 
 
@@ -139,9 +143,13 @@ def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> In
         fwd[r_idx] = f_rid
         rev[r_idx] = b_rid
     lines.append(f"routes {len(table)}")
+    scale_up_link = links["tier"].to_numpy() == "scale_up"
+    route_su = []
     for key in table:  # dicts keep insertion order: route id = position
         hops = np.frombuffer(key, dtype=np.int64)
         lines.append(f"{len(hops)} " + " ".join(map(str, hops.tolist())))
+        route_su.append(int(bool(scale_up_link[hops].all())))
+    su = [route_su[r] if r >= 0 else 0 for r in fwd.tolist()]
 
     lines.append(f"ops {n}")
     dur_ps = (ops["duration_ns"].to_numpy(dtype=np.int64) * 1000).tolist()
@@ -150,12 +158,15 @@ def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> In
     flow_pos[flow_idx] = np.arange(len(flow_idx))
     fpos = flow_pos.tolist()
     fsrc_l, fdst_l, fwd_l, rev_l = fsrc.tolist(), fdst.tolist(), fwd.tolist(), rev.tolist()
+    su_l = su
     for i, k in enumerate(kind.tolist()):
         if k == KIND_COMPUTE:
             lines.append(f"C {dur_ps[i]}")
         elif k == KIND_FLOW:
             j = fpos[i]
-            lines.append(f"F {nbytes[i]} {fsrc_l[j]} {fdst_l[j]} {fwd_l[j]} {rev_l[j]}")
+            lines.append(
+                f"F {nbytes[i]} {fsrc_l[j]} {fdst_l[j]} {fwd_l[j]} {rev_l[j]} {su_l[j]}"
+            )
         elif k == KIND_BARRIER:
             lines.append("B")
         else:
@@ -181,5 +192,5 @@ def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> In
     os.replace(tmp, path)
     return InputInfo(
         links=len(links), routes=len(table), ops=n, flows=len(flow_idx), edges=len(succ),
-        bytes_written=len(text),
+        scale_up_flows=int(sum(su)), bytes_written=len(text),
     )

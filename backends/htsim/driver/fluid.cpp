@@ -1,0 +1,110 @@
+// The fluid scale-up model (see fluid.h). Rates are in bytes per picosecond (bps / 8e12);
+// remaining bytes are doubles, so a re-solve never loses a byte to rounding, and completion
+// times are rounded up to the next picosecond (htsim's clock).
+#include "fluid.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "replay.h"
+
+namespace xsim {
+
+FluidGroup::FluidGroup(EventList& ev, Replayer* owner, const Input& in, FluidScratch* scratch)
+    : EventSource(ev, "xsim_fluid"), _owner(owner), _in(in), _s(scratch) {}
+
+void FluidGroup::add(uint32_t op, uint64_t bytes, int32_t route) {
+    advance();
+    _active.push_back(Flow{op, route, (double)bytes, 0.0});
+    resolve();
+}
+
+void FluidGroup::advance() {
+    simtime_picosec now = eventlist().now();
+    if (now > _last) {
+        double dt = (double)(now - _last);
+        for (Flow& f : _active) f.rem -= f.rate * dt;
+    }
+    _last = now;
+}
+
+void FluidGroup::doNextEvent() {
+    _armed = false;  // the handle has fired: it must not be cancelled any more
+    advance();
+    size_t keep = 0;
+    for (size_t i = 0; i < _active.size(); i++) {
+        Flow& f = _active[i];
+        // Done if the rest would take under half a picosecond (the clock's resolution).
+        if (f.rem <= f.rate * 0.5 + 1e-9) {
+            simtime_picosec lat = 0;
+            for (uint32_t l : _in.routes[f.route]) lat += _in.links[l].latency_ps;
+            _owner->finish_after(f.op, lat);  // the last byte still crosses the path
+        } else {
+            _active[keep++] = f;
+        }
+    }
+    _active.resize(keep);
+    resolve();
+}
+
+// Progressive filling (max-min fairness) over the links this group's active flows use, then
+// one timer at the earliest last byte.
+void FluidGroup::resolve() {
+    _recomputes++;
+    if (_armed) {
+        eventlist().cancelPendingSourceByHandle(*this, _handle);
+        _armed = false;
+    }
+    if (_active.empty()) return;
+    std::vector<double>& resid = _s->resid;
+    std::vector<uint32_t>& cnt = _s->count;
+    std::vector<uint32_t>& used = _s->used;
+    used.clear();
+    for (const Flow& f : _active)
+        for (uint32_t l : _in.routes[f.route]) {
+            if (cnt[l] == 0) {
+                resid[l] = (double)_in.links[l].bps / 8e12;
+                used.push_back(l);
+            }
+            cnt[l]++;
+        }
+    std::vector<char> frozen(_active.size(), 0);
+    size_t left = _active.size();
+    while (left > 0) {
+        // The bottleneck: the link with the smallest equal share for its unfrozen flows.
+        int64_t best = -1;
+        double share = 0;
+        for (uint32_t l : used)
+            if (cnt[l] > 0) {
+                double s = std::max(0.0, resid[l]) / (double)cnt[l];
+                if (best < 0 || s < share) {
+                    best = l;
+                    share = s;
+                }
+            }
+        if (best < 0) break;
+        for (size_t i = 0; i < _active.size(); i++) {
+            if (frozen[i]) continue;
+            const std::vector<uint32_t>& hops = _in.routes[_active[i].route];
+            if (std::find(hops.begin(), hops.end(), (uint32_t)best) == hops.end()) continue;
+            frozen[i] = 1;
+            left--;
+            _active[i].rate = share;
+            for (uint32_t l : hops) {
+                resid[l] -= share;
+                cnt[l]--;
+            }
+        }
+    }
+    for (uint32_t l : used) cnt[l] = 0;  // leave the scratch clean for the next group
+    double next = INFINITY;
+    for (const Flow& f : _active)
+        if (f.rate > 0) next = std::min(next, std::max(0.0, f.rem) / f.rate);
+    if (std::isfinite(next)) {
+        simtime_picosec dt = std::max<simtime_picosec>(1, (simtime_picosec)std::ceil(next - 1e-6));
+        _handle = eventlist().sourceIsPendingGetHandle(*this, eventlist().now() + dt);
+        _armed = true;
+    }
+}
+
+}  // namespace xsim

@@ -1,0 +1,58 @@
+// The fluid scale-up model: flows whose whole path is scale-up (NVLink/NVSwitch) links are not
+// packetized but timed as a max-min fair share of those links, as in the flow backend and the
+// ns-3 backend's scale_up=fluid. Each connected group of such links (one server's NVSwitch star)
+// is an htsim EventSource with its own completion timer, so a flow starting or ending in one
+// server re-solves the rates of that server's fluid flows only.
+#ifndef XSIM_HTSIM_FLUID_H
+#define XSIM_HTSIM_FLUID_H
+
+#include <cstdint>
+#include <vector>
+
+#include "eventlist.h"
+#include "input.h"
+
+namespace xsim {
+
+class Replayer;
+
+// Scratch space shared by all groups (indexed by link id) so a re-solve touches only the links
+// its own flows use.
+struct FluidScratch {
+    std::vector<double> resid;    // bytes/ps left on a link during progressive filling
+    std::vector<uint32_t> count;  // unfrozen flows crossing a link
+    std::vector<uint32_t> used;   // links touched by this re-solve
+};
+
+class FluidGroup : public EventSource {
+public:
+    FluidGroup(EventList& ev, Replayer* owner, const Input& in, FluidScratch* scratch);
+    // Start flow `op` of `bytes` bytes over route `route` now.
+    void add(uint32_t op, uint64_t bytes, int32_t route);
+    // The earliest last-byte time: called by htsim's event list.
+    void doNextEvent() override;
+    uint64_t recomputes() const { return _recomputes; }
+
+private:
+    struct Flow {
+        uint32_t op;
+        int32_t route;
+        double rem;   // bytes not yet sent
+        double rate;  // bytes per picosecond
+    };
+    void advance();
+    void resolve();
+
+    Replayer* _owner;
+    const Input& _in;
+    FluidScratch* _s;
+    std::vector<Flow> _active;
+    simtime_picosec _last = 0;
+    EventList::Handle _handle;
+    bool _armed = false;
+    uint64_t _recomputes = 0;
+};
+
+}  // namespace xsim
+
+#endif
