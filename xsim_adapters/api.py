@@ -50,26 +50,15 @@ def build_topology(plan: Plan) -> Topology:
     return _build(plan)
 
 
-def plan_yaml(plan: Plan) -> str:
-    """``plan`` as YAML text that :func:`load_plan` reads back to an equal plan."""
-    import yaml
-
-    from .plan import plan_to_dict
-
-    return yaml.safe_dump(plan_to_dict(plan), sort_keys=False)
-
-
 def write_trace(trace: Trace, directory: str | Path, plan: Plan | None = None) -> Path:
-    """Write ``trace`` to ``directory`` atomically; with ``plan``, also ``plan.yaml`` beside it
-    so the trace can be replayed later (the topology is rebuilt from that plan)."""
-    from .report._atomic import write_text_atomic
+    """Write ``trace`` to ``directory`` atomically; with ``plan``, also ``plan.yaml`` inside it
+    (written with the trace, in the same rename) so the trace can be replayed later: the
+    topology is rebuilt from that plan."""
+    from .plan import plan_to_yaml
     from .trace import write_trace as _write_trace
 
-    directory = Path(directory)
-    _write_trace(trace, directory)
-    if plan is not None:
-        write_text_atomic(directory / PLAN_FILE, plan_yaml(plan))
-    return directory
+    extra = {PLAN_FILE: plan_to_yaml(plan)} if plan is not None else None
+    return _write_trace(trace, Path(directory), extra_files=extra)
 
 
 def read_trace(directory: str | Path) -> Trace:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 from typing import Any
 
 import yaml
 
+from .._atomic import write_text_atomic
 from .model import Plan
 
 
@@ -70,14 +70,4 @@ def plan_to_yaml(plan: Plan) -> str:
 
 def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
     """Write :func:`plan_to_yaml` to ``path`` atomically (temporary file, then rename)."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".yaml.tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(plan_to_yaml(plan))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(path, plan_to_yaml(plan))

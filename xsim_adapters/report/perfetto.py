@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .._atomic import write_text_atomic
 from ..metrics.intervals import union_blocks
 from ..trace.schema import COMM_PHASES, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
-from ._atomic import write_text_atomic
 
 LANES = ("compute", *COMM_PHASES)
 LANE_STRIDE = 8

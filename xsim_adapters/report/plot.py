@@ -18,9 +18,9 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from .._atomic import write_atomic
 from ..metrics.intervals import union_blocks
 from ..trace.schema import COMM_PHASES, COMPUTE_PHASES, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
-from ._atomic import write_atomic
 
 MAX_RANK_ROWS = 64
 PHASE_COLORS = {

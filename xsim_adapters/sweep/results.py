@@ -62,7 +62,7 @@ def build_frame(variants: Sequence[Variant], rows: Sequence[dict[str, Any]]) -> 
 def write_sweep(out: str | Path, frame: pd.DataFrame, spec_text: str | None = None) -> Path:
     """Write ``OUT/sweep.csv``, ``OUT/sweep.parquet`` and (given) ``OUT/sweep.yaml`` (the
     resolved sweep: base plan, axes, backend), each atomically."""
-    from ..report._atomic import write_atomic, write_text_atomic
+    from .._atomic import write_atomic, write_text_atomic
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

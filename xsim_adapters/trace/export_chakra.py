@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from .._atomic import write_text_atomic
 from .export_goal import RankProgram, num_ranks_of, rank_programs
 from .schema import Trace
 
@@ -69,13 +69,5 @@ def export_chakra(
     for r, nodes in chakra_nodes(trace).items():
         target = root / f"{prefix}.{r}.json"
         doc = {"schema": SCHEMA, "rank": r, "num_ranks": num_ranks_of(trace, {}), "nodes": nodes}
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=root)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(doc, f, separators=(",", ":"))
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        paths.append(target)
+        paths.append(write_text_atomic(target, json.dumps(doc, separators=(",", ":"))))
     return paths

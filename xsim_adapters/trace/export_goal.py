@@ -13,13 +13,13 @@ its receipt. Calc times are in ns. The file is written atomically.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from .._atomic import write_text_atomic
 from .schema import KIND_FLOW, Trace
 
 NOTIFY_TAG_BASE = 1 << 40  # notification tags, above every op id
@@ -111,14 +111,4 @@ def goal_lines(trace: Trace) -> list[str]:
 
 def export_goal(trace: Trace, path: str | os.PathLike[str]) -> Path:
     """Write ``trace`` as a GOAL text file at ``path`` (atomically); returns the path."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write("\n".join(goal_lines(trace)) + "\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return write_text_atomic(path, "\n".join(goal_lines(trace)) + "\n")
