@@ -1,12 +1,16 @@
 """Benchmark of the htsim backend: wall time and iteration time against ns-3 and flow.
 
-    python benchmarks/bench_htsim.py                      # every plan in workloads/
+    python benchmarks/bench_htsim.py                      # every plan in workloads/ <= 16 GPUs
     python benchmarks/bench_htsim.py --plans a.yaml b.yaml --backends htsim,flow
+    python benchmarks/bench_htsim.py --plans workloads/llama2-70b-1024gpu.yaml --backends htsim
     python benchmarks/bench_htsim.py --synthetic 16,64,128  # ring all-reduce scaling, no plans
 
-For each plan: GPUs, ops, flows, then per backend the wall seconds and the iteration time
-(makespan, ms); the htsim/ns-3 speed ratio (goal: htsim >= 20x faster); and, with
-``--limit-s`` (default 600), the largest plan htsim replays within that wall time.
+Like for like: htsim with ``scale_up=fluid`` (default; ``--scale-up packet`` for all packets),
+ns-3 with ``transport=udp``, MTU 9000 and ``scale_up=fluid`` (ns-3's default). For each plan:
+GPUs, ops, flows, then per backend the wall seconds and the iteration time (makespan, ms); the
+ns-3/htsim wall ratio (goal: htsim >= 20x faster); and, with ``--limit-s`` (default 600), the
+largest plan htsim replays within that wall time. ``--max-gpus`` (default 16) skips bigger
+plans from workloads/ (plans named with ``--plans`` always run).
 Needs the driver (XSIM_HTSIM_DRIVER, PATH or the in-tree build) and, for ns-3, xsim_ns3.
 """
 
@@ -104,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plans", nargs="*", help="plan files (default: workloads/*.yaml)")
     ap.add_argument("--backends", default="htsim,ns3,flow")
     ap.add_argument("--protocol", default="roce", choices=["roce", "ndp"])
+    ap.add_argument("--scale-up", default="fluid", choices=["fluid", "packet"])
+    ap.add_argument("--max-gpus", type=int, default=16, help="skip bigger workloads/ plans")
     ap.add_argument("--limit-s", type=float, default=600.0, help="wall limit per htsim run")
     ap.add_argument("--ns3-limit-s", type=float, default=1800.0, help="wall limit per ns-3 run")
     ap.add_argument("--synthetic", help="comma-separated GPU counts for a ring all-reduce")
@@ -124,19 +130,27 @@ def main(argv: list[str] | None = None) -> int:
             return generate(plan), build_topology(plan)
 
         for p in a.plans or sorted(glob.glob(str(REPO / "workloads" / "*.yaml"))):
+            if not a.plans and load_plan(p).num_ranks > a.max_gpus:
+                print(f"{Path(p).stem}: more than {a.max_gpus} GPUs, skipped", file=sys.stderr)
+                continue
             cases.append((Path(p).stem, lambda p=p: plan_case(p)))
 
     rows = []
     for label, make in cases:
+        t0 = time.perf_counter()
         trace, topo = make()
+        print(f"{label:28s} trace+topology {time.perf_counter() - t0:.1f} s", file=sys.stderr,
+              flush=True)
         row = {"case": label, "gpus": topo.num_ranks, "ops": trace.num_ops,
                "flows": int((trace.ops["kind"] == KIND_FLOW).sum())}
         for name in names:
             opts: dict = {}
             if name == "htsim":
-                opts = {"protocol": a.protocol, "wall_limit_s": a.limit_s}
+                opts = {"protocol": a.protocol, "scale_up": a.scale_up,
+                        "wall_limit_s": a.limit_s}
             elif name == "ns3":
-                opts = {"wall_limit_s": a.ns3_limit_s}
+                opts = {"transport": "udp", "mtu": 9000, "scale_up": "fluid",
+                        "wall_limit_s": a.ns3_limit_s}
             wall, ms, note = timed(name, trace, topo, opts)
             row[f"{name}_wall_s"] = round(wall, 3)
             row[f"{name}_iter_ms"] = round(ms, 4)
