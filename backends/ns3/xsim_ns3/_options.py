@@ -31,6 +31,9 @@ class Ns3Options:
     ``device_queue_packets``: the device's own small FIFO under the queue disc.
     ``socket_buffer_bytes``: TCP send/receive buffer (0: twice the largest path's
     bandwidth-delay product, at least 1 MiB). ``min_rto_us``: TCP minimum RTO (µs).
+    ``del_ack_timeout_us``: the receiver's delayed-ACK timer (µs); it must stay below
+    ``min_rto_us``, else the odd last segment of a burst is ACKed only after the sender's
+    retransmission timer fired (ns-3's default timer is 200 ms, see docs/ns3.md).
     ``wall_limit_s``: wall-clock limit of one replay (s). ``sim_limit_ns``: stop the simulator
     at this simulated time (0: none); ops unfinished by then make the run fail.
     """
@@ -45,6 +48,7 @@ class Ns3Options:
     socket_buffer_bytes: int = 0
     min_rto_us: int = 1000
     del_ack_count: int = 2
+    del_ack_timeout_us: int = 10
     wall_limit_s: float = 1800.0
     sim_limit_ns: float = 0.0
     seed: int = 1
@@ -85,10 +89,18 @@ def parse_options(options: Mapping[str, Any] | None) -> Ns3Options:
         v = getattr(o, name)
         if not isinstance(v, int) or not 576 <= v <= MAX_P2P_MTU:
             raise BackendError(f"ns3: option {name} must be an integer in [576, 65535] (got {v!r})")
-    for name in ("queue_packets", "device_queue_packets", "min_rto_us", "del_ack_count"):
+    for name in ("queue_packets", "device_queue_packets", "min_rto_us", "del_ack_count",
+                 "del_ack_timeout_us"):
         v = getattr(o, name)
         if not isinstance(v, int) or v < 1:
             raise BackendError(f"ns3: option {name} must be a positive integer (got {v!r})")
+    if o.del_ack_timeout_us >= o.min_rto_us:
+        # A delayed ACK that outlasts the RTO makes every burst ending in an odd segment time
+        # out spuriously; with cwnd reset to one segment that repeats once per RTO.
+        raise BackendError(
+            f"ns3: option del_ack_timeout_us must be below min_rto_us={o.min_rto_us}"
+            f" (got {o.del_ack_timeout_us!r})"
+        )
     if o.ecn_k_packets <= 0 or o.ecn_k_packets >= o.queue_packets:
         raise BackendError(
             f"ns3: option ecn_k_packets must be in (0, queue_packets={o.queue_packets})"

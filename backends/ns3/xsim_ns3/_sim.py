@@ -46,7 +46,8 @@ def replay(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> tuple[np.ndar
 
     t_build = time.perf_counter()
     xsim.Configure(transport, int(meta["socket_buffer_bytes"]), int(opts["min_rto_us"]),
-                   int(opts["seed"]), int(opts["del_ack_count"]))
+                   int(opts["seed"]), int(opts["del_ack_count"]),
+                   int(opts["del_ack_timeout_us"]))
     xsim.CreateNodes(int(meta["num_nodes"]))
     eng = xsim.Engine()
     qdisc = 0 if opts["transport"] == "dctcp" else 1
@@ -99,6 +100,8 @@ def replay(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> tuple[np.ndar
         "events_per_s": events / run_s if run_s > 0 else 0.0,
         "packets_received": int(eng.PacketsReceived()),
         "fluid_recomputes": int(eng.fluidRecomputes),
+        "tcp_timeouts": int(eng.TcpTimeouts()),
+        "queue_drops": int(eng.queueDrops),
         "sim_time_ns": sim_now,
         "engine_error": str(eng.error),
         "ops_done": int(eng.done),

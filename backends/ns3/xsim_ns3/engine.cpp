@@ -43,6 +43,7 @@ class Conn {
     bool connected = false;
     uint64_t enq = 0, sent = 0, recvd = 0;
     uint64_t packetsRx = 0;
+    uint64_t timeouts = 0;  // retransmission timeouts (entries into CA_LOSS)
     std::deque<std::pair<int64_t, uint64_t>> flows;  // (op id, cumulative end offset)
     double paceNextNs = 0;
     bool paceScheduled = false;
@@ -60,6 +61,9 @@ class Conn {
     }
     void OnRecv(Ptr<Socket> s);
     void PaceTick();
+    void OnCongState(TcpSocketState::TcpCongState_t from, TcpSocketState::TcpCongState_t to) {
+        if (to == TcpSocketState::CA_LOSS) ++timeouts;
+    }
 };
 
 class Engine {
@@ -84,7 +88,10 @@ class Engine {
     double lastNs = 0;
     EventId fluidEv;
     uint64_t fluidRecomputes = 0;
+    uint64_t queueDrops = 0;  // packets dropped by queue discs (overflow or RED forced drop)
     std::string error;
+
+    void OnQueueDrop(Ptr<const QueueDiscItem> item) { ++queueDrops; }
 
     // ---------- set-up ----------
     void LoadDag(int64_t nops, const int64_t* k, const int64_t* d, const int64_t* b,
@@ -145,7 +152,9 @@ class Engine {
                     "ns3::FifoQueueDisc", "MaxSize",
                     QueueSizeValue(QueueSize(QueueSizeUnit::PACKETS, queuePkts)));
             }
-            tch.Install(devs.Get(side));
+            QueueDiscContainer qd = tch.Install(devs.Get(side));
+            qd.Get(0)->TraceConnectWithoutContext("Drop",
+                                                  MakeCallback(&Engine::OnQueueDrop, this));
         }
         Ipv4AddressHelper addr;
         uint32_t net = 0x0A000000u + uint32_t(cables.size()) * 4u;  // 10.0.0.0 + /30 per cable
@@ -366,6 +375,11 @@ class Engine {
     void Results(double* start, double* end) const {
         for (int64_t i = 0; i < n; ++i) { start[i] = t0[i]; end[i] = t1[i]; }
     }
+    uint64_t TcpTimeouts() const {
+        uint64_t t = 0;
+        for (const Conn* c : conns) t += c->timeouts;
+        return t;
+    }
     uint64_t PacketsReceived() const {
         uint64_t p = 0;
         for (const Conn* c : conns) p += c->packetsRx;
@@ -400,6 +414,7 @@ void Conn::Open() {
     tx->SetConnectCallback(MakeCallback(&Conn::OnConnect, this),
                            MakeCallback(&Conn::OnConnectFail, this));
     tx->SetSendCallback(MakeCallback(&Conn::OnSend, this));
+    tx->TraceConnectWithoutContext("CongState", MakeCallback(&Conn::OnCongState, this));
     tx->Connect(InetSocketAddress(dstAddr, port));
 }
 
@@ -468,7 +483,7 @@ void Conn::OnRecv(Ptr<Socket> s) {
 
 // Transport defaults; must run before the internet stack is installed.
 void Configure(int transport, uint32_t socketBuffer, int64_t minRtoUs,
-               uint32_t seed, uint32_t delAckCount) {
+               uint32_t seed, uint32_t delAckCount, int64_t delAckTimeoutUs) {
     RngSeedManager::SetSeed(seed);
     RngSeedManager::SetRun(1);
     std::string tcpType = transport == DCTCP ? "ns3::TcpDctcp" : "ns3::TcpNewReno";
@@ -477,6 +492,11 @@ void Configure(int transport, uint32_t socketBuffer, int64_t minRtoUs,
     Config::SetDefault("ns3::TcpSocket::SndBufSize", UintegerValue(socketBuffer));
     Config::SetDefault("ns3::TcpSocket::RcvBufSize", UintegerValue(socketBuffer));
     Config::SetDefault("ns3::TcpSocket::DelAckCount", UintegerValue(delAckCount));
+    // ns-3's default delayed-ACK timer is 200 ms, 200x the 1 ms minimum RTO: a burst ending in
+    // an odd segment (DelAckCount 2) followed by idle time then times out spuriously, the
+    // window falls to one segment, and each later lone segment again waits for the RTO (one
+    // segment per RTO: the reshard plan's 2 MiB flows took up to 442 ms). Keep it below the RTO.
+    Config::SetDefault("ns3::TcpSocket::DelAckTimeout", TimeValue(MicroSeconds(delAckTimeoutUs)));
     Config::SetDefault("ns3::TcpSocketBase::MinRto", TimeValue(MicroSeconds(minRtoUs)));
     Config::SetDefault("ns3::TcpSocketBase::ClockGranularity", TimeValue(MicroSeconds(1)));
 }
