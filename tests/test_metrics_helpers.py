@@ -13,83 +13,36 @@ import numpy as np
 import pandas as pd
 
 from xsim_adapters.backends.base import Timeline
+from xsim_adapters.trace import handmade
 from xsim_adapters.trace.schema import (
-    COLLECTIVE_COLUMNS,
-    DEP_COLUMNS,
     KIND_BARRIER,
-    KIND_COMPUTE,
     KIND_FLOW,
-    OP_COLUMNS,
-    PHASE_INDEX,
     Trace,
 )
 
 
-class TraceBuilder:
+class TraceBuilder(handmade.TraceBuilder):
+    """The metrics tests' call style: phase positional, then replica / stage / micro-batch."""
+
     def __init__(self, ranks: list[tuple[str, str]], peak_tflops: dict[str, float] | None = None,
                  tokens_per_iteration: int = 4096) -> None:
         """``ranks``: (group, device_type) per global rank."""
-        self.ranks = ranks
-        self.rows: list[dict] = []
-        self.edges: list[tuple[int, int]] = []
-        self.colls: list[dict] = []
-        self.peak = peak_tflops or {t: 100.0 for _, t in ranks}
-        self.tokens = tokens_per_iteration
+        super().__init__(ranks, peak_tflops=peak_tflops, tokens_per_iteration=tokens_per_iteration)
 
-    def _add(self, **kw) -> int:
-        op = len(self.rows)
-        row = {"op_id": op, "kind": KIND_COMPUTE, "rank": -1, "dst": -1, "bytes": 0,
-               "duration_ns": 0, "flops": 0.0, "phase": 0, "replica": -1, "stage": -1,
-               "microbatch": -1, "layer_start": -1, "layer_stop": -1, "collective": -1,
-               "step": -1, "channel": -1}
-        row.update(kw)
-        self.rows.append(row)
-        return op
+    def compute(self, rank: int, dur: int, phase: str, replica: int = 0,  # type: ignore[override]
+                stage: int = 0, mb: int = -1, deps: tuple[int, ...] = (),
+                flops: float = 0.0) -> int:
+        return super().compute(rank, dur, phase=phase, deps=deps, replica=replica, stage=stage,
+                               microbatch=mb, flops=flops)
 
-    def compute(self, rank: int, dur: int, phase: str, replica: int = 0, stage: int = 0,
-                mb: int = -1, deps: tuple[int, ...] = (), flops: float = 0.0) -> int:
-        op = self._add(kind=KIND_COMPUTE, rank=rank, duration_ns=dur, phase=PHASE_INDEX[phase],
-                       replica=replica, stage=stage, microbatch=mb, flops=flops)
-        self.dep(deps, op)
-        return op
+    def flow(self, src: int, dst: int, nbytes: int, phase: str,  # type: ignore[override]
+             deps: tuple[int, ...] = (), collective: int = -1, step: int = -1,
+             replica: int = -1, stage: int = -1) -> int:
+        return super().flow(src, dst, nbytes, phase=phase, deps=deps, collective=collective,
+                            step=step, replica=replica, stage=stage)
 
-    def flow(self, src: int, dst: int, nbytes: int, phase: str, deps: tuple[int, ...] = (),
-             collective: int = -1, step: int = -1, replica: int = -1, stage: int = -1) -> int:
-        op = self._add(kind=KIND_FLOW, rank=src, dst=dst, bytes=nbytes, phase=PHASE_INDEX[phase],
-                       collective=collective, step=step, replica=replica, stage=stage)
-        self.dep(deps, op)
-        return op
-
-    def barrier(self, deps: tuple[int, ...], phase: str = "dp") -> int:
-        op = self._add(kind=KIND_BARRIER, phase=PHASE_INDEX[phase])
-        self.dep(deps, op)
-        return op
-
-    def dep(self, preds, succ: int) -> None:
-        for p in preds:
-            self.edges.append((p, succ))
-
-    def collective(self, cid: int, kind: str, phase: str, ranks: list[int], nbytes: int) -> None:
-        self.colls.append({"collective": cid, "kind": kind, "phase": PHASE_INDEX[phase],
-                           "bytes": nbytes, "ranks": ",".join(map(str, ranks)),
-                           "algorithm": "ring", "channels": 1, "sync_group": -1,
-                           "layer_start": -1, "layer_stop": -1, "chunk": -1})
-
-    def build(self, replicas: list[dict] | None = None) -> Trace:
-        ops = pd.DataFrame(self.rows, columns=list(OP_COLUMNS)).astype(OP_COLUMNS)
-        deps = pd.DataFrame(self.edges, columns=["pred", "succ"]).astype(DEP_COLUMNS)
-        colls = pd.DataFrame(self.colls, columns=list(COLLECTIVE_COLUMNS)).astype(
-            COLLECTIVE_COLUMNS)
-        manifest = {
-            "schema_version": 1, "plan_name": "handmade", "plan_digest": "0" * 16,
-            "ranks": [{"rank": r, "group": g, "node": r, "device_type": t, "local": 0}
-                      for r, (g, t) in enumerate(self.ranks)],
-            "device_types": {t: {"peak_tflops": p} for t, p in self.peak.items()},
-            "workload": {"tokens_per_iteration": self.tokens, "replicas": replicas or []},
-            "num_ops": len(ops), "num_deps": len(deps),
-            "groups": sorted({g for g, _ in self.ranks}),
-        }
-        return Trace(ops=ops, deps=deps, collectives=colls, manifest=manifest)
+    def barrier(self, deps: tuple[int, ...], phase: str = "dp") -> int:  # type: ignore[override]
+        return super().barrier(phase=phase, deps=deps)
 
 
 def asap_timeline(trace: Trace, gbps: float = 8.0, backend: str = "asap") -> Timeline:
@@ -175,20 +128,8 @@ def one_f_one_b(p: int, m: int, f: int, b: int, act_bytes: int = 0,
 
 def ring_all_reduce(tb: TraceBuilder, cid: int, ranks: list[int], nbytes: int,
                     ready: dict[int, int], phase: str = "dp") -> list[int]:
-    """Ring all-reduce as 2(n-1) steps of flows; rank r's step-0 flow waits on ``ready[r]``.
+    """Ring all-reduce (collective ``cid``); rank r's step-0 flow waits on ``ready[r]``.
 
     Returns the last op each rank receives (in ring order)."""
-    n = len(ranks)
     tb.collective(cid, "all_reduce", phase, ranks, nbytes)
-    chunk = nbytes // n
-    prev_recv: dict[int, int] = {}
-    prev_send: dict[int, int] = {}
-    for step in range(2 * (n - 1)):
-        sent = {}
-        for i, r in enumerate(ranks):
-            d = ranks[(i + 1) % n]
-            deps = [ready[r]] if step == 0 else [prev_send[r], prev_recv[r]]
-            sent[r] = tb.flow(r, d, chunk, phase, tuple(deps), collective=cid, step=step)
-        prev_send = sent
-        prev_recv = {ranks[(i + 1) % n]: sent[r] for i, r in enumerate(ranks)}
-    return [prev_recv[r] for r in ranks]
+    return handmade.ring_all_reduce(tb, ranks, nbytes, ready=ready, phase=phase, collective=cid)

@@ -1,5 +1,6 @@
 """The trace: schema (in memory) and its directory form on disk."""
 
+from .handmade import TraceBuilder, ring_all_reduce
 from .io import SUPPORTED_SCHEMA_VERSIONS, read_trace, write_trace
 from .schema import (
     COLLECTIVE_COLUMNS,
@@ -35,7 +36,9 @@ __all__ = [
     "SCHEMA_VERSION",
     "SUPPORTED_SCHEMA_VERSIONS",
     "Trace",
+    "TraceBuilder",
     "empty_ops",
     "read_trace",
+    "ring_all_reduce",
     "write_trace",
 ]
