@@ -216,7 +216,7 @@ def test_wall_limit_stops_the_driver(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("opts", "msg"), [
-    ({"protocol": "tcp"}, "htsim: option protocol must be one of roce, ndp (got 'tcp')"),
+    ({"protocol": "tcp"}, "htsim: option protocol must be one of roce, ndp, eqds (got 'tcp')"),
     ({"mtu": 100}, "htsim: option mtu must be an integer >= 256 (got 100)"),
     ({"scale_up": "nvlink"},
      "htsim: option scale_up must be one of fluid, packet (got 'nvlink')"),

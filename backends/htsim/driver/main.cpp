@@ -1,7 +1,7 @@
 // xsim-htsim: replay an xsim-adapters trace on htsim.
 //
 //   xsim-htsim INPUT --out TIMES.csv --summary SUMMARY.json
-//              [--protocol roce|ndp] [--mtu BYTES] [--queue-bytes BYTES] [--cwnd-pkts N] [--seed N]
+//              [--protocol roce|ndp|eqds] [--mtu BYTES] [--queue-bytes BYTES] [--cwnd-pkts N] [--seed N]
 //              [--scale-up fluid|packet]
 //
 // Writes TIMES.csv (op_id,start_ps,end_ps; one line per op, in op order) and SUMMARY.json only
@@ -16,7 +16,10 @@
 #include <iostream>
 #include <string>
 
+#include <algorithm>
+
 #include "config.h"
+#include "eqds.h"
 #include "eventlist.h"
 #include "input.h"
 #include "network.h"
@@ -35,7 +38,7 @@ namespace {
 }
 
 const char* USAGE =
-    "usage: xsim-htsim INPUT --out TIMES.csv --summary SUMMARY.json [--protocol roce|ndp]"
+    "usage: xsim-htsim INPUT --out TIMES.csv --summary SUMMARY.json [--protocol roce|ndp|eqds]"
     " [--mtu BYTES] [--queue-bytes BYTES] [--cwnd-pkts N] [--seed N]"
     " [--scale-up fluid|packet]";
 
@@ -80,7 +83,8 @@ int main(int argc, char** argv) {
             proto_name = argv[++i];
             if (proto_name == "roce") opt.protocol = xsim::PROTO_ROCE;
             else if (proto_name == "ndp") opt.protocol = xsim::PROTO_NDP;
-            else fail(2, "unknown protocol '" + proto_name + "' (this driver has roce, ndp)");
+            else if (proto_name == "eqds") opt.protocol = xsim::PROTO_EQDS;
+            else fail(2, "unknown protocol '" + proto_name + "' (this driver has roce, ndp, eqds)");
         } else if (a == "--mtu") {
             opt.mtu = (uint32_t)parse_uint("--mtu", argv[++i]);
             if (opt.mtu < 256) fail(2, "--mtu must be at least 256 bytes");
@@ -121,6 +125,21 @@ int main(int argc, char** argv) {
     NdpSrc::setMinRTO(50000);  // as htsim's own NDP driver: no spurious retransmits
     NdpSrc::setRouteStrategy(SINGLE_PATH);
     NdpSink::setRouteStrategy(SINGLE_PATH);
+    if (opt.protocol == xsim::PROTO_EQDS) {
+        // EqdsSrc's constructor takes its MTU from Packet; the pull pacers need it before any
+        // source exists. RTO as htsim's main_eqds: 150 us plus six queues' drain time at the
+        // slowest link.
+        EqdsSrc::_mtu = (uint16_t)opt.mtu;
+        EqdsSrc::_mss = (uint16_t)(opt.mtu - EqdsSrc::_hdr_size);
+        uint64_t slowest = UINT64_MAX;
+        for (const xsim::LinkSpec& l : in.links) slowest = std::min(slowest, l.bps);
+        int64_t q = opt.queue_bytes >= 0 ? opt.queue_bytes : (int64_t)15 * opt.mtu;
+        double drain_us = in.links.empty() ? 0.0 : q * 6.0 * 8 * 1e6 / (double)slowest;
+        EqdsSrc::_min_rto = timeFromUs(150.0 + drain_us);
+        // The pull pacer sends one pull per MTU time; htsim's default credit per pull is 4 KiB
+        // (for its 4 KiB MSS), which would cap a 9000-byte-MTU flow at ~45% of line rate.
+        EqdsSink::_credit_per_pull = EqdsBasePacket::quantize_ceil(opt.mtu);
+    }
 
     EventList& ev = EventList::getTheEventList();
     xsim::Replayer rep(ev, in, opt);

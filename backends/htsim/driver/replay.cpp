@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "compositequeue.h"
+#include "eqds.h"
 #include "ndp.h"
 #include "roce.h"
 
@@ -50,6 +51,38 @@ private:
     uint64_t _bytes;
     bool _fired = false;
 };
+
+// The same for EQDS. EQDS sequence numbers count packets (each carries EqdsSrc::_mss payload
+// bytes, the last one less; an RTS probe after a timeout also takes a number), so the flow is
+// complete once the cumulative ACK covers ceil(bytes / mss) data packets.
+class EqdsFlowSink : public EqdsSink {
+public:
+    EqdsFlowSink(EqdsPullPacer* pacer, EqdsNIC& nic, Replayer* r, uint32_t op, uint64_t bytes)
+        : EqdsSink(nullptr, pacer, nic), _r(r), _op(op), _bytes(bytes) {}
+    void receivePacket(Packet& pkt) override {
+        EqdsSink::receivePacket(pkt);
+        if (_fired) return;
+        uint64_t cum = cumulative_ack();
+        uint64_t rts = getSrc()->_rts_packets_sent;
+        if (cum > rts && (cum - rts) * (uint64_t)EqdsSrc::_mss >= _bytes) {
+            _fired = true;
+            _r->flow_done(_op);
+        }
+    }
+private:
+    Replayer* _r;
+    uint32_t _op;
+    uint64_t _bytes;
+    bool _fired = false;
+};
+
+// htsim's EqdsSrc constructor leaves its flow-event logger pointer uninitialized and
+// dereferences it when non-null; giving every source this no-op logger makes that defined.
+class NullFlowLogger final : public FlowEventLogger {
+public:
+    void logEvent(PacketFlow&, Logged&, FlowEvent, mem_b, uint64_t) override {}
+};
+NullFlowLogger null_flow_logger;
 
 }  // namespace
 
@@ -147,6 +180,7 @@ bool Replayer::build(std::string& error) {
     if (qbytes < 0) {
         // RoCE has no congestion control here: deep buffers stand in for a lossless (PFC)
         // fabric. NDP trims, so it wants shallow switch queues (htsim's default, 15 packets).
+        // EQDS trims too (htsim's main_eqds uses composite queues).
         qbytes = _opt.protocol == PROTO_ROCE ? ((int64_t)1 << 36) : (int64_t)15 * _opt.mtu;
     }
     if (qbytes < (int64_t)_opt.mtu) {
@@ -158,7 +192,7 @@ bool Replayer::build(std::string& error) {
     for (size_t i = 0; i < _in.links.size(); i++) {
         const LinkSpec& l = _in.links[i];
         BaseQueue* q;
-        if (_opt.protocol == PROTO_NDP) {
+        if (_opt.protocol == PROTO_NDP || _opt.protocol == PROTO_EQDS) {
             if (l.from_host)
                 q = new PriorityQueue(l.bps, host_bytes, eventlist(), nullptr);
             else
@@ -263,6 +297,57 @@ NdpPullPacer* Replayer::pacer_for(uint32_t link) {
     return p;
 }
 
+EqdsPullPacer* Replayer::eqds_pacer_for(uint32_t link) {
+    auto it = _eqds_pacers.find(link);
+    if (it != _eqds_pacers.end()) return it->second;
+    EqdsPullPacer* p = new EqdsPullPacer(_in.links[link].bps, 0.99, EqdsSrc::_mtu, eventlist());
+    _eqds_pacers[link] = p;
+    return p;
+}
+
+EqdsNIC* Replayer::eqds_nic_for(uint32_t link) {
+    // One NIC per sending link: it round-robins that link among the GPU's sources and the
+    // control packets (pulls, ACKs) of the flows the GPU receives.
+    auto it = _eqds_nics.find(link);
+    if (it != _eqds_nics.end()) return it->second;
+    EqdsNIC* n = new EqdsNIC(eventlist(), _in.links[link].bps);
+    _eqds_nics[link] = n;
+    return n;
+}
+
+uint32_t Replayer::initial_cwnd(const OpSpec& f) const {
+    if (_opt.cwnd_pkts != 0) return _opt.cwnd_pkts;
+    // 1.5 x the bandwidth-delay product of this route (bottleneck rate, both ways).
+    uint64_t rate = UINT64_MAX;
+    simtime_picosec rtt = 0;
+    for (uint32_t l : _in.routes[f.fwd_route]) {
+        rate = std::min(rate, _in.links[l].bps);
+        rtt += _in.links[l].latency_ps;
+    }
+    for (uint32_t l : _in.routes[f.rev_route]) rtt += _in.links[l].latency_ps;
+    double bdp_pkts = (double)rate * ((double)rtt * 1e-12) / 8.0 / _opt.mtu;
+    return std::max<uint32_t>(4, (uint32_t)std::ceil(1.5 * bdp_pkts) + 2);
+}
+
+void Replayer::start_eqds_flow(uint32_t op) {
+    const OpSpec& f = _in.ops[op];
+    const std::vector<uint32_t>& fwd = _in.routes[f.fwd_route];
+    const std::vector<uint32_t>& rev = _in.routes[f.rev_route];
+    EqdsSrc* src = new EqdsSrc(nullptr, eventlist(), *eqds_nic_for(fwd.front()));
+    src->logFlowEvents(null_flow_logger);
+    src->setCwnd((mem_b)initial_cwnd(f) * Packet::data_packet_size());
+    src->setDst(f.dst_rank);
+    src->setFlowsize(f.value);
+    EqdsFlowSink* snk = new EqdsFlowSink(eqds_pacer_for(fwd.back()), *eqds_nic_for(rev.front()),
+                                         this, op, f.value);
+    snk->setSrc(f.src_rank);
+    Route* out = make_route(f.fwd_route, snk);
+    Route* back = make_route(f.rev_route, src);
+    out->set_reverse(back);
+    back->set_reverse(out);
+    src->connect(*out, *back, *snk, eventlist().now());
+}
+
 void Replayer::start_flow(uint32_t op) {
     const OpSpec& f = _in.ops[op];
     if (f.fwd_route < 0) {
@@ -288,6 +373,10 @@ void Replayer::start_flow(uint32_t op) {
         return;
     }
     _flows_started++;
+    if (_opt.protocol == PROTO_EQDS) {
+        start_eqds_flow(op);
+        return;
+    }
     const std::vector<uint32_t>& fwd = _in.routes[f.fwd_route];
     simtime_picosec now = eventlist().now();
     if (_opt.protocol == PROTO_ROCE) {
@@ -306,19 +395,7 @@ void Replayer::start_flow(uint32_t op) {
         src->connect(out, back, *snk, now);
     } else {
         NdpSrc* src = new NdpSrc(nullptr, nullptr, eventlist(), false);
-        uint32_t cwnd = _opt.cwnd_pkts;
-        if (cwnd == 0) {
-            // 1.5 x the bandwidth-delay product of this route (bottleneck rate, both ways).
-            uint64_t rate = UINT64_MAX;
-            simtime_picosec rtt = 0;
-            for (uint32_t l : fwd) {
-                rate = std::min(rate, _in.links[l].bps);
-                rtt += _in.links[l].latency_ps;
-            }
-            for (uint32_t l : _in.routes[f.rev_route]) rtt += _in.links[l].latency_ps;
-            double bdp_pkts = (double)rate * ((double)rtt * 1e-12) / 8.0 / _opt.mtu;
-            cwnd = std::max<uint32_t>(4, (uint32_t)std::ceil(1.5 * bdp_pkts) + 2);
-        }
+        uint32_t cwnd = initial_cwnd(f);
         src->setCwnd(cwnd * Packet::data_packet_size());
         src->set_dst(f.dst_rank);
         src->set_flowsize(f.value);

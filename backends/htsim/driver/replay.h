@@ -22,18 +22,20 @@
 
 class NdpSrc;
 class NdpPullPacer;
+class EqdsNIC;
+class EqdsPullPacer;
 class RoceSrc;
 class RoceSink;
 
 namespace xsim {
 
-enum Protocol { PROTO_ROCE, PROTO_NDP };
+enum Protocol { PROTO_ROCE, PROTO_NDP, PROTO_EQDS };
 
 struct Options {
     Protocol protocol = PROTO_ROCE;
     uint32_t mtu = 9000;          // bytes per data packet
     int64_t queue_bytes = -1;     // switch queue capacity; -1: protocol default
-    uint32_t cwnd_pkts = 0;       // NDP initial window; 0: 1.5 x the route's bandwidth-delay
+    uint32_t cwnd_pkts = 0;       // NDP/EQDS initial window; 0: 1.5 x the route's bandwidth-delay
     uint32_t seed = 1;
     bool scale_up_fluid = true;   // flows flagged scale_up are timed by the fluid model
 };
@@ -107,6 +109,10 @@ private:
     void start_flow(uint32_t op);
     Route* make_route(int32_t route_id, PacketSink* endpoint) const;
     NdpPullPacer* pacer_for(uint32_t link);
+    EqdsPullPacer* eqds_pacer_for(uint32_t link);
+    EqdsNIC* eqds_nic_for(uint32_t link);
+    uint32_t initial_cwnd(const OpSpec& f) const;
+    void start_eqds_flow(uint32_t op);
     void build_fluid_groups();
 
     const Input& _in;
@@ -124,6 +130,8 @@ private:
     typedef std::pair<simtime_picosec, uint32_t> Timer;
     std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> _timers;
     std::map<uint32_t, NdpPullPacer*> _pacers;  // NDP: one pull pacer per receiving link
+    std::map<uint32_t, EqdsPullPacer*> _eqds_pacers;  // EQDS: one pull pacer per receiving link
+    std::map<uint32_t, EqdsNIC*> _eqds_nics;          // EQDS: one NIC per sending link
     std::vector<NdpSrc*> _ndp_src;              // NDP: source of each live flow op
     NdpScanner* _scanner = nullptr;
     RoceReaper* _reaper = nullptr;

@@ -17,7 +17,7 @@ from ._driver import find_driver, run_driver
 from ._input import write_input
 from ._output import read_summary, read_times
 
-PROTOCOLS = ("roce", "ndp")
+PROTOCOLS = ("roce", "ndp", "eqds")
 SCALE_UP_MODES = ("fluid", "packet")
 KNOWN_OPTIONS = (
     "driver", "protocol", "scale_up", "mtu", "queue_bytes", "cwnd_pkts", "seed", "wall_limit_s",
@@ -37,12 +37,12 @@ def _positive_int(options: Mapping[str, Any], key: str, minimum: int = 1) -> int
 class HtsimBackend(Backend):
     """Packet-level replay on htsim through the project's own C++ driver.
 
-    Options (all optional): ``protocol`` (``roce`` default, or ``ndp``), ``scale_up``
+    Options (all optional): ``protocol`` (``roce`` default, ``ndp`` or ``eqds``), ``scale_up``
     (``fluid`` default: a flow whose whole path is scale-up links is a max-min fair share of
     those links in the driver, as in the flow and ns-3 backends; ``packet``: every flow is
-    packets), ``mtu`` (bytes, default
-    9000), ``queue_bytes`` (switch queue capacity; default deep for RoCE, 15 packets for NDP),
-    ``cwnd_pkts`` (NDP initial window; default 1.5x the route's bandwidth-delay product),
+    packets), ``mtu`` (bytes, default 9000), ``queue_bytes`` (switch queue capacity; default
+    deep for RoCE, 15 packets for NDP and EQDS),
+    ``cwnd_pkts`` (NDP/EQDS initial window; default 1.5x the route's bandwidth-delay product),
     ``seed`` (default 1), ``wall_limit_s`` (stop the driver after this many wall seconds),
     ``driver`` (path of the driver binary), ``work_dir`` (keep input and output files there).
     """
