@@ -208,11 +208,15 @@ def test_driver_never_completing_op_is_an_error(tmp_path: Path) -> None:
 
 
 def test_wall_limit_stops_the_driver(tmp_path: Path) -> None:
-    drv = fake_driver(tmp_path, "sys.stderr.write('working'); sys.stderr.flush(); "
+    drv = fake_driver(tmp_path, "sys.stderr.write('xsim-htsim: progress: 10 s\\n"
+                                "xsim-htsim: progress: 20 s\\n'); sys.stderr.flush(); "
                                 "time.sleep(30)\n")
     trace, topo = golden_case()
-    with pytest.raises(BackendError, match=r"exceeded the wall limit of 0.5 s and was stopped"):
+    with pytest.raises(BackendError) as e:
         HtsimBackend().run(trace, topo, {"driver": str(drv), "wall_limit_s": 0.5})
+    # only the last progress line: how far the run got
+    assert str(e.value) == ("htsim: the driver exceeded the wall limit of 0.5 s and was stopped;"
+                            " it said: xsim-htsim: progress: 20 s")
 
 
 @pytest.mark.parametrize(("opts", "msg"), [

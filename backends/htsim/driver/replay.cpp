@@ -4,7 +4,9 @@
 #include "replay.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 
 #include "compositequeue.h"
 #include "eqds.h"
@@ -480,7 +482,25 @@ uint64_t Replayer::run() {
         if (_pending[i] == 0) _ready.push_back(i);
     drain();
     uint64_t events = 0;
-    while (_done_count < _in.ops.size() && EventList::doNextEvent()) events++;
+    auto t0 = std::chrono::steady_clock::now();
+    auto last = t0;
+    while (_done_count < _in.ops.size() && EventList::doNextEvent()) {
+        // Every ~1M events, and at most every progress_s wall seconds, say how far the run is on
+        // stderr, so a run stopped by a wall limit reports where it got to.
+        if ((++events & 0xFFFFF) == 0 && _opt.progress_s > 0) {
+            auto t = std::chrono::steady_clock::now();
+            if (std::chrono::duration<double>(t - last).count() >= _opt.progress_s) {
+                last = t;
+                std::fprintf(stderr,
+                             "xsim-htsim: progress: %.0f s wall, sim t=%.6f s, %llu of %zu ops"
+                             " done, %llu events\n",
+                             std::chrono::duration<double>(t - t0).count(),
+                             (double)eventlist().now() * 1e-12, (unsigned long long)_done_count,
+                             _in.ops.size(), (unsigned long long)events);
+                std::fflush(stderr);
+            }
+        }
+    }
     return events;
 }
 

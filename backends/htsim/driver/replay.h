@@ -38,6 +38,7 @@ struct Options {
     uint32_t cwnd_pkts = 0;       // NDP/EQDS initial window; 0: 1.5 x the route's bandwidth-delay
     uint32_t seed = 1;
     bool scale_up_fluid = true;   // flows flagged scale_up are timed by the fluid model
+    double progress_s = 10.0;     // progress line on stderr at most this often (0: never)
 };
 
 // Walks NDP sources that are still sending, every `period`, so their retransmission timers run;

@@ -64,9 +64,11 @@ def run_driver(argv: list[str], wall_limit_s: float | None) -> None:
         )
     except subprocess.TimeoutExpired as e:
         err = (e.stderr or b"").decode(errors="replace").strip()
+        # The driver prints a progress line every ~10 s: the last one says how far it got.
+        last = err.splitlines()[-1] if err else ""
         raise BackendError(
             f"htsim: the driver exceeded the wall limit of {wall_limit_s} s and was stopped"
-            + (f"; it said: {err}" if err else "")
+            + (f"; it said: {last}" if last else "")
         ) from None
     except OSError as e:
         raise BackendError(f"htsim: cannot start the driver {argv[0]}: {e}") from None
