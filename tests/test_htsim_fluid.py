@@ -163,3 +163,24 @@ def test_fluid_flow_hands_over_to_a_packet_flow(driver: str, protocol: str) -> N
     ideal = s * 8 / 200.0 + 2 * lat
     took = tl.frame.loc[f2, "end_ns"] - tl.frame.loc[f2, "start_ns"]
     assert ideal <= took <= ideal * 1.02 + 1000.0
+
+
+@pytest.mark.htsim
+def test_zero_latency_successor_joins_the_same_server(driver: str) -> None:
+    # With zero latency a flow's end starts its successor inside the completion event; the
+    # successor joins the same server's fluid group while a third flow is still running.
+    s = 1 << 20
+    tb = TraceBuilder(3)
+    f1 = tb.flow(0, 1, s)
+    tb.flow(2, 1, 2 * s)  # a third flow, still running when f1 ends
+    f2 = tb.flow(0, 2, s)
+    tb.dep(f1, f2)
+    trace = tb.build()
+    topo = star(3, 100.0, latency_ns=0.0)
+    tl = run(trace, topo, driver)
+    flow = FlowBackend().run(trace, topo, {})
+    assert np.allclose(tl.frame["end_ns"], flow.frame["end_ns"], rtol=0, atol=3 * PS)
+    # f1 and f3 share GPU 1's downlink (50 each) until f1 ends at 2S/B; f3 then runs alone
+    # (its remaining S bytes at 100) while f2 uses other links: both end at 3S/B.
+    t = s * 8 / 100.0
+    assert tl.frame["end_ns"].tolist() == pytest.approx([2 * t, 3 * t, 3 * t], abs=3 * PS)

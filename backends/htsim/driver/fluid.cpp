@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "replay.h"
 
@@ -32,19 +33,23 @@ void FluidGroup::doNextEvent() {
     _armed = false;  // the handle has fired: it must not be cancelled any more
     advance();
     size_t keep = 0;
+    std::vector<std::pair<uint32_t, simtime_picosec>> done;
     for (size_t i = 0; i < _active.size(); i++) {
         Flow& f = _active[i];
         // Done if the rest would take under half a picosecond (the clock's resolution).
         if (f.rem <= f.rate * 0.5 + 1e-9) {
             simtime_picosec lat = 0;
             for (uint32_t l : _in.routes[f.route]) lat += _in.links[l].latency_ps;
-            _owner->finish_after(f.op, lat);  // the last byte still crosses the path
+            done.emplace_back(f.op, lat);  // the last byte still crosses the path
         } else {
             _active[keep++] = f;
         }
     }
     _active.resize(keep);
     resolve();
+    // Only now: with zero latency a completion starts successors at once, and a successor
+    // may be a fluid flow joining this very group.
+    for (const auto& d : done) _owner->finish_after(d.first, d.second);
 }
 
 // Progressive filling (max-min fairness) over the links this group's active flows use, then
