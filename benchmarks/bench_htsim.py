@@ -59,6 +59,8 @@ def timed(name: str, trace, topo, opts: dict) -> tuple[float, float, str]:
     try:
         tl = backend(name).run(trace, topo, opts)
     except (XsimError, ImportError) as e:
+        # the whole message on stderr (a wall-limit stop ends with the driver's progress line)
+        print(f"{name}: {e}", file=sys.stderr, flush=True)
         return time.perf_counter() - t0, float("nan"), str(e).splitlines()[0][:80]
     extra = ""
     if name == "htsim":
