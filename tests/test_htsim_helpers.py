@@ -11,14 +11,8 @@ import pandas as pd
 import pytest
 
 from xsim_adapters.topology import Router, Topology
+from xsim_adapters.trace import handmade
 from xsim_adapters.trace.schema import (
-    COLLECTIVE_COLUMNS,
-    DEP_COLUMNS,
-    KIND_BARRIER,
-    KIND_COMPUTE,
-    KIND_FLOW,
-    OP_COLUMNS,
-    PHASE_INDEX,
     Trace,
 )
 
@@ -27,42 +21,17 @@ DRIVER_SRC = REPO / "backends" / "htsim" / "driver"
 DATA = Path(__file__).resolve().parent / "data" / "htsim"
 
 
-class TraceBuilder:
-    """Builds a Trace op by op; op ids are dense in creation order."""
+class TraceBuilder(handmade.TraceBuilder):
+    """The htsim tests' call style: flows default to phase dp, edges added with ``dep``."""
 
-    def __init__(self, num_ranks: int) -> None:
-        self.rows: list[dict] = []
-        self.edges: list[tuple[int, int]] = []
-        self.num_ranks = num_ranks
+    def compute(self, rank: int, duration_ns: int) -> int:  # type: ignore[override]
+        return super().compute(rank, duration_ns)
 
-    def _add(self, kind: int, rank: int, phase: str, **kw: int) -> int:
-        op = len(self.rows)
-        row = {c: -1 for c in OP_COLUMNS}
-        row.update(op_id=op, kind=kind, rank=rank, bytes=0, duration_ns=0, flops=0.0,
-                   phase=PHASE_INDEX[phase])
-        row.update(kw)
-        self.rows.append(row)
-        return op
+    def flow(self, src: int, dst: int, nbytes: int, **kw: int) -> int:  # type: ignore[override]
+        return super().flow(src, dst, nbytes, **kw)
 
-    def compute(self, rank: int, duration_ns: int) -> int:
-        return self._add(KIND_COMPUTE, rank, "fwd", duration_ns=duration_ns)
-
-    def flow(self, src: int, dst: int, nbytes: int, **kw: int) -> int:
-        return self._add(KIND_FLOW, src, "dp", dst=dst, bytes=nbytes, **kw)
-
-    def barrier(self) -> int:
-        return self._add(KIND_BARRIER, -1, "dp")
-
-    def dep(self, pred: int, succ: int) -> None:
-        self.edges.append((pred, succ))
-
-    def build(self) -> Trace:
-        ops = pd.DataFrame(self.rows, columns=list(OP_COLUMNS)).astype(OP_COLUMNS)
-        deps = pd.DataFrame(self.edges, columns=["pred", "succ"]).astype(DEP_COLUMNS)
-        coll = pd.DataFrame({c: pd.Series([], dtype=t) for c, t in COLLECTIVE_COLUMNS.items()})
-        manifest = {"schema_version": 1, "ranks": [{"rank": r} for r in range(self.num_ranks)],
-                    "num_ops": len(ops)}
-        return Trace(ops=ops, deps=deps, collectives=coll, manifest=manifest)
+    def barrier(self) -> int:  # type: ignore[override]
+        return super().barrier()
 
 
 def ring_allreduce(tb: TraceBuilder, ranks: list[int], size_bytes: int) -> tuple[int, int]:

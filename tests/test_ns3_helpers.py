@@ -9,16 +9,7 @@ import pandas as pd
 import pytest
 
 from xsim_adapters.topology import Router, Topology
-from xsim_adapters.trace.schema import (
-    COLLECTIVE_COLUMNS,
-    DEP_COLUMNS,
-    KIND_BARRIER,
-    KIND_COMPUTE,
-    KIND_FLOW,
-    OP_COLUMNS,
-    PHASE_INDEX,
-    Trace,
-)
+from xsim_adapters.trace import handmade
 
 HAVE_NS3 = importlib.util.find_spec("ns") is not None and importlib.util.find_spec(
     "cppyy"
@@ -99,37 +90,18 @@ def star_topology(
     )
 
 
-class TraceBuilder:
-    """Appends ops and edges; ``build()`` returns a schema-conformant Trace."""
+class TraceBuilder(handmade.TraceBuilder):
+    """The ns-3 tests' call style: dependencies as the argument after the size."""
 
-    def __init__(self, num_ranks: int) -> None:
-        self.num_ranks = num_ranks
-        self.rows: list[dict] = []
-        self.edges: list[tuple[int, int]] = []
+    def compute(self, rank: int, ns: int, deps: tuple[int, ...] = ()) -> int:  # type: ignore[override]
+        return super().compute(rank, ns, deps=deps)
 
-    def _add(self, **kw) -> int:
-        op = len(self.rows)
-        row = {c: -1 for c in OP_COLUMNS}
-        row.update(bytes=0, duration_ns=0, flops=0.0, phase=PHASE_INDEX["dp"])
-        row.update(kw)
-        row["op_id"] = op
-        self.rows.append(row)
-        return op
+    def flow(self, src: int, dst: int, nbytes: int,  # type: ignore[override]
+             deps: tuple[int, ...] = (), **tags) -> int:
+        return super().flow(src, dst, nbytes, deps=deps, **tags)
 
-    def compute(self, rank: int, ns: int, deps: tuple[int, ...] = ()) -> int:
-        op = self._add(kind=KIND_COMPUTE, rank=rank, duration_ns=ns, phase=PHASE_INDEX["fwd"])
-        self.edges += [(d, op) for d in deps]
-        return op
-
-    def flow(self, src: int, dst: int, nbytes: int, deps: tuple[int, ...] = (), **tags) -> int:
-        op = self._add(kind=KIND_FLOW, rank=src, dst=dst, bytes=nbytes, **tags)
-        self.edges += [(d, op) for d in deps]
-        return op
-
-    def barrier(self, deps: tuple[int, ...] = ()) -> int:
-        op = self._add(kind=KIND_BARRIER)
-        self.edges += [(d, op) for d in deps]
-        return op
+    def barrier(self, deps: tuple[int, ...] = ()) -> int:  # type: ignore[override]
+        return super().barrier(deps=deps)
 
     def ring_all_reduce(self, ranks: list[int], nbytes: int, collective: int = 0) -> list[int]:
         """2(n-1) steps; step k on rank i sends S/n to the next rank after step k-1 arrived."""
@@ -147,16 +119,3 @@ class TraceBuilder:
             prev = cur
         last = list(prev.values())
         return last
-
-    def build(self) -> Trace:
-        ops = pd.DataFrame(self.rows, columns=list(OP_COLUMNS)).astype(OP_COLUMNS)
-        deps = pd.DataFrame(self.edges or np.zeros((0, 2), np.int64), columns=["pred", "succ"])
-        deps = deps.astype(DEP_COLUMNS)
-        coll = pd.DataFrame({c: pd.Series([], dtype=t) for c, t in COLLECTIVE_COLUMNS.items()})
-        manifest = {
-            "schema_version": 1,
-            "ranks": [{"rank": r, "group": "g", "node": 0, "device_type": "x", "local": r}
-                      for r in range(self.num_ranks)],
-            "num_ops": len(ops),
-        }
-        return Trace(ops=ops, deps=deps, collectives=coll, manifest=manifest)
