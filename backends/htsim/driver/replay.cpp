@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <utility>
 
 #include "compositequeue.h"
 #include "eqds.h"
@@ -17,13 +18,17 @@ namespace xsim {
 
 namespace {
 
-// A RoCE sink that tells the replayer when its cumulative ACK covers the whole flow.
-class RoceFlowSink : public RoceSink {
+// A sink (RoceSink, NdpSink) that tells the replayer when its cumulative ACK covers the whole
+// flow. The sink's own constructor arguments follow ours.
+template <class Sink>
+class FlowSink : public Sink {
 public:
-    RoceFlowSink(Replayer* r, uint32_t op, uint64_t bytes) : _r(r), _op(op), _bytes(bytes) {}
+    template <class... Args>
+    FlowSink(Replayer* r, uint32_t op, uint64_t bytes, Args&&... args)
+        : Sink(std::forward<Args>(args)...), _r(r), _op(op), _bytes(bytes) {}
     void receivePacket(Packet& pkt) override {
-        RoceSink::receivePacket(pkt);
-        if (!_fired && _cumulative_ack >= _bytes) {
+        Sink::receivePacket(pkt);
+        if (!_fired && this->_cumulative_ack >= _bytes) {
             _fired = true;
             _r->flow_done(_op);
         }
@@ -34,25 +39,8 @@ private:
     uint64_t _bytes;
     bool _fired = false;
 };
-
-// The same for NDP.
-class NdpFlowSink : public NdpSink {
-public:
-    NdpFlowSink(NdpPullPacer* pacer, Replayer* r, uint32_t op, uint64_t bytes)
-        : NdpSink(pacer), _r(r), _op(op), _bytes(bytes) {}
-    void receivePacket(Packet& pkt) override {
-        NdpSink::receivePacket(pkt);
-        if (!_fired && _cumulative_ack >= _bytes) {
-            _fired = true;
-            _r->flow_done(_op);
-        }
-    }
-private:
-    Replayer* _r;
-    uint32_t _op;
-    uint64_t _bytes;
-    bool _fired = false;
-};
+using RoceFlowSink = FlowSink<RoceSink>;
+using NdpFlowSink = FlowSink<NdpSink>;
 
 // The same for EQDS. EQDS sequence numbers count packets (each carries EqdsSrc::_mss payload
 // bytes, the last one less; an RTS probe after a timeout also takes a number), so the flow is
@@ -401,7 +389,7 @@ void Replayer::start_flow(uint32_t op) {
         src->setCwnd(cwnd * Packet::data_packet_size());
         src->set_dst(f.dst_rank);
         src->set_flowsize(f.value);
-        NdpFlowSink* snk = new NdpFlowSink(pacer_for(fwd.back()), this, op, f.value);
+        NdpFlowSink* snk = new NdpFlowSink(this, op, f.value, pacer_for(fwd.back()));
         snk->set_src(f.src_rank);
         Route* out = make_route(f.fwd_route, snk);
         Route* back = make_route(f.rev_route, src);
