@@ -20,7 +20,7 @@ import numpy as np
 
 from ..plan.model import DeviceType, Plan, Stage
 from ..trace.schema import KIND_COMPUTE, KIND_FLOW, LAYER_EMBEDDING, PHASE_INDEX
-from .builder import Template, TraceBuilder
+from .builder import BulkBuilder, Template
 from .collectives import RingFlows, num_steps, ring_flows
 from .compute import embedding_cost, head_cost, layer_costs
 
@@ -105,7 +105,7 @@ def build_block(
     units: list[Unit], n: int, ring: RingSpec, tp_bytes: int, granularity: str, chunks: int
 ) -> Block:
     """Lower ``units`` on a TP group of ``n`` local ranks into a block template."""
-    tb = TraceBuilder()
+    tb = BulkBuilder()
     local = np.arange(n, dtype=np.int64)
     perm = np.asarray(ring.perm, dtype=np.int64)[None]  # (1, C, n)
     sizes = np.asarray(ring.sizes, dtype=np.int64)[None]

@@ -1,8 +1,8 @@
 """Accumulating ops, edges and collectives in bulk (numpy chunks), and tiling templates.
 
-Ops get dense ids in the order they are added. A :class:`TraceBuilder` is used twice: as the
+Ops get dense ids in the order they are added. A :class:`BulkBuilder` is used twice: as the
 global builder of a trace, and to build a *template* (one stage's forward or backward block for
-one micro-batch, with local rank indices) that :meth:`TraceBuilder.add_tiled` then instantiates
+one micro-batch, with local rank indices) that :meth:`BulkBuilder.add_tiled` then instantiates
 for every micro-batch at once with id, rank and collective offsets.
 """
 
@@ -69,7 +69,7 @@ class Template:
         return len(self.colls["kind"])
 
 
-class TraceBuilder:
+class BulkBuilder:
     """Collects op columns, dependency edges and collective rows as numpy chunks."""
 
     def __init__(self) -> None:

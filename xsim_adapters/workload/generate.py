@@ -38,7 +38,7 @@ from ..trace.schema import (
     Trace,
 )
 from .blocks import Block, RingSpec, build_block, stage_units
-from .builder import TraceBuilder
+from .builder import BulkBuilder
 from .collectives import ring_flows
 from .compute import ADAM_BYTES_PER_PARAM, optimizer_time_ns, stage_params
 from .dpsync import buckets, chunk_rings, sweep_segments
@@ -75,7 +75,7 @@ class _StageOps:
 class _Generator:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
-        self.tb = TraceBuilder()
+        self.tb = BulkBuilder()
         self.info = RankInfo(plan)
         self.blocks: dict[tuple, tuple[Block, Block]] = {}
         n = plan.num_ranks
