@@ -10,6 +10,7 @@ from xsim_adapters.errors import BackendError
 
 TRANSPORTS = ("dctcp", "tcp", "udp")
 SCALE_UP_MODES = ("fluid", "packet")
+HOST_QUEUES = ("fq", "fifo")
 MAX_P2P_MTU = 65535
 DEFAULT_QUEUE_PACKETS = 1000
 # Queued packets cost memory only when present, and payloads are virtual in ns-3.
@@ -29,6 +30,9 @@ class Ns3Options:
     whose lost packets are never resent, so it gets queues deep enough to stand in for a lossless
     fabric); ``ecn_k_packets``: DCTCP marking threshold;
     ``device_queue_packets``: the device's own small FIFO under the queue disc.
+    ``host_queue``: the queue disc on a GPU's own NIC for tcp/dctcp: ``fq`` (default: per-flow
+    fair queuing, so the pure ACKs of a connection into this GPU do not wait behind the windows
+    of its outgoing connections; see docs/ns3.md) or ``fifo`` (one FIFO; udp always uses it).
     ``socket_buffer_bytes``: TCP send/receive buffer (0: twice the largest path's
     bandwidth-delay product, at least 1 MiB). ``min_rto_us``: TCP minimum RTO (µs).
     ``del_ack_timeout_us``: the receiver's delayed-ACK timer (µs); it must stay below
@@ -45,6 +49,7 @@ class Ns3Options:
     queue_packets: int = 0
     ecn_k_packets: float = 30.0
     device_queue_packets: int = 4
+    host_queue: str = "fq"
     socket_buffer_bytes: int = 0
     min_rto_us: int = 1000
     del_ack_count: int = 2
@@ -80,6 +85,10 @@ def parse_options(options: Mapping[str, Any] | None) -> Ns3Options:
     if o.transport not in TRANSPORTS:
         raise BackendError(
             f"ns3: option transport must be one of {TRANSPORTS} (got {o.transport!r})"
+        )
+    if o.host_queue not in HOST_QUEUES:
+        raise BackendError(
+            f"ns3: option host_queue must be one of {HOST_QUEUES} (got {o.host_queue!r})"
         )
     if o.scale_up not in SCALE_UP_MODES:
         raise BackendError(

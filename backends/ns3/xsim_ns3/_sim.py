@@ -51,6 +51,8 @@ def replay(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> tuple[np.ndar
     xsim.CreateNodes(int(meta["num_nodes"]))
     eng = xsim.Engine()
     qdisc = 0 if opts["transport"] == "dctcp" else 1
+    # UDP sends no ACKs and paces each pair at its bottleneck: its NIC queue stays a FIFO.
+    host_fq = int(opts["host_queue"] == "fq" and opts["transport"] != "udp")
     ca, cb = arrays["cable_a"], arrays["cable_b"]
     ab, ba = arrays["cable_bps_ab"], arrays["cable_bps_ba"]
     delay, mtu = arrays["cable_delay_ns"], arrays["cable_mtu"]
@@ -59,7 +61,7 @@ def replay(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> tuple[np.ndar
         eng.AddCable(int(ca[i]), int(cb[i]), float(ab[i]), float(ba[i]), int(delay[i]),
                      int(mtu[i]), int(opts["device_queue_packets"]), qdisc,
                      int(opts["queue_packets"]), float(opts["ecn_k_packets"]),
-                     int(host_a[i]), int(host_b[i]))
+                     int(host_a[i]), int(host_b[i]), host_fq)
     for c, s, v in zip(arrays["addr_cable"], arrays["addr_side"], arrays["addr_value"],
                        strict=True):
         eng.AddPairAddress(int(c), int(s), int(v))

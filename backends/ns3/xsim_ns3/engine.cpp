@@ -122,7 +122,7 @@ class Engine {
     // One point-to-point cable between nodes a and b: rates per direction, symmetric delay.
     void AddCable(uint32_t a, uint32_t b, double bpsAB, double bpsBA, int64_t delayNs,
                   uint32_t mtu, uint32_t devQueuePkts, int qdisc, uint32_t queuePkts,
-                  double ecnK, int hostA, int hostB) {
+                  double ecnK, int hostA, int hostB, int hostFq) {
         PointToPointHelper p2p;
         p2p.SetDeviceAttribute("Mtu", UintegerValue(mtu));
         p2p.SetChannelAttribute("Delay", TimeValue(NanoSeconds(delayNs)));
@@ -147,6 +147,19 @@ class Engine {
                     QueueSizeValue(QueueSize(QueueSizeUnit::PACKETS, queuePkts)),
                     "LinkBandwidth", DataRateValue(DataRate(uint64_t(bps))), "LinkDelay",
                     TimeValue(NanoSeconds(delayNs)));
+            } else if (host && hostFq) {
+                // A GPU's NIC under TCP: per-flow fair queuing (DRR, a new or sparse flow such
+                // as a pure-ACK stream is served first). With one FIFO here the ACKs of a
+                // connection into this GPU waited behind the whole windows of its outgoing
+                // connections (nothing marks or drops at a sender's own NIC, so those windows
+                // grow to the socket buffer): on uneven-layers (an A100 in two DP rings at once)
+                // that inflated the incoming flows' RTT ~20x and cost DCTCP +5% per iteration.
+                // CoDel is kept out of the way (targets far above any sojourn here): this is
+                // fair queuing, not AQM.
+                tch.SetRootQueueDisc(
+                    "ns3::FqCoDelQueueDisc", "Target", StringValue("1s"), "Interval",
+                    StringValue("10s"), "UseEcn", BooleanValue(false), "MaxSize",
+                    QueueSizeValue(QueueSize(QueueSizeUnit::PACKETS, queuePkts)));
             } else {
                 tch.SetRootQueueDisc(
                     "ns3::FifoQueueDisc", "MaxSize",
