@@ -42,13 +42,30 @@ _COLL_DEFAULTS: dict[str, Any] = {
 
 
 def _column(value: Any, n: int, dtype: Any) -> np.ndarray:
-    arr = np.asarray(value)
+    arr = np.asarray(value, dtype=object) if dtype is object else np.asarray(value)
     if arr.ndim == 0:
         return np.full(n, value, dtype=dtype)
     arr = arr.reshape(-1)
     if len(arr) != n:
         raise ValueError(f"column of length {len(arr)} for {n} ops")
     return arr.astype(dtype, copy=False)
+
+
+def _take(cols: dict[str, Any], names: list[str], defaults: dict[str, Any],
+          what: str) -> list[tuple[str, Any]]:
+    """(name, value) for every column in ``names``: given, else its default, else an error;
+    a column not in ``names`` is an error too (checked before anything is appended)."""
+    out = []
+    for c in names:
+        if c in cols:
+            out.append((c, cols.pop(c)))
+        elif c in defaults:
+            out.append((c, defaults[c]))
+        else:
+            raise TypeError(f"{what}: column {c!r} is required")
+    if cols:
+        raise TypeError(f"{what}: unknown columns {sorted(cols)}")
+    return out
 
 
 @dataclass
@@ -82,16 +99,8 @@ class BulkBuilder:
 
     def add_ops(self, n: int, **cols: Any) -> np.ndarray:
         """Append ``n`` ops; each column is a scalar or an array of length n. Returns ids."""
-        for c in _OP_COLS:
-            if c in cols:
-                v = cols.pop(c)
-            elif c in _OP_DEFAULTS:
-                v = _OP_DEFAULTS[c]
-            else:
-                raise TypeError(f"add_ops: column {c!r} is required")
+        for c, v in _take(cols, _OP_COLS, _OP_DEFAULTS, "add_ops"):
             self._ops[c].append(_column(v, n, OP_COLUMNS[c]))
-        if cols:
-            raise TypeError(f"add_ops: unknown columns {sorted(cols)}")
         ids = np.arange(self.num_ops, self.num_ops + n, dtype=np.int64)
         self.num_ops += n
         return ids
@@ -107,22 +116,8 @@ class BulkBuilder:
 
     def add_collectives(self, n: int, **cols: Any) -> np.ndarray:
         """Append ``n`` collective rows; returns their ids."""
-        for c in _COLL_COLS:
-            if c in cols:
-                v = cols.pop(c)
-            elif c in _COLL_DEFAULTS:
-                v = _COLL_DEFAULTS[c]
-            else:
-                raise TypeError(f"add_collectives: column {c!r} is required")
-            dtype = COLLECTIVE_COLUMNS[c]
-            if dtype is object:
-                arr = np.asarray(v, dtype=object)
-                arr = np.full(n, v, dtype=object) if arr.ndim == 0 else arr.reshape(-1)
-            else:
-                arr = _column(v, n, dtype)
-            self._colls[c].append(arr)
-        if cols:
-            raise TypeError(f"add_collectives: unknown columns {sorted(cols)}")
+        for c, v in _take(cols, _COLL_COLS, _COLL_DEFAULTS, "add_collectives"):
+            self._colls[c].append(_column(v, n, COLLECTIVE_COLUMNS[c]))
         ids = np.arange(self.num_collectives, self.num_collectives + n, dtype=np.int64)
         self.num_collectives += n
         return ids
