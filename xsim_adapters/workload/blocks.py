@@ -23,6 +23,13 @@ from ..trace.schema import KIND_COMPUTE, KIND_FLOW, LAYER_EMBEDDING, PHASE_INDEX
 from .builder import BulkBuilder, Template
 from .collectives import RingFlows, num_steps, ring_flows
 from .compute import embedding_cost, head_cost, layer_costs
+from .passes import (
+    GEMM_WGRAD_SHARE,
+    attention_core_flops,
+    attention_wgrad_share,
+    selective_recompute_ns,
+    split_ns,
+)
 
 
 @dataclass(frozen=True)
@@ -63,25 +70,49 @@ def _tp_kinds(plan: Plan) -> tuple[str, ...]:
     return ("reduce_scatter", "all_gather") if plan.training.sequence_parallel else ("all_reduce",)
 
 
-def stage_units(plan: Plan, stage: Stage, device: DeviceType, first: bool, last: bool):
-    """(forward units, backward units) of one stage for one micro-batch."""
+def stage_units(
+    plan: Plan,
+    stage: Stage,
+    device: DeviceType,
+    first: bool,
+    last: bool,
+    layers: tuple[int, int] | None = None,
+    split_w: bool = False,
+) -> list[list[Unit]]:
+    """Units of one model chunk of a stage for one micro-batch: [forward, backward], or with
+    ``split_w`` (zero-bubble) [forward, B, W] (see :mod:`.passes`).
+
+    ``layers`` is the chunk's layer range (default: the stage's); ``first``/``last``: the chunk
+    holds the embedding / the output head. Forward units carry marks ``("fwd", layer)`` and
+    ``("fwd", "embedding")`` (where a parameter all-gather must have arrived); the unit after
+    which a layer's weight gradient is complete carries the mark ``layer`` (``"embedding"``).
+    """
     model, training = plan.model, plan.training
     n = stage.tp
     costs = layer_costs(model, training, device, n)
+    core = attention_core_flops(model, training, n)
     tpk = _tp_kinds(plan)
-    a, b = stage.layers
+    a, b = stage.layers if layers is None else layers
     fwd: list[Unit] = []
     bwd: list[Unit] = []
+    wgr: list[Unit] = []
+    grads = wgr if split_w else bwd  # where weight gradients are complete
+    attn_b, attn_w = split_ns(costs.attn_bwd_ns, attention_wgrad_share(costs.attn_flops, core))
+    mlp_b, mlp_w = split_ns(costs.mlp_bwd_ns, GEMM_WGRAD_SHARE)
+    attn_wfl = max(0.0, costs.attn_flops - core)  # weight-gradient GEMM FLOPs
     if first:
         ns, fl = embedding_cost(model, training, device)
-        fwd.append(Unit("fwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, tpk))
+        emb = Unit("fwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, tpk, ("fwd", "embedding"))
+        fwd.append(emb)
     for layer in range(a, b):
-        fwd.append(Unit("fwd", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk))
+        fwd.append(
+            Unit("fwd", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk, ("fwd", layer))
+        )
         fwd.append(Unit("fwd", layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk))
     if last:
         ns, fl = head_cost(model, training, device, n)
         fwd.append(Unit("fwd", model.layers, model.layers + 1, ns, fl, ()))
-    if training.recompute:
+    if training.recompute == "full":
         for layer in range(a, b):
             bwd.append(
                 Unit("recompute", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk)
@@ -89,22 +120,55 @@ def stage_units(plan: Plan, stage: Stage, device: DeviceType, first: bool, last:
             bwd.append(Unit("recompute", layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk))
     if last:
         ns, fl = head_cost(model, training, device, n)
-        bwd.append(Unit("bwd", model.layers, model.layers + 1, 2 * ns, 2 * fl, tpk))
+        if split_w:
+            hb, hw = split_ns(2 * ns, GEMM_WGRAD_SHARE)
+            bwd.append(Unit("bwd", model.layers, model.layers + 1, hb, fl, tpk))
+            wgr.append(Unit("wgrad", model.layers, model.layers + 1, hw, fl, ()))
+        else:
+            bwd.append(Unit("bwd", model.layers, model.layers + 1, 2 * ns, 2 * fl, tpk))
+    sel_ns = selective_recompute_ns(costs.attn_fwd_ns, costs.attn_flops, core)
     for layer in range(b - 1, a - 1, -1):
+        if split_w:
+            bwd.append(Unit("bwd", layer, layer + 1, mlp_b, costs.mlp_flops, tpk))
+            if training.recompute == "selective":
+                bwd.append(Unit("recompute", layer, layer + 1, sel_ns, core, ()))
+            bwd.append(Unit("bwd", layer, layer + 1, attn_b, costs.attn_flops + core, tpk))
+            wgr.append(
+                Unit("wgrad", layer, layer + 1, mlp_w + attn_w, costs.mlp_flops + attn_wfl, (),
+                     mark=layer)
+            )
+            continue
         bwd.append(Unit("bwd", layer, layer + 1, costs.mlp_bwd_ns, 2 * costs.mlp_flops, tpk))
+        if training.recompute == "selective":
+            bwd.append(Unit("recompute", layer, layer + 1, sel_ns, core, ()))
         bwd.append(
             Unit("bwd", layer, layer + 1, costs.attn_bwd_ns, 2 * costs.attn_flops, tpk, mark=layer)
         )
     if first:
         ns, fl = embedding_cost(model, training, device)
-        bwd.append(Unit("bwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, (), mark="embedding"))
-    return fwd, bwd
+        grads.append(
+            Unit("wgrad" if split_w else "bwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, (),
+                 mark="embedding")
+        )
+    return [fwd, bwd, wgr] if split_w else [fwd, bwd]
 
 
 def build_block(
-    units: list[Unit], n: int, ring: RingSpec, tp_bytes: int, granularity: str, chunks: int
+    units: list[Unit],
+    n: int,
+    ring: RingSpec,
+    tp_bytes: int,
+    granularity: str,
+    chunks: int,
+    overlap_tp: bool = False,
 ) -> Block:
-    """Lower ``units`` on a TP group of ``n`` local ranks into a block template."""
+    """Lower ``units`` on a TP group of ``n`` local ranks into a block template.
+
+    ``overlap_tp`` (``training.overlap.tp_comm``): a unit's TP collectives start together with
+    its compute op (on the same predecessors) instead of after it, so they run concurrently;
+    the next unit still waits for both. The block's first unit keeps the serial order (its
+    compute's predecessors lie outside the template).
+    """
     tb = BulkBuilder()
     local = np.arange(n, dtype=np.int64)
     perm = np.asarray(ring.perm, dtype=np.int64)[None]  # (1, C, n)
@@ -114,6 +178,7 @@ def build_block(
     tp_phase = PHASE_INDEX["tp"]
     lowered: dict[str, RingFlows] = {}  # every unit's collective of a kind has the same shape
     for u in units:
+        before = (last, tails)  # what this unit's compute op waits for inside the template
         ids = tb.add_ops(
             n,
             kind=KIND_COMPUTE,
@@ -135,6 +200,15 @@ def build_block(
             marks[u.mark] = ids
         last = ids
         tails = ids[:, None]
+        if overlap_tp and before[0] is not None and u.kinds and n > 1:
+            # Start the collectives where the compute starts: after the previous compute op and
+            # the previous collective's last flows of each rank.
+            prev_last, prev_tails = before
+            assert prev_tails is not None
+            if np.array_equal(prev_tails[:, 0], prev_last):
+                tails = prev_tails
+            else:
+                tails = np.concatenate([prev_last[:, None], prev_tails], axis=1)
         for kind in u.kinds if n > 1 else ():
             if kind not in lowered:
                 lowered[kind] = ring_flows(local[None], perm, sizes, kind, granularity, chunks)
