@@ -369,29 +369,31 @@ class _Generator:
             sizes.append(sz)
             labels.append(",".join(map(str, orders[0])))
         grad_kind = WGRAD if plan.training.schedule == "zb_h1" else BWD
-        orders = {
-            (r, s): self.order(r, s) for r, rep in enumerate(plan.replicas) for s in range(rep.pp)
-        }
+        last_op: dict[tuple[int, int], np.ndarray] = {}  # (r, s) -> last compute ids (n,)
+        last_grad: dict[tuple[int, int, int], int] = {}  # (r, s, chunk) -> last grad micro-batch
+        for r, rep in enumerate(plan.replicas):
+            for s in range(rep.pp):
+                order = self.order(r, s)
+                kind, c, mb = (int(x) for x in order[-1])
+                last_op[(r, s)] = self.stage_ops[(r, s, c)][kind].last[mb]
+                for row in order[order[:, 0] == grad_kind]:  # in run order: the last one wins
+                    last_grad[(r, s, int(row[1]))] = int(row[2])
+        overlap_grads = plan.training.overlap.dp_grad_reduce
         ready = np.zeros(members.shape, dtype=np.int64)
         first_fwd = np.zeros(members.shape, dtype=np.int64)
         for k, cr in enumerate(rings):
             bk = bks[cr.bucket]
+            mark = "embedding" if bk.has_embedding else bk.start
+            fmark = ("fwd", mark)
             for j, (r, s) in enumerate(segs[bk.segment].owners):
                 local = cr.member_local[j]
-                order = orders[(r, s)]
-                if not plan.training.overlap.dp_grad_reduce:
-                    kind, c, mb = (int(x) for x in order[-1])
-                    ready[k, j] = self.stage_ops[(r, s, c)][kind].last[mb, local]
-                else:
-                    c = self._chunk_of(r, s, bk.start)
-                    rows = order[(order[:, 0] == grad_kind) & (order[:, 1] == c)]
-                    mark = "embedding" if bk.has_embedding else bk.start
-                    ready[k, j] = self.stage_ops[(r, s, c)][grad_kind].marks[mark][
-                        int(rows[-1, 2]), local
-                    ]
                 c = self._chunk_of(r, s, bk.start)
-                fmark = ("fwd", "embedding") if bk.has_embedding else ("fwd", bk.start)
-                first_fwd[k, j] = self.stage_ops[(r, s, c)][0].marks[fmark][0, local]
+                ops = self.stage_ops[(r, s, c)]
+                if overlap_grads:
+                    ready[k, j] = ops[grad_kind].marks[mark][last_grad[(r, s, c)], local]
+                else:
+                    ready[k, j] = last_op[(r, s)][local]
+                first_fwd[k, j] = ops[0].marks[fmark][0, local]
         bk_of = np.array([cr.bucket for cr in rings], dtype=np.int64)
         return {
             "members": members,
@@ -408,7 +410,10 @@ class _Generator:
         }
 
     def _chunk_of(self, replica: int, stage: int, layer: int) -> int:
-        for c, (a, b) in enumerate(self.chunks[replica][stage]):
+        chunks = self.chunks[replica][stage]
+        if len(chunks) == 1:
+            return 0
+        for c, (a, b) in enumerate(chunks):
             if a <= layer < b:
                 return c
         raise ValueError(f"replicas[{replica}].stages[{stage}] holds no layer {layer}")
