@@ -294,3 +294,31 @@ def test_zb_h1_bubble_is_a_third_of_1f1b(pp: int, m: int) -> None:
     assert plain[0] == pytest.approx((pp - 1) * 3 * f, abs=1.0)
     assert zb[0] == pytest.approx((pp - 1) * f, abs=1.0)  # (p-1)(F + B - W)
     assert zb[0] == pytest.approx(plain[0] / 3, abs=1.0)
+
+
+def test_interleaved_dp_sync_follows_the_chunks() -> None:
+    model = replace(EIGHT, layers=32)
+    plan = make_plan(
+        [
+            [("h100", 0, 4, 0, 20), ("h100", 4, 8, 20, 32)],
+            [("h100", 8, 10, 0, 18), ("h100", 10, 16, 18, 32)],
+        ],
+        model=model,
+        micro_batches=[4, 2],
+        training={"schedule": "interleaved", "virtual_stages": 2},
+    )
+    chunks = [replica_chunks(plan, r) for r in range(2)]
+    assert chunks[0] == [[(0, 10), (16, 26)], [(10, 16), (26, 32)]]
+    assert chunks[1] == [[(0, 9), (16, 25)], [(9, 16), (25, 32)]]
+    trace = generate(plan)
+    dp = trace.collectives[trace.collectives["phase"] == PHASE_INDEX["dp"]]
+    covered = np.zeros(model.layers, dtype=int)
+    for (lo, hi), g in dp.groupby(["layer_start", "layer_stop"]):
+        covered[lo:hi] += 1
+        for ranks in g["ranks"]:  # every ring member owns the layers in its replica
+            for rank in map(int, ranks.split(",")):
+                r = int(trace.ops.loc[trace.ops["rank"] == rank, "replica"].iloc[0])
+                s = next(i for i, sc in enumerate(chunks[r]) if any(a <= lo < b for a, b in sc))
+                assert rank in plan.stage_ranks(plan.replicas[r].stages[s])
+    assert covered.tolist() == [1] * model.layers
+    assert len(topo_order(trace)[0]) == trace.num_ops
