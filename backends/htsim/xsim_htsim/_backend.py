@@ -8,10 +8,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from xsim_adapters.backends.base import Backend, Timeline
+from xsim_adapters.backends.base import Backend
 from xsim_adapters.errors import BackendError, BackendUnavailable
 from xsim_adapters.topology.model import Topology
 from xsim_adapters.trace.schema import Trace
+from xsim_adapters.trace.timeline import Timeline
 
 from ._driver import find_driver, run_driver
 from ._input import write_input

@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from xsim_adapters.backends.base import Backend, Timeline
+from xsim_adapters.backends.base import Backend
 from xsim_adapters.errors import BackendError, BackendUnavailable
 from xsim_adapters.topology.model import Topology
 from xsim_adapters.trace.schema import KINDS, PHASES, Trace
+from xsim_adapters.trace.timeline import Timeline
 
 from ._options import parse_options
 from ._prepare import prepare

@@ -12,7 +12,8 @@ import pandas as pd
 from ...errors import BackendError
 from ...topology.model import Topology
 from ...trace.schema import KIND_FLOW, Trace
-from ..base import Backend, Timeline
+from ...trace.timeline import Timeline
+from ..base import Backend
 from .executor import FlowProblem, run_flows
 
 
