@@ -17,7 +17,7 @@ from xsim_adapters.trace.schema import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-DRIVER_SRC = REPO / "backends" / "htsim" / "driver"
+DRIVER_SRC = REPO / "plugins" / "htsim" / "driver"
 DATA = Path(__file__).resolve().parent / "data" / "htsim"
 
 

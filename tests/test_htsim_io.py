@@ -102,7 +102,7 @@ def test_missing_driver_message(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     assert not ok
     assert reason.startswith(
         "htsim driver not found: XSIM_HTSIM_DRIVER is not set, no 'xsim-htsim' on PATH, and no "
-        f"{tmp_path / 'nowhere' / 'xsim-htsim'}; build it with `make -C backends/htsim/driver "
+        f"{tmp_path / 'nowhere' / 'xsim-htsim'}; build it with `make -C plugins/htsim/driver "
         "HTSIM_DIR=/path/to/csg-htsim`"
     )
     trace, topo = golden_case()
