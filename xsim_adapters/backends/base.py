@@ -5,6 +5,9 @@ A backend is a class registered under the entry-point group ``xsim_adapters.back
 - ``name``: a class attribute, the name users type (``flow``, ``ns3``, ``htsim``);
 - ``available() -> tuple[bool, str]``: whether it can run here, and if not, exactly what is
   missing (a reason that tells the user what to install or set);
+- ``options``: a class attribute, the tuple of :class:`~xsim_adapters.options.Option` it
+  accepts (default: ``seed`` and ``progress``); ``run`` checks its mapping with
+  :func:`~xsim_adapters.options.check_options`, so unknown keys and bad values are errors;
 - ``run(trace, topology, options) -> Timeline``: replay every op of ``trace`` on ``topology``
   (:class:`~xsim_adapters.trace.timeline.Timeline`, re-exported here for plugins).
 
@@ -21,6 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
+from ..options import COMMON_OPTIONS, Option
 from ..topology.model import Topology
 from ..trace.schema import Trace
 from ..trace.timeline import Timeline
@@ -29,9 +33,10 @@ __all__ = ["Backend", "Timeline"]
 
 
 class Backend(ABC):
-    """Base class of backends. Implement ``available`` and ``run``; set ``name``."""
+    """Base class of backends. Implement ``available`` and ``run``; set ``name`` and ``options``."""
 
     name: str = ""
+    options: tuple[Option, ...] = COMMON_OPTIONS
 
     @classmethod
     @abstractmethod
