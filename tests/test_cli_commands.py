@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from xsim_adapters import cli
-from xsim_adapters.errors import XsimError
 
 REPO = Path(__file__).resolve().parents[1]
 HETERO = REPO / "workloads" / "hetero-dp-h100-a100.yaml"
