@@ -1,7 +1,8 @@
 """htsim backend against real htsim: closed forms, the flow backend, shipped plans.
 
-Needs htsim: set HTSIM_DIR to a csg-htsim checkout built with `cd sim && make` (the driver is
-then built from our source into a temporary directory), or XSIM_HTSIM_DRIVER to a built driver.
+Needs htsim: set HTSIM_DIR to an htsim build holding sim/libhtsim.a and the headers of sim/
+(made by htsim's own instructions; the driver is then built from our source into a temporary
+directory), or XSIM_HTSIM_DRIVER to a built driver.
 
 Tolerances, and why:
 - a single flow: within 2% + 1 us of S*8/B + path latency. htsim sends whole MTU packets (the
