@@ -204,7 +204,7 @@ def build_block(
             # Start the collectives where the compute starts: after the previous compute op and
             # the previous collective's last flows of each rank.
             prev_last, prev_tails = before
-            assert prev_tails is not None
+            assert prev_last is not None and prev_tails is not None
             if np.array_equal(prev_tails[:, 0], prev_last):
                 tails = prev_tails
             else:

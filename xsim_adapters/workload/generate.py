@@ -292,8 +292,8 @@ class _Generator:
                     tb.add_edges(blk.ends[mb], ids[:, None])
         dp = self._dp_setup() if plan.dp > 1 else None
         if dp is not None:
-            kind = "reduce_scatter" if zero else "all_reduce"
-            tails, _ = self._dp_rings(dp, kind, dp["ready"])
+            sync = "reduce_scatter" if zero else "all_reduce"
+            tails, _ = self._dp_rings(dp, sync, dp["ready"])
             tb.add_edges(tails, barrier_of[dp["members"]][:, None, :, None])
         for ends, last, st, r, i in last_ends:
             ranks = np.asarray(plan.stage_ranks(st), dtype=np.int64)
