@@ -180,3 +180,22 @@ def test_zb_split_keeps_the_backward_time() -> None:
     emb = comp[comp["layer_start"] == -2]
     assert set(emb["phase"]) == {PHASE_INDEX["fwd"], PHASE_INDEX["wgrad"]}
     assert np.isin(ops["phase"].unique(), list(PHASE_INDEX.values())).all()
+
+
+def test_zb_h1_with_selective_recompute_and_tp_overlap() -> None:
+    plan = make_plan(
+        [[("h100", 0, 2, 0, 2), ("h100", 2, 4, 2, 4)]],
+        model=MODEL,
+        training={"schedule": "zb_h1", "recompute": "selective", "sequence_parallel": True,
+                  "overlap": OverlapSpec(tp_comm=True)},
+    )
+    trace = generate(plan)
+    ops = trace.ops
+    assert len(topo_order(trace)[0]) == trace.num_ops
+    comp = ops[ops["kind"] == KIND_COMPUTE]
+    rec = comp[comp["phase"] == PHASE_INDEX["recompute"]]
+    assert len(rec) == MODEL.layers * 2 * 4  # one per layer, rank and micro-batch
+    w = comp[comp["phase"] == PHASE_INDEX["wgrad"]]
+    assert len(w) == (MODEL.layers + 2) * 2 * 4  # + embedding and head gradients
+    _, m = _run(plan)
+    assert m.summary["iteration_time_ns"] > 0
