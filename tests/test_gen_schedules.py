@@ -322,3 +322,43 @@ def test_interleaved_dp_sync_follows_the_chunks() -> None:
                 assert rank in plan.stage_ranks(plan.replicas[r].stages[s])
     assert covered.tolist() == [1] * model.layers
     assert len(topo_order(trace)[0]) == trace.num_ops
+
+
+def _random_hetero_plan(seed: int):
+    """Two or three replicas of 1-4 stages with random TP (1, 2, 4), layer splits and devices."""
+    rng = np.random.default_rng(seed)
+    model = replace(EIGHT, layers=16)
+    schedule = ["1f1b", "zb_h1", "interleaved", "gpipe"][seed % 4]
+    v = 2 if schedule == "interleaved" else 1
+    replicas, mbs, used = [], [], {"h100": 0, "a100": 0}
+    for _ in range(int(rng.integers(2, 4))):
+        pp = int(rng.integers(2 if v > 1 else 1, 5))
+        cuts = sorted(rng.choice(np.arange(v, 16 - v + 1, v), pp - 1, replace=False).tolist())
+        bounds = [0, *cuts, 16]
+        stages = []
+        for s in range(pp):
+            group = str(rng.choice(["h100", "a100"]))
+            tp = int(rng.choice([1, 2, 4]))
+            d0 = used[group]
+            used[group] += tp
+            stages.append((group, d0, d0 + tp, bounds[s], bounds[s + 1]))
+        replicas.append(stages)
+        mbs.append(pp * int(rng.integers(1, 4)) if v > 1 else int(rng.integers(1, 7)))
+    groups = [("h100", H100, 8, 8), ("a100", A100, 8, 8)]
+    return make_plan(replicas, groups=groups, model=model, micro_batches=mbs,
+                     training={"schedule": schedule, "virtual_stages": v})
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_heterogeneous_plans_have_no_deadlock(seed: int) -> None:
+    plan = _random_hetero_plan(seed)
+    trace = generate(plan)
+    assert len(topo_order(trace)[0]) == trace.num_ops
+    ops = trace.ops
+    comp = ops[(ops["kind"] == KIND_COMPUTE) & (ops["phase"] != PHASE_INDEX["optim"])]
+    # every replica computes every layer forward for each of its micro-batches, on each TP rank
+    for r, rep in enumerate(plan.replicas):
+        mine = comp[(comp["replica"] == r) & (comp["phase"] == PHASE_INDEX["fwd"])
+                    & comp["layer_start"].between(0, 15)]
+        per_rank = sum(2 * st.num_layers * st.tp for st in rep.stages)  # attention + MLP
+        assert len(mine) == per_rank * rep.micro_batches
