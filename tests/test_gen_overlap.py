@@ -14,7 +14,7 @@ from xsim_adapters.plan.model import OverlapSpec
 from xsim_adapters.trace.schema import KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
 from xsim_adapters.workload import generate
 from xsim_adapters.workload.compute import layer_costs
-from xsim_adapters.workload.passes import attention_core_flops
+from xsim_adapters.workload.passes import attention_core_flops, gemm_shares
 
 MODEL = replace(TINY, hidden=1024, ffn_hidden=2816, heads=16, kv_heads=16, seq_len=512)
 
@@ -40,40 +40,52 @@ def _tp_plan(tp_comm: bool):
     )
 
 
-def test_tp_comm_overlap_runs_collectives_beside_the_compute() -> None:
+def test_tp_comm_overlap_runs_collectives_beside_the_gemms() -> None:
     off, m_off = _run(_tp_plan(False))
     on, m_on = _run(_tp_plan(True))
-    # the same ops and bytes, only the edges differ
-    assert off.num_ops == on.num_ops
-    assert off.ops["bytes"].sum() == on.ops["bytes"].sum()
+    plan = _tp_plan(True)
     assert len(topo_order(on)[0]) == on.num_ops
+    # the same flows and bytes; every layer unit's compute op is cut in three (first GEMM,
+    # middle, last GEMM) with durations and FLOPs adding up to the unit's
+    fo, fn = off.ops[off.ops["kind"] == KIND_FLOW], on.ops[on.ops["kind"] == KIND_FLOW]
+    assert len(fo) == len(fn) and fo["bytes"].sum() == fn["bytes"].sum()
+    co, cn = off.ops[off.ops["kind"] == KIND_COMPUTE], on.ops[on.ops["kind"] == KIND_COMPUTE]
+    layer_ops = co["layer_start"].between(0, MODEL.layers - 1)
+    units = co[layer_ops & (co["phase"] != PHASE_INDEX["optim"])]
+    assert len(cn) == len(co) + 2 * len(units)
+    key = ["rank", "microbatch", "phase", "layer_start"]
+    assert (co.groupby(key)["duration_ns"].sum() == cn.groupby(key)["duration_ns"].sum()).all()
+    # the shares come from the compute model: QKV and out-projection of the attention block
+    shares = gemm_shares(MODEL, plan.training, 4)
+    qkv = 2 * 512 * 1024 * (1024 + 2 * 16 * 64) / 4
+    proj = 2 * 512 * 1024 * 1024 / 4
+    core = attention_core_flops(MODEL, plan.training, 4)
+    assert shares["attention"] == pytest.approx((qkv / (qkv + proj + core),
+                                                 proj / (qkv + proj + core)))
+    assert shares["mlp"] == pytest.approx((2 / 3, 1 / 3))
+    # a layer unit's reduce-scatter starts after its middle piece, not after its last GEMM
     ops, preds = on.ops, _preds(on)
     comp = ops[ops["kind"] == KIND_COMPUTE]
     rs_ids = set(on.collectives.loc[on.collectives["kind"] == "reduce_scatter", "collective"])
-    rs = ops[ops["collective"].isin(rs_ids) & (ops["step"] == 0)]
-    # a reduce-scatter's first flow no longer waits for the compute op it follows (the rank's
-    # last compute before it), except in a block's first unit: it waits for what that compute
-    # waits for
-    cid = comp["op_id"].to_numpy()
-    own = [cid[(comp["rank"].to_numpy() == r) & (cid < f)].max()
-           for r, f in zip(rs["rank"], rs["op_id"], strict=True)]
-    after_compute = np.array([o in preds[f] for o, f in zip(own, rs["op_id"], strict=True)])
-    assert 0 < after_compute.sum() < len(after_compute) / 4
-    serial_ops = off.ops
-    srs = serial_ops[serial_ops["collective"].isin(rs_ids) & (serial_ops["step"] == 0)]
-    assert len(srs) == len(rs)
+    rs = ops[ops["collective"].isin(rs_ids) & (ops["step"] == 0) & (ops["layer_start"] >= 0)
+             & (ops["layer_start"] < MODEL.layers)]
+    cid, crank = comp["op_id"].to_numpy(), comp["rank"].to_numpy()
+    for f, r in zip(rs["op_id"], rs["rank"], strict=True):
+        mine = cid[(crank == r) & (cid < f)]
+        last_gemm, middle = mine[-1], mine[-2]
+        assert middle in preds[f] and last_gemm not in preds[f]
+    # on the flow backend: TP flows run while rank 0 computes, and the iteration gets shorter
     tl = m_on.timeline
-    c = tl[tl["kind"] == KIND_COMPUTE]
-    f = tl[(tl["kind"] == KIND_FLOW) & (tl["phase"] == PHASE_INDEX["tp"])]
-    r0c, r0f = c[c["rank"] == 0], f[f["rank"] == 0]
-    overlapped = (r0f["start_ns"].to_numpy()[:, None] < r0c["end_ns"].to_numpy()[None, :]) & (
-        r0f["end_ns"].to_numpy()[:, None] > r0c["start_ns"].to_numpy()[None, :]
+    c = tl[(tl["kind"] == KIND_COMPUTE) & (tl["rank"] == 0)]
+    f = tl[(tl["kind"] == KIND_FLOW) & (tl["phase"] == PHASE_INDEX["tp"]) & (tl["rank"] == 0)]
+    overlapped = (f["start_ns"].to_numpy()[:, None] < c["end_ns"].to_numpy()[None, :]) & (
+        f["end_ns"].to_numpy()[:, None] > c["start_ns"].to_numpy()[None, :]
     )
-    assert overlapped.any()  # some TP flow runs while rank 0 computes
+    assert overlapped.any()
     so, sf = m_on.summary, m_off.summary
     assert so["iteration_time_ns"] < sf["iteration_time_ns"]
     assert so["totals"]["exposed_comm_ns"] < sf["totals"]["exposed_comm_ns"]
-    # the compute itself is unchanged: no faster than the compute-only critical path of rank 0
+    # no faster than rank 0's compute alone
     r0 = off.ops[(off.ops["rank"] == 0) & (off.ops["kind"] == KIND_COMPUTE)]
     assert so["iteration_time_ns"] >= r0["duration_ns"].sum()
 

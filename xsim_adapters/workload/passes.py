@@ -42,6 +42,24 @@ def attention_wgrad_share(attn_flops: float, core_flops: float) -> float:
     return max(0.0, attn_flops - core_flops) / (2.0 * attn_flops) if attn_flops > 0 else 0.0
 
 
+def gemm_shares(
+    model: ModelSpec, training: TrainingSpec, tp: int
+) -> dict[str, tuple[float, float]]:
+    """Per block (``"attention"``, ``"mlp"``): the FLOP shares (first, last) of its first GEMM
+    and its last GEMM, the ones TP communication overlaps with (Megatron-Core's TP overlap: the
+    sequence-parallel all-gather pipelined with the GEMM it feeds, the reduce-scatter with the
+    GEMM that produces it). Attention: QKV first, out-projection last (the core in between);
+    MLP: up (and gate) first, down last. The same shares serve the backward (each GEMM's
+    backward is 2x its forward, as the core's)."""
+    b, s, h = training.micro_batch, model.seq_len, model.hidden
+    bs = b * s
+    qkv = 2.0 * bs * h * (h + 2 * model.kv_heads * model.head_dim) / tp
+    proj = 2.0 * bs * h * h / tp
+    attn = qkv + proj + attention_core_flops(model, training, tp)
+    g = 3 if model.gated_mlp else 2
+    return {"attention": (qkv / attn, proj / attn), "mlp": ((g - 1) / g, 1 / g)}
+
+
 GEMM_WGRAD_SHARE = 0.5  # MLP and head: dX and dW GEMMs have equal FLOPs (see module docstring)
 
 
