@@ -51,6 +51,7 @@ LEGACY_FILES: dict[str, set[str]] = {
     "sweep": {"sweep.csv", "sweep.parquet", "sweep.yaml", "sweep.rows.jsonl"},
     "compare": {"trace/", "compare.csv", "compare_ranks.csv", "compare.png"},
 }
+SWEEP_STAMP_FILES = tuple(sorted(LEGACY_FILES["sweep"]))  # a sweep fills its directory later
 _TMP_RE = re.compile(re.escape(TMP_PREFIX) + r".*-(\d+)-[A-Za-z0-9_]{8}(?:\.tmp)?")
 
 
@@ -281,13 +282,15 @@ def swap_in(tmp: Path, target: Path) -> None:
 
 
 @contextlib.contextmanager
-def output_dir(path: str | os.PathLike[str], kind: str, force: bool = False) -> Iterator[Path]:
+def output_dir(path: str | os.PathLike[str], kind: str, force: bool = False,
+               expect: Iterable[str] = ()) -> Iterator[Path]:
     """Write a ``kind`` output directory at ``path`` as one unit.
 
     Checks the rule (:func:`check_output`), then yields an empty temporary sibling to write
     into; on normal exit stamps it, checks ``path`` again (it may have changed meanwhile) and
     swaps it in. On any exception, Ctrl-C or SIGTERM the temporary sibling is removed and
-    ``path`` is untouched.
+    ``path`` is untouched. ``expect``: files written into ``path`` later (listed in the stamp
+    as xsim's, e.g. a sweep's incremental rows file).
     """
     target = check_output(path, kind, force)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -298,7 +301,7 @@ def output_dir(path: str | os.PathLike[str], kind: str, force: bool = False) -> 
         write_stamp(tmp, kind, [])  # first: a stale sibling is recognisable as ours
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())
-        write_stamp(tmp, kind)
+        write_stamp(tmp, kind, set(_files(tmp)) | set(expect))
         check_output(target, kind, force)
         swap_in(tmp, target)
     except BaseException:

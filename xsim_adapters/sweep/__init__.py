@@ -11,6 +11,7 @@ Reference: ``docs/sweep.md``.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,7 +20,15 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from .expand import OverrideError, Variant, apply_override, expand, product
-from .results import TIMING_COLUMNS, build_frame, write_sweep
+from .results import (
+    ROWS_FILE,
+    TIMING_COLUMNS,
+    RowLog,
+    build_frame,
+    read_rows,
+    variant_digest,
+    write_sweep,
+)
 from .runner import (
     Executor,
     LocalExecutor,
@@ -41,13 +50,15 @@ from .spec import (
 
 if TYPE_CHECKING:
     from ..plan.model import Plan
-    from .runner import Progress
+    from .runner import Progress, Row
 
 __all__ = [
     "TIMING_COLUMNS",
     "Executor",
     "LocalExecutor",
+    "ROWS_FILE",
     "OverrideError",
+    "RowLog",
     "RayExecutor",
     "SweepError",
     "SweepSpec",
@@ -63,11 +74,13 @@ __all__ = [
     "parse_values",
     "product",
     "read_plan_data",
+    "read_rows",
     "run_spec",
     "run_variant",
     "spec_for",
     "summary_row",
     "sweep",
+    "variant_digest",
     "write_sweep",
 ]
 
@@ -98,23 +111,45 @@ def spec_for(plan_or_path: Plan | Mapping[str, Any] | str | os.PathLike[str],
 
 
 def run_spec(spec: SweepSpec, executor: Executor | None = None,
-             progress: Progress | None = None) -> tuple[list[Variant], pd.DataFrame]:
+             progress: Progress | None = None, rows_log: RowLog | None = None,
+             done: Mapping[str, dict[str, Any]] | None = None,
+             ) -> tuple[list[Variant], pd.DataFrame]:
     """Expand ``spec`` and run every variant that could be built; (variants, result frame).
 
     The backend is checked once before any work (an unknown or unavailable backend fails
-    the whole sweep); a variant whose overrides or plan fail records its error in its row.
+    the whole sweep); a variant whose overrides or plan fail, or which crashes, records its
+    error in its row. ``rows_log`` gets each row as soon as its variant finishes; ``done``
+    (digest -> row, from an earlier run's rows file) supplies rows of variants not re-run.
     """
     from ..backends.registry import get_backend
 
     get_backend(spec.backend)
     executor = executor or LocalExecutor(1)
+    done = done or {}
     variants = expand(spec.base, spec.axes, spec.base_dir)
     runnable = [v for v in variants if v.plan is not None]
     tasks = [{"plan": v.plan, "base_dir": spec.base_dir, "backend": spec.backend,
               "options": spec.options} for v in runnable]
-    if progress:
-        progress(len(variants) - len(runnable))  # the failed overrides are done already
-    results = iter(executor.map(run_variant, tasks, progress))
+    digests = [variant_digest(t) for t in tasks]
+    todo = [k for k, d in enumerate(digests) if d not in done]
+    if progress:  # the failed overrides and the resumed variants are done already
+        progress(len(variants) - len(todo))
+
+    def saved(i: int, row: Row) -> None:
+        k = todo[i]
+        if rows_log is not None:
+            rows_log.append(digests[k], runnable[k].index, runnable[k].overrides, row)
+
+    todo_tasks = [tasks[k] for k in todo]
+    if rows_log is not None and "on_result" in inspect.signature(executor.map).parameters:
+        new = executor.map(run_variant, todo_tasks, progress, on_result=saved)
+    else:  # an executor without on_result: rows are saved when it returns
+        new = executor.map(run_variant, todo_tasks, progress)
+        for i, row in enumerate(new):
+            saved(i, row)
+    by_task = dict(zip(todo, new, strict=True))
+    results = iter([by_task[k] if k in by_task else dict(done[digests[k]])
+                    for k in range(len(tasks))])
     rows = [next(results) if v.plan is not None else {"error": v.error, "wall_s": 0.0, "cpu_s": 0.0}
             for v in variants]
     return variants, build_frame(variants, rows)
