@@ -272,6 +272,7 @@ def swap_in(tmp: Path, target: Path) -> None:
             else:
                 old = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-{os.getpid()}-",
                                             dir=target.parent))
+                write_stamp(old, "old", [])
                 os.rename(target, old / "old")
                 os.rename(tmp, target)
     if old is not None:

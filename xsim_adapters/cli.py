@@ -265,14 +265,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if len(set(backends)) < 2:
         raise XsimError(f"--backends needs at least two different names (got {args.backends!r})")
     per = _split_backend_options(parse_options(args.option or []), backends)
-    from .backends.registry import get_backend
-
-    for name in backends:  # fail on an unknown or unavailable backend before any work
-        get_backend(name)
     from ._outdir import check_output, output_dir
+    from .backends.registry import get_backend
 
     out = Path(args.output)
     check_output(out, "compare", args.force)
+
+    for name in backends:  # fail on an unknown or unavailable backend before any work
+        get_backend(name)
     with ProgressBar(2 + len(backends), "xsim compare", force=args.progress) as bar:
         plan, trace = _load_input(args.plan)
         if trace is None:
