@@ -6,6 +6,7 @@ Processes are scanned through /proc (Linux only), no psutil.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -32,9 +33,12 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _xsim(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "xsim_adapters.cli", *args], env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _xsim(*args: str, log: Path) -> subprocess.Popen:
+    """``xsim ARGS`` in a subprocess; stdout and stderr go to ``log`` (a file, not a pipe: an
+    orphaned child holding a pipe would make reading it hang instead of failing the test)."""
+    with open(log, "wb") as fh:
+        return subprocess.Popen([sys.executable, "-m", "xsim_adapters.cli", *args], env=_env(),
+                                stdout=fh, stderr=subprocess.STDOUT)
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
@@ -145,7 +149,7 @@ def test_kill_at_any_instant_leaves_the_old_or_the_new_run_whole(tmp_path):
 
     def one(i: int) -> None:
         sig, point = KILLS[i]
-        proc = _xsim("run", str(b), "-o", str(parents[i] / "out"))
+        proc = _xsim("run", str(b), "-o", str(parents[i] / "out"), log=root / f"log{i}")
         if point is None:
             time.sleep(1.0)
         else:
@@ -153,12 +157,13 @@ def test_kill_at_any_instant_leaves_the_old_or_the_new_run_whole(tmp_path):
                 time.sleep(0.001)
         if proc.poll() is None:
             proc.send_signal(sig)
-        proc.communicate(timeout=120)
+        proc.wait(timeout=120)
         results[i] = (proc.pid, proc.returncode)
 
     # Meanwhile two runs of different plans race into one OUT: the last to finish wins whole.
     shared = root / "shared"
-    racers = [_xsim("run", str(p), "--no-plots", "-o", str(shared)) for p in (a, b)]
+    racers = [_xsim("run", str(p), "--no-plots", "-o", str(shared), log=root / f"race{i}")
+              for i, p in enumerate((a, b))]
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(KILLS))]
     for t in threads:
         t.start()
@@ -184,8 +189,7 @@ def test_kill_at_any_instant_leaves_the_old_or_the_new_run_whole(tmp_path):
         assert cli.main(["trace", str(a), "-o", str(p / "next")]) == 0
         assert not [n.name for n in p.iterdir() if n.name.startswith(".xsim-tmp-")]
     for r in racers:
-        r.communicate(timeout=120)
-        assert r.returncode == 0
+        assert r.wait(timeout=120) == 0
     assert _which_run(shared, plots=False) in ("tiny-a", "tiny-b")
     assert not [n.name for n in root.iterdir() if n.name.startswith(".xsim-tmp-")]
 
@@ -194,7 +198,7 @@ def test_sweep_workers_die_with_a_sigkilled_parent_and_rows_survive(tmp_path):
     a, _ = tiny_plans(tmp_path)
     out = tmp_path / "sw"
     proc = _xsim("sweep", str(a), "--set", "training.global_batch=2,4,6,8", "--jobs",
-                 "2", "-o", str(out))
+                 "2", "-o", str(out), log=tmp_path / "log")
     rows = out / "sweep.rows.jsonl"
     workers: set[int] = set()
     deadline = time.monotonic() + 90
@@ -203,19 +207,23 @@ def test_sweep_workers_die_with_a_sigkilled_parent_and_rows_survive(tmp_path):
         if rows.exists() and rows.read_text().count("\n") >= 1 and len(workers) >= 2:
             break
         time.sleep(0.05)
-    assert proc.poll() is None, proc.communicate()
+    assert proc.poll() is None, (tmp_path / "log").read_text()
     workers |= _descendants(proc.pid)
     assert any("multiprocessing" in _cmdline(w) for w in workers), workers
     proc.kill()
-    proc.communicate()
-    assert not _wait_gone(workers, 5.0), [(w, _cmdline(w)) for w in workers if _stat(w)]
+    proc.wait()
+    left = _wait_gone(workers, 5.0)
+    for w in left:  # never leave a worker behind, even when the test fails
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(w, signal.SIGKILL)
+    assert not left, "sweep workers outlived their parent"
     kept = [json.loads(ln) for ln in rows.read_text().splitlines()]
     assert kept and all(r["row"]["error"] == "" for r in kept)
     # --resume runs only the rest and says how many it skipped
     res = _xsim("sweep", str(a), "--set", "training.global_batch=2,4,6,8", "-o",
-                str(out), "--resume")
-    stdout, stderr = res.communicate(timeout=120)
-    assert res.returncode == 0, stderr
+                str(out), "--resume", log=tmp_path / "log2")
+    assert res.wait(timeout=120) == 0, (tmp_path / "log2").read_text()
+    stdout = (tmp_path / "log2").read_text()
     assert f"skipped {len(kept)} variants already finished" in stdout
     frame = pd.read_csv(out / "sweep.csv", keep_default_na=False)
     assert list(frame["training.global_batch"]) == [2, 4, 6, 8]
@@ -235,19 +243,24 @@ def test_ns3_worker_dies_with_a_sigkilled_parent_and_its_tempdir_goes(tmp_path):
     from xsim_adapters._proc import clean_stale_tempdirs
 
     a, _ = tiny_plans(tmp_path)
-    proc = _xsim("run", str(a), "--backend", "ns3", "-o", str(tmp_path / "o"))
+    proc = _xsim("run", str(a), "--backend", "ns3", "-o", str(tmp_path / "o"),
+                 log=tmp_path / "log")
     worker = None
     deadline = time.monotonic() + 90
     while worker is None and time.monotonic() < deadline and proc.poll() is None:
         worker = next((p for p in _descendants(proc.pid) if "xsim_ns3.worker" in _cmdline(p)),
                       None)
         time.sleep(0.05)
-    assert worker is not None, proc.communicate()
+    assert worker is not None, (tmp_path / "log").read_text()
     work = Path(_cmdline(worker).split()[-1]).parent
     assert work.name.startswith(f"xsim-ns3-{proc.pid}-") and work.is_dir()
     proc.kill()
-    proc.communicate()
-    assert not _wait_gone({worker}, 5.0), "the ns-3 worker outlived its parent"
+    proc.wait()
+    try:
+        assert not _wait_gone({worker}, 5.0), "the ns-3 worker outlived its parent"
+    finally:  # never leave a worker behind, even when the test fails
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
     assert work.is_dir()  # SIGKILL gives no chance to clean; the next run does
     assert clean_stale_tempdirs("xsim-ns3-", tempfile.gettempdir()) >= 1
     assert not work.exists()
