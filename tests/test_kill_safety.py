@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    paths = [str(REPO), str(REPO / "backends" / "ns3"), str(REPO / "backends" / "htsim")]
+    paths = [str(REPO), str(REPO / "plugins" / "ns3"), str(REPO / "plugins" / "htsim")]
     env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
     return env
 
