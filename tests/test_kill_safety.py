@@ -119,9 +119,8 @@ def _swapped(parent: Path) -> bool:
 # just after the swap.
 KILLS = [
     (signal.SIGKILL, None),
-    (signal.SIGKILL, _has("trace/manifest.json")),
+    (signal.SIGTERM, _has("trace/manifest.json")),
     (signal.SIGINT, _has("summary.json")),
-    (signal.SIGTERM, _has("ranks.csv")),
     (signal.SIGKILL, _has("timeline.png")),
     (signal.SIGKILL, _swapped),
 ]

@@ -138,11 +138,11 @@ def inspect_output(path: Path) -> tuple[str, set[str], list[str]]:
     stamp = _read_stamp(path)
     if stamp is not None:
         kind, owned = str(stamp.get("kind")), {str(f) for f in stamp["files"]} | {STAMP}
-    else:
-        kind, owned = _legacy(path, files)
-        if kind is None:
-            return "foreign", set(), files
-    return kind, owned, [f for f in files if f not in owned]
+        return kind, owned, [f for f in files if f not in owned]
+    legacy, owned = _legacy(path, files)
+    if legacy is None:
+        return "foreign", set(), files
+    return legacy, owned, [f for f in files if f not in owned]
 
 
 def _show(files: list[str], limit: int = 3) -> str:

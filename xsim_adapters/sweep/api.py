@@ -82,7 +82,8 @@ def run_spec(spec: SweepSpec, executor: Executor | None = None,
 
     todo_tasks = [tasks[k] for k in todo]
     if rows_log is not None and "on_result" in inspect.signature(executor.map).parameters:
-        new = executor.map(run_variant, todo_tasks, progress, on_result=saved)
+        new = executor.map(run_variant, todo_tasks, progress,
+                           on_result=saved)  # type: ignore[call-arg]  # checked just above
     else:  # an executor without on_result: rows are saved when it returns
         new = executor.map(run_variant, todo_tasks, progress)
         for i, row in enumerate(new):
