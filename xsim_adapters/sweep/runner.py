@@ -213,15 +213,25 @@ class RayExecutor:
         remote = ray.remote(num_cpus=self.num_cpus)(fn)
         refs = [remote.remote(t) for t in tasks]
         pending = list(refs)
-        index = {id(r): i for i, r in enumerate(refs)}
+        index = {_ref_key(r): i for i, r in enumerate(refs)}
         while pending:  # results are returned in task order; saved as each one finishes
             done, pending = ray.wait(pending, num_returns=1)
             if on_result:
                 for ref in done:
-                    on_result(index[id(ref)], ray.get(ref))
+                    on_result(index[_ref_key(ref)], ray.get([ref])[0])
             if progress:
                 progress(len(done))
         return list(ray.get(refs))
+
+
+def _ref_key(ref: Any) -> Any:
+    """A dict key for a Ray ObjectRef: the ref itself (``ray.wait`` may return new ref objects
+    equal to the submitted ones), or its identity when it cannot be hashed."""
+    try:
+        hash(ref)
+    except TypeError:
+        return ("id", id(ref))
+    return ref
 
 
 EXECUTORS = ("local", "ray")
