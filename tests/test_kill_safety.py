@@ -264,3 +264,51 @@ def test_ns3_worker_dies_with_a_sigkilled_parent_and_its_tempdir_goes(tmp_path):
     assert clean_stale_tempdirs("xsim-ns3-", tempfile.gettempdir()) >= 1
     assert not work.exists()
     assert not (tmp_path / "o").exists()
+
+
+def test_htsim_driver_dies_with_a_sigkilled_parent(tmp_path):
+    """The driver is started with the parent-death signal (a stand-in binary: the kernel
+    mechanism does not depend on what the driver computes)."""
+    code = ("import sys; from xsim_htsim._driver import run_driver; "
+            "run_driver(['/bin/sleep', '120'], None)")
+    with open(tmp_path / "log", "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-c", code], env=_env(), stdout=fh,
+                                stderr=subprocess.STDOUT)
+    driver = None
+    deadline = time.monotonic() + 30
+    while driver is None and time.monotonic() < deadline and proc.poll() is None:
+        driver = next((p for p in _descendants(proc.pid) if "sleep 120" in _cmdline(p)), None)
+        time.sleep(0.02)
+    assert driver is not None, (tmp_path / "log").read_text()
+    proc.kill()
+    proc.wait()
+    try:
+        assert not _wait_gone({driver}, 5.0), "the htsim driver outlived its parent"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(driver, signal.SIGKILL)
+
+
+@pytest.mark.ns3
+@pytest.mark.skipif(not HAVE_NS3, reason="the ns-3 wheel is not installed (pip install ns3)")
+def test_ctrl_c_stops_the_ns3_worker_and_removes_its_tempdir(tmp_path):
+    a, _ = tiny_plans(tmp_path)
+    proc = _xsim("run", str(a), "--backend", "ns3", "-o", str(tmp_path / "o"),
+                 log=tmp_path / "log")
+    worker = None
+    deadline = time.monotonic() + 90
+    while worker is None and time.monotonic() < deadline and proc.poll() is None:
+        worker = next((p for p in _descendants(proc.pid) if "xsim_ns3.worker" in _cmdline(p)),
+                      None)
+        time.sleep(0.05)
+    assert worker is not None, (tmp_path / "log").read_text()
+    work = Path(_cmdline(worker).split()[-1]).parent
+    proc.send_signal(signal.SIGINT)  # the worker is in its own session: xsim must stop it
+    try:
+        assert proc.wait(timeout=30) == 130
+        assert not _wait_gone({worker}, 2.0), "the ns-3 worker outlived Ctrl-C"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
+    assert not work.exists()
+    assert "xsim: interrupted" in (tmp_path / "log").read_text()
