@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 from test_output_paths import tiny_plans
 
 from xsim_adapters import api
@@ -77,3 +78,32 @@ def test_ray_executor_reports_each_row_as_it_finishes():
         lambda t: {"t": t}, [1, 2, 3], on_result=lambda i, r: seen.append((i, r)))
     assert rows == [{"t": 1}, {"t": 2}, {"t": 3}]
     assert seen == [(2, {"t": 3}), (1, {"t": 2}), (0, {"t": 1})]  # the fake finishes last first
+
+
+def test_a_second_writer_is_refused_while_a_sweep_holds_its_directory(tmp_path, capsys):
+    import subprocess
+
+    from xsim_adapters import _outdir, cli
+    from xsim_adapters.errors import OutputError
+
+    a, _ = tiny_plans(tmp_path)
+    out = tmp_path / "sw"
+    out.mkdir()
+    _outdir.write_stamp(out, "sweep", [])
+    other = subprocess.Popen(["sleep", "30"])  # a live process standing in for another sweep
+    try:
+        (out / ".xsim-lock").write_text(f"{other.pid}\n")
+        for argv in (["sweep", str(a), "--set", "training.micro_batch=1", "-o", str(out)],
+                     ["run", str(a), "-o", str(out), "--force"]):
+            assert cli.main(argv) == 1
+            err = capsys.readouterr().err
+            assert f"another xsim process (pid {other.pid}) is writing this output" in err
+        with pytest.raises(OutputError, match=f"pid {other.pid}"), _outdir.writer_lock(out):
+            pass
+    finally:
+        other.kill()
+        other.wait()
+    # The holder is gone (as after a SIGKILL): the lock is taken over, then released.
+    with _outdir.writer_lock(out):
+        assert (out / ".xsim-lock").read_text().strip() == str(os.getpid())
+    assert sorted(p.name for p in out.iterdir()) == [".xsim-output"]

@@ -38,6 +38,7 @@ from ._proc import _LIBC, TOOL, pid_alive
 from .errors import OutputError
 
 STAMP = ".xsim-output"
+LOCK = ".xsim-lock"  # a sweep filling its directory holds it: {pid}
 TMP_PREFIX = ".xsim-tmp-"
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2  # <linux/fs.h>
@@ -137,7 +138,7 @@ def inspect_output(path: Path) -> tuple[str, set[str], list[str]]:
         return "empty", set(), []
     stamp = _read_stamp(path)
     if stamp is not None:
-        kind, owned = str(stamp.get("kind")), {str(f) for f in stamp["files"]} | {STAMP}
+        kind, owned = str(stamp.get("kind")), {str(f) for f in stamp["files"]} | {STAMP, LOCK}
         return kind, owned, [f for f in files if f not in owned]
     legacy, owned = _legacy(path, files)
     if legacy is None:
@@ -157,6 +158,11 @@ def check_output(path: str | os.PathLike[str], kind: str, force: bool = False) -
     target = Path(os.path.realpath(path))
     if target.parent == target:
         raise OutputError(f"{path}: cannot write an output over the filesystem root")
+    holder = lock_holder(target)
+    if holder is not None:
+        raise OutputError(
+            f"{path}: another xsim process (pid {holder}) is writing this output; wait for it"
+            " to finish, or choose another -o path")
     state, _, foreign = inspect_output(target)
     if state in ("absent", "empty"):
         return target
@@ -196,6 +202,46 @@ def check_output_file(path: str | os.PathLike[str], what: str,
                           " (choose another -o path, or move the file away)")
     clean_stale_siblings(target.parent)
     return target
+
+
+def lock_holder(root: Path) -> int | None:
+    """The pid of the live xsim process holding ``root/.xsim-lock`` (not this one), or None."""
+    try:
+        pid = int((root / LOCK).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid != os.getpid() and pid_alive(pid) else None
+
+
+@contextlib.contextmanager
+def writer_lock(root: Path) -> Iterator[None]:
+    """Hold ``root/.xsim-lock`` (this pid) while writing into ``root`` in place (a sweep); a
+    second writer is refused with OutputError. A lock whose process is dead is taken over."""
+    lock = root / LOCK
+    tmp = root / f"{LOCK}.{os.getpid()}.tmp"
+    tmp.write_text(f"{os.getpid()}\n")
+    try:
+        for _ in range(3):
+            try:
+                os.link(tmp, lock)  # atomic: fails if the lock exists, never half-written
+                break
+            except FileExistsError:
+                holder = lock_holder(root)
+                if holder is not None:
+                    raise OutputError(
+                        f"{root}: another xsim process (pid {holder}) is writing this output;"
+                        " wait for it to finish, or choose another -o path") from None
+                with contextlib.suppress(FileNotFoundError):
+                    lock.unlink()  # left by a process that is gone
+        else:
+            raise OutputError(f"{root}: cannot take the lock {LOCK}")
+    finally:
+        tmp.unlink()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            lock.unlink()
 
 
 def write_stamp(root: Path, kind: str, files: Iterable[str] | None = None) -> None:

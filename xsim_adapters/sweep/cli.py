@@ -101,6 +101,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
 
 def run_sweep_command(args: argparse.Namespace) -> int:
     """Run the sweep, write OUT/, print a short report; returns the exit status."""
+    from .._outdir import writer_lock
     from ..report.progress import ProgressBar
     from .api import run_spec
     from .expand import product
@@ -114,10 +115,11 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     if args.resume:
         print(f"resuming in {args.output}: {len(done)} finished variants on record in "
               f"{ROWS_FILE}")
-    with ProgressBar(total, "xsim sweep", force=args.progress) as bar, \
-            RowLog(out / ROWS_FILE) as log:
-        variants, frame = run_spec(spec, executor, lambda n: bar.advance(n), log, done)
-    write_sweep(out, frame, spec.to_yaml())
+    with writer_lock(out):  # one sweep at a time fills OUT
+        with ProgressBar(total, "xsim sweep", force=args.progress) as bar, \
+                RowLog(out / ROWS_FILE) as log:
+            variants, frame = run_spec(spec, executor, lambda n: bar.advance(n), log, done)
+        write_sweep(out, frame, spec.to_yaml())
     if args.resume:
         skipped = sum(variant_digest(t) in done for t in _tasks(spec, variants))
         print(f"skipped {skipped} variants already finished in {args.output}/{ROWS_FILE}")
