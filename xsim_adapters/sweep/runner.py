@@ -7,6 +7,7 @@ in task order whatever order they finish in, so a sweep's frame does not depend 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import os
@@ -175,7 +176,11 @@ class LocalExecutor:
             pool.shutdown()
             return None
         except BaseException:
-            # Ctrl-C: drop the variants not started instead of running them all.
+            # Ctrl-C or SIGTERM: stop now. Kill the running workers (otherwise the pool's exit
+            # handler waits for their variants to finish) and drop the ones not started.
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                with contextlib.suppress(Exception):
+                    proc.kill()
             pool.shutdown(wait=False, cancel_futures=True)
             raise
 
