@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 MAX_PLAN_BYTES = 1 << 20  # 1 MiB; the shipped plans are under 5 KB
 MAX_YAML_DEPTH = 32  # nesting of mappings and lists; the shipped plans nest 5 deep
 MAX_YAML_ALIASES = 100  # uses of `*anchor`
-MAX_YAML_NODES = 200_000  # scalars, lists and mappings, counted with aliases expanded
+MAX_YAML_NODES = 50_000  # scalars, lists and mappings, aliases expanded (the 1,024-GPU plan: ~300)
 
 # ---- field ranges (the trace's integer columns: schema.OP_COLUMNS)
 INT16_MAX = (1 << 15) - 1

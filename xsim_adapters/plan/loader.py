@@ -7,11 +7,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..errors import PlanError
 from . import _fields as f
 from . import limits as lim
+from .bounded_yaml import parse_yaml
 from .memory import check_feasible
 from .model import DeviceType, Plan
 from .presets import _device_presets, _model_presets
@@ -38,130 +37,6 @@ TOP_KEYS = (
 )
 REQUIRED_TOP_KEYS = ("name", "model", "training", "device_groups", "replicas")
 OPTIONAL_SECTIONS = ("device_types", "network", "collectives")
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate mapping keys and bounds the work of composing.
-
-    While the document is composed (before any Python object exists) it counts nesting depth,
-    alias uses and nodes with every alias expanded, and stops at the limits of
-    :mod:`.limits` (MAX_YAML_DEPTH, MAX_YAML_ALIASES, MAX_YAML_NODES): a "billion laughs"
-    document is refused after at most MAX_YAML_NODES nodes of work.
-    """
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-        self._aliases = 0
-        self._nodes = 0  # nodes so far, aliases expanded
-        self._sizes: dict[int, int] = {}  # id(node) -> its expanded size, once complete
-
-    def _where(self) -> str:
-        mark = self.peek_event().start_mark
-        return f"line {mark.line + 1}, column {mark.column + 1}"
-
-    def compose_node(self, parent: Any, index: Any) -> Any:  # noqa: D102 - PyYAML hook
-        if self.check_event(yaml.AliasEvent):
-            where = self._where()
-            self._aliases += 1
-            if self._aliases > lim.MAX_YAML_ALIASES:
-                raise PlanError(
-                    "", f"invalid YAML at {where}: more than {lim.MAX_YAML_ALIASES} alias uses "
-                    "(*name) (MAX_YAML_ALIASES, docs/plan.md#limits)"
-                )
-            node = super().compose_node(parent, index)
-            size = self._sizes.get(id(node))
-            if size is None:
-                raise PlanError("", f"invalid YAML at {where}: an alias refers to an enclosing "
-                                    "node (a recursive structure)")
-            self._count(size, where)
-            return node
-        self._depth += 1
-        if self._depth > lim.MAX_YAML_DEPTH:
-            raise PlanError(
-                "", f"invalid YAML at {self._where()}: nested deeper than "
-                f"{lim.MAX_YAML_DEPTH} levels (MAX_YAML_DEPTH, docs/plan.md#limits)"
-            )
-        before = self._nodes
-        node = super().compose_node(parent, index)
-        self._depth -= 1
-        self._count(1, None)
-        self._sizes[id(node)] = self._nodes - before
-        return node
-
-    def _count(self, n: int, where: str | None) -> None:
-        self._nodes += n
-        if self._nodes > lim.MAX_YAML_NODES:
-            at = f" at {where}" if where else ""
-            raise PlanError(
-                "", f"invalid YAML{at}: more than {lim.MAX_YAML_NODES:,} values with aliases "
-                "expanded (MAX_YAML_NODES, docs/plan.md#limits)"
-            )
-
-
-MAX_INT_CHARS = 64  # an integer literal longer than this is not a plan value
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
-    seen: dict[Any, yaml.Node] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if isinstance(key, list | dict):
-            continue  # unhashable keys fail in the base constructor with its own message
-        if key in seen:
-            mark = key_node.start_mark
-            raise PlanError(
-                "",
-                f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: "
-                f"duplicate key {f.got(key)} (first at line {seen[key].start_mark.line + 1})",
-            )
-        seen[key] = key_node
-    return loader.construct_mapping(node, deep=deep)
-
-
-def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> Any:
-    if len(node.value) > MAX_INT_CHARS:
-        mark = node.start_mark
-        raise PlanError(
-            "",
-            f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: an integer of "
-            f"{len(node.value)} characters (at most {MAX_INT_CHARS})",
-        )
-    return loader.construct_yaml_int(node)
-
-
-_StrictLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    _construct_mapping,  # type: ignore[arg-type]
-)
-_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)  # type: ignore[arg-type]
-
-
-def parse_yaml(text: str, source: str = "<text>") -> Any:
-    """YAML text -> Python data; YAML errors become PlanError with a 1-based line and column.
-
-    The work is bounded (see :class:`_StrictLoader`); text over MAX_PLAN_BYTES is refused.
-    """
-    if len(text) > lim.MAX_PLAN_BYTES:
-        raise PlanError(
-            "", f"{source}: the plan is larger than {lim.MAX_PLAN_BYTES:,} bytes "
-            "(MAX_PLAN_BYTES, docs/plan.md#limits)"
-        )
-    try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = e.problem or e.context or "malformed"
-        raise PlanError("", f"invalid YAML{where} in {source}: {f.text(problem)}"
-                        ) from None
-    except yaml.YAMLError as e:
-        raise PlanError("", f"invalid YAML in {source}: {f.text(str(e))}") from None
-    except (ValueError, OverflowError, RecursionError) as e:
-        if isinstance(e, PlanError):
-            raise
-        # e.g. a timestamp with month 13: the constructor's own error, no position
-        raise PlanError("", f"invalid YAML in {source}: {f.text(str(e))}") from None
 
 
 def read_plan_file(path: str | os.PathLike[str]) -> str:
