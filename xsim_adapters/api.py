@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .backends.base import Timeline
 from .errors import BackendError, TraceError, XsimError
 from .metrics.bundle import Metrics, compute_metrics
 from .metrics.compare import Comparison, compare_metrics
+from .options import COMMON_OPTIONS, check_options
 from .trace.schema import Trace
+from .trace.timeline import Timeline
 
 if TYPE_CHECKING:
     from .plan.model import Plan
@@ -140,6 +141,8 @@ def run(plan_or_trace: Plan | Trace | str | Path, backend: str = "flow",
             )
         topology = build_topology(plan)
     be = _backend(backend)
+    # Every backend's options are checked here too, so a plugin that forgets to is still safe.
+    check_options(backend, getattr(be, "options", COMMON_OPTIONS), options)
     timeline = be.run(trace, topology, dict(options or {}))
     if not isinstance(timeline, Timeline):
         raise BackendError(f"backend {backend!r} returned {type(timeline).__name__}, not a"
