@@ -18,6 +18,12 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# Import what the commands import before forking, so each child starts warm (matplotlib alone
+# takes seconds to import) and the address-space limit applies to the work, not to imports.
+import xsim_adapters.api  # noqa: E402, F401
+import xsim_adapters.cli  # noqa: E402, F401
+import xsim_adapters.report.outputs  # noqa: E402, F401
+
 EXTRA_AS_BYTES = 2 << 30  # 2 GiB of address space beyond the parent's mappings
 TIMEOUT_S = 30.0
 

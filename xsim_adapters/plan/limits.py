@@ -78,7 +78,6 @@ def estimate_ops(plan: Plan) -> int:
     optimizer step and barriers. Exact formulas are in :mod:`xsim_adapters.workload`; this is
     within a small factor above them (tests/test_attack.py checks it on the shipped plans).
     """
-    from ..workload.blocks import tp_flows_per_unit
     from ..workload.collectives import num_steps
 
     c, t = plan.collectives, plan.training
@@ -89,7 +88,10 @@ def estimate_ops(plan: Plan) -> int:
         for i, st in enumerate(rep.stages):
             n_layers = st.layers[1] - st.layers[0]
             units = 4 * n_layers * (1.5 if t.recompute else 1.0) + 4
-            flows = tp_flows_per_unit(kinds, st.tp, c.channels, c.granularity, c.chunks)
+            # TP ring flows of one unit: steps x ranks x channels, per collective kind
+            flows = sum(
+                num_steps(k, st.tp, c.granularity, c.chunks) * st.tp * c.channels for k in kinds
+            )
             per_mb = units * (st.tp + flows)
             if i < last:
                 per_mb += 2 * st.tp * rep.stages[i + 1].tp
