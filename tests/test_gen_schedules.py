@@ -12,6 +12,7 @@ from test_gen_helpers import A100, H100, make_plan, topo_order
 
 import xsim_adapters as xs
 from xsim_adapters.metrics.ranks import rank_metrics
+from xsim_adapters.plan.limits import estimate_ops
 from xsim_adapters.plan.model import ModelSpec
 from xsim_adapters.trace.schema import (
     KIND_BARRIER,
@@ -354,6 +355,7 @@ def test_random_heterogeneous_plans_have_no_deadlock(seed: int) -> None:
     plan = _random_hetero_plan(seed)
     trace = generate(plan)
     assert len(topo_order(trace)[0]) == trace.num_ops
+    assert trace.num_ops <= estimate_ops(plan)  # the size guard's estimate stays an upper bound
     ops = trace.ops
     comp = ops[(ops["kind"] == KIND_COMPUTE) & (ops["phase"] != PHASE_INDEX["optim"])]
     # every replica computes every layer forward for each of its micro-batches, on each TP rank
