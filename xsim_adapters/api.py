@@ -98,7 +98,24 @@ def load_trace_and_plan(directory: str | Path) -> tuple[Trace, Plan]:
             " rebuilt; write traces with `xsim trace PLAN -o DIR` (which stores the plan) or"
             " pass the plan itself"
         )
-    return trace, load_plan(plan_path)
+    plan = load_plan(plan_path)
+    check_plan_digest(trace, plan, plan_path)
+    return trace, plan
+
+
+def check_plan_digest(trace: Trace, plan: Plan, plan_path: str | Path) -> None:
+    """The trace was generated from ``plan``: its manifest's plan_digest equals the plan's
+    digest; TraceError with both digests if not (e.g. ``plan.yaml`` edited after tracing)."""
+    from .workload import plan_digest
+
+    want, have = trace.manifest.get("plan_digest"), plan_digest(plan)
+    if want != have:
+        raise TraceError(
+            f"{plan_path}: plan_digest: the trace was generated from a plan with digest "
+            f"{str(want)[:64]}, but this plan.yaml has digest {have}; the plan was changed "
+            "after tracing. Regenerate the trace with `xsim trace PLAN -o DIR`, or run the "
+            "plan itself"
+        )
 
 
 def _backend(name: str):
@@ -126,6 +143,9 @@ def run(plan_or_trace: Plan | Trace | str | Path, backend: str = "flow",
             plan = load_plan(p)
     elif isinstance(plan_or_trace, Trace):
         trace = plan_or_trace
+        from .trace.validate import validate_trace
+
+        validate_trace(trace)  # a caller's trace: checked once (a read trace already was)
     else:
         plan = plan_or_trace
     if trace is None:
