@@ -60,11 +60,11 @@ def test_run_hetero_plan_writes_every_output(tmp_path: Path, capsys) -> None:
     assert list(ranks.columns) == list(RANK_COLUMNS)
     assert len(ranks) == 16 and ranks["rank"].tolist() == list(range(16))
     assert set(ranks.loc[ranks["replica"] == 1, "stage"]) == {0, 1}
-    assert (ranks["idle_ns"] >= ranks["straggler_wait_ns"] - 1e-6).all()
+    assert (ranks["non_compute_ns"] >= ranks["straggler_wait_ns"]).all()
     assert (ranks["compute_ns"] <= ranks["iteration_time_ns"] + 1e-6).all()
     s = json.loads((out / "summary.json").read_text())
     it = float(tl.frame["end_ns"].max())
-    assert s["iteration_time_ns"] == it
+    assert s["iteration_time_ns"] == round(it)  # integer ns (docs/metrics.md)
     assert s["plan"] == "llama2-7b-h100-a100" and s["backend"] == "flow" and s["ranks"] == 16
     tokens = trace.manifest["workload"]["tokens_per_iteration"]
     assert s["tokens_per_s"] == pytest.approx(tokens / (it * 1e-9))
@@ -72,7 +72,7 @@ def test_run_hetero_plan_writes_every_output(tmp_path: Path, capsys) -> None:
     for d in s["device_types"].values():
         assert 0.0 < d["mfu"] < 1.0
     # Total FLOPs over the iteration: every compute op's FLOPs land on some device type.
-    flops = sum(d["flops"] for d in s["device_types"].values())
+    flops = sum(d["flop_count"] for d in s["device_types"].values())
     assert flops == pytest.approx(float(trace.ops["flops"].sum()))
     perf = json.loads((out / "timeline.perfetto.json").read_text())
     assert perf["otherData"]["xsim"]["rule"] == "all ranks, all events"
@@ -131,7 +131,7 @@ def test_api_run_and_metrics(two_flows) -> None:
     assert isinstance(tl, xs.Timeline)
     m = xs.metrics(trace, tl)
     assert isinstance(m, xs.Metrics)
-    assert m.summary["iteration_time_ns"] == tl.makespan_ns
+    assert m.summary["iteration_time_ns"] == round(tl.makespan_ns)
     assert len(m.replicas) == plan.dp and set(m.device_types["device_type"]) == {
         t for t in trace.manifest["device_types"]}
     # Reshard plans move activations between TP degrees: those flows show up per rank.

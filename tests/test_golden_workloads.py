@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import xsim_adapters as xs
+from xsim_adapters.metrics.ranks import BREAKDOWN_COLUMNS
 from xsim_adapters.trace.schema import COMPUTE_PHASES, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,7 +55,9 @@ def _run(path: Path) -> tuple[dict, object, object]:
     plan = xs.load_plan(path)
     trace = xs.generate(plan)
     tl = xs.run(trace, "flow", topology=xs.build_topology(plan))
-    s = xs.metrics(trace, tl).summary
+    m = xs.metrics(trace, tl)
+    _check_breakdown(m.ranks)
+    s = m.summary
     summary = {
         "plan": s["plan"],
         "ranks": s["ranks"],
@@ -62,12 +65,27 @@ def _run(path: Path) -> tuple[dict, object, object]:
         "num_deps": len(trace.deps),
         "iteration_time_ns": s["iteration_time_ns"],
         "tokens_per_s": s["tokens_per_s"],
-        "phases": s["phases"],
-        "bubble_ns": s["totals"]["bubble_ns"],
-        "straggler_wait_ns": s["totals"]["straggler_wait_ns"],
-        "exposed_comm_ns": s["totals"]["exposed_comm_ns"],
+        "phases": s["phases_rank_ns"],
+        "bubble_ns": s["rank_ns_sums"]["bubble_ns"],
+        "straggler_wait_ns": s["rank_ns_sums"]["straggler_wait_ns"],
+        "exposed_comm_ns": s["rank_ns_sums"]["exposed_comm_ns"],
+        "breakdown_rank_ns": {c: s["rank_ns_sums"][c] for c in BREAKDOWN_COLUMNS},
     }
     return summary, trace, plan
+
+
+def _check_breakdown(ranks) -> None:
+    """Every rank's breakdown parts are integer ns, >= 0, and sum exactly to its iteration."""
+    parts = ranks[list(BREAKDOWN_COLUMNS)]
+    assert all(str(t) == "int64" for t in parts.dtypes)
+    assert str(ranks["iteration_time_ns"].dtype) == "int64"
+    assert (parts.to_numpy() >= 0).all()
+    assert (parts.sum(axis=1) == ranks["iteration_time_ns"]).all()
+    # the parts named like the plain columns are the same time
+    assert (ranks["breakdown_compute_ns"] == ranks["compute_ns"]).all()
+    assert (ranks["breakdown_exposed_comm_ns"] == ranks["exposed_comm_ns"]).all()
+    # idle (neither computing nor communicating) is exactly straggler + bubble + other
+    assert (parts.iloc[:, 2:].sum(axis=1) == ranks["idle_ns"]).all()
 
 
 def _independent_checks(name: str, golden: dict, trace, plan) -> None:
@@ -89,11 +107,18 @@ def _independent_checks(name: str, golden: dict, trace, plan) -> None:
             hand["reshard_bytes"])
     # conservation: the golden's compute phase totals are the trace's op durations, summed
     for phase in COMPUTE_PHASES:
-        want = float(comp.loc[comp["phase"] == PHASE_INDEX[phase], "duration_ns"].sum())
-        assert golden["phases"].get(phase, 0.0) == pytest.approx(want, rel=1e-12, abs=1e-6), phase
+        sel = comp["phase"] == PHASE_INDEX[phase]
+        want = float(comp.loc[sel, "duration_ns"].sum())
+        # metrics round each op's start and end to integer ns: at most 1 ns per op
+        assert abs(golden["phases"].get(phase, 0) - want) <= int(sel.sum()), phase
     # bound: an iteration is no shorter than the busiest rank's compute (one stream per GPU)
     busiest = float(comp.groupby("rank")["duration_ns"].sum().max())
     assert golden["iteration_time_ns"] >= busiest
+    # conservation: the breakdown's rank-ns sum is the sum of the ranks' iteration times, which
+    # is at most ranks x the makespan, and its compute part is the compute phases' op time
+    bd = golden["breakdown_rank_ns"]
+    assert 0 < sum(bd.values()) <= golden["ranks"] * golden["iteration_time_ns"]
+    assert bd["breakdown_compute_ns"] <= sum(golden["phases"].get(p, 0) for p in COMPUTE_PHASES)
     # tokens/s is global_batch x seq_len tokens per iteration, by definition
     tokens = plan.training.global_batch * plan.model.seq_len
     assert golden["tokens_per_s"] * golden["iteration_time_ns"] / 1e9 == pytest.approx(
@@ -129,6 +154,7 @@ def test_shipped_plan_matches_golden(path: Path):
     for key in ("iteration_time_ns", "tokens_per_s", "bubble_ns", "straggler_wait_ns",
                 "exposed_comm_ns"):
         assert got[key] == pytest.approx(want[key], rel=REL, abs=1.0), key
+    assert got["breakdown_rank_ns"] == pytest.approx(want["breakdown_rank_ns"], rel=REL, abs=1.0)
     assert set(got["phases"]) == set(want["phases"])
     for phase, v in want["phases"].items():
         assert got["phases"][phase] == pytest.approx(v, rel=REL, abs=1.0), phase

@@ -8,6 +8,7 @@ from test_metrics_helpers import TraceBuilder, asap_timeline, one_f_one_b, ring_
 
 from xsim_adapters.errors import BackendError
 from xsim_adapters.metrics import (
+    BREAKDOWN_COLUMNS,
     RANK_COLUMNS,
     compare,
     compute_metrics,
@@ -49,7 +50,16 @@ def test_1f1b_equal_stages_bubble_is_closed_form(p: int, m: int) -> None:
     assert (r["compute_ns"] == m * (f + b)).all()
     # The last stage's window starts at its first forward: no bubble inside it.
     assert r.loc[r["stage"] == p - 1, "bubble_ns"].iloc[0] == 0.0
-    assert (r["idle_ns"] == r["iteration_time_ns"] - r["compute_ns"]).all()
+    assert (r["non_compute_ns"] == r["iteration_time_ns"] - r["compute_ns"]).all()
+    # Breakdown: stage 0 idles (p-1)(f+b) inside its window (bubble or a p2p in flight);
+    # the last stage idles (p-1)f before its first forward (fill) and ends with its last bwd.
+    parts = r[list(BREAKDOWN_COLUMNS)]
+    assert (parts.sum(axis=1) == r["iteration_time_ns"]).all()
+    s0 = r.loc[r["stage"] == 0].iloc[0]
+    assert s0["breakdown_bubble_ns"] + s0["breakdown_exposed_comm_ns"] == (p - 1) * (f + b)
+    assert s0["breakdown_other_ns"] == 0 and s0["breakdown_straggler_wait_ns"] == 0
+    last = r.loc[r["stage"] == p - 1].iloc[0]
+    assert last["breakdown_bubble_ns"] + last["breakdown_exposed_comm_ns"] == (p - 1) * f
 
 
 def _dp_pair(late_bwd: int, via_barrier: bool) -> tuple:
@@ -83,6 +93,14 @@ def test_dp_straggler_wait_is_the_backward_difference(via_barrier: bool) -> None
     assert r.loc[1, "caused_wait_ns"] == 300.0
     assert r.loc[0, "caused_wait_ns"] == 0.0
     assert met.summary["max_straggler"] == {"rank": 1, "caused_wait_ns": 300.0}
+    # Breakdown, all in ns (fwd 100, bwd 200 / 500, ring 2 x 400 ns, optim 50; iteration 1450).
+    # Behind a barrier rank 0 sends nothing before 600: [300, 600) is pure straggler wait.
+    # Without it, rank 0 sends its step 0 at [300, 700): moving bytes is communication, so the
+    # wait overlaps communication and the breakdown's straggler part is 0.
+    bd0 = r.loc[0, list(BREAKDOWN_COLUMNS)].tolist()
+    wait = 300 if via_barrier else 0
+    assert bd0 == [350, 1100 - wait, wait, 0, 0]
+    assert r.loc[1, list(BREAKDOWN_COLUMNS)].tolist() == [650, 800, 0, 0, 0]
 
 
 def test_dp_comm_exposed_and_summary_numbers() -> None:
@@ -104,8 +122,8 @@ def test_dp_comm_exposed_and_summary_numbers() -> None:
     assert dt["H100"]["achieved_tflops_per_gpu"] == pytest.approx(3e9 / 1450e-9 / 1e12)
     assert dt["A100"]["mfu"] == pytest.approx(3e9 / 1450e-9 / 1e12 / 300.0)
     assert met.summary["mfu"] == pytest.approx(6e9 / 1450e-9 / 1e12 / 1300.0)
-    assert met.summary["phases"]["dp"] == 1100.0 + 1100.0
-    assert met.summary["phases"]["bwd"] == 200.0 + 500.0
+    assert met.summary["phases_rank_ns"]["dp"] == 1100.0 + 1100.0
+    assert met.summary["phases_rank_ns"]["bwd"] == 200.0 + 500.0
 
 
 def test_exposed_comm_excludes_overlap_with_own_compute() -> None:
@@ -120,7 +138,9 @@ def test_exposed_comm_excludes_overlap_with_own_compute() -> None:
     assert r.loc[0, "comm_ns"] == 200.0 and r.loc[0, "comm_tp_ns"] == 200.0
     assert r.loc[0, "exposed_comm_ns"] == 0.0  # compute covers [0, 200)
     assert r.loc[1, "exposed_comm_ns"] == 200.0  # rank 1 never computes
-    assert r.loc[1, "idle_ns"] == 200.0
+    assert r.loc[1, "non_compute_ns"] == 200.0  # rank 1 only receives: not computing...
+    assert r.loc[1, "idle_ns"] == 0  # ...but not idle
+    assert r.loc[1, "breakdown_exposed_comm_ns"] == 200
 
 
 def test_pp_receive_wait_attributed_to_sender() -> None:

@@ -116,11 +116,12 @@ def test_write_run_outputs_round_trip(tmp_path: Path, pipeline) -> None:
     ranks = pd.read_csv(tmp_path / "out" / "ranks.csv")
     for col in ("rank", "group", "device_type", "replica", "stage", "iteration_time_ns",
                 "compute_ns", "comm_ns", "exposed_comm_ns", "bubble_ns", "straggler_wait_ns",
-                "idle_ns", "bubble_fraction", "comm_pp_ns"):
+                "idle_ns", "non_compute_ns", "bubble_fraction", "comm_pp_ns",
+                "flop_count", "breakdown_other_ns"):
         assert col in ranks.columns
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
-    for key in ("plan", "backend", "iteration_time_ns", "tokens_per_s", "ranks", "totals",
-                "phases", "device_types", "mfu"):
+    for key in ("plan", "backend", "iteration_time_ns", "tokens_per_s", "ranks", "rank_ns_sums",
+                "phases_rank_ns", "flop_count", "means", "device_types", "mfu"):
         assert key in s
     assert s["iteration_time_ns"] == float(tl.frame["end_ns"].max())
     assert json.loads((tmp_path / "out" / "timeline.perfetto.json").read_text())["traceEvents"]

@@ -60,7 +60,7 @@ def test_rows_follow_the_product_and_match_a_direct_run(frame):
         assert row["num_ops"] == trace.num_ops
         assert row["iteration_time_ns"] == met.summary["iteration_time_ns"]
         assert row["mfu_H100-80GB"] == met.summary["device_types"]["H100-80GB"]["mfu"]
-        assert row["phase_dp_ns"] == met.summary["phases"]["dp"]
+        assert row["phase_dp_ns"] == met.summary["phases_rank_ns"]["dp"]
         assert row["mean_bubble_ns"] == met.summary["means"]["bubble_ns"]
         assert row["bubble_fraction"] == pytest.approx(met.ranks["bubble_fraction"].mean())
         assert row["wall_s"] > 0

@@ -17,7 +17,31 @@ from typing import Any
 from .errors import XsimError
 from .options import parse_option_items, split_backend_options
 
-DEFAULT_OUT = "xsim-out"
+#: Outputs go to ``out/<input name>-<command>`` when ``-o`` is omitted (``/out/`` is git-ignored).
+DEFAULT_OUT_ROOT = "out"
+PLAN_SUFFIXES = (".yaml", ".yml")
+
+
+def default_output(source: str | None, command: str, suffix: str = "") -> str:
+    """``out/<name of source without extension>-<command><suffix>``, for an omitted ``-o``."""
+    name = Path(source).stem if source else "xsim"
+    return str(Path(DEFAULT_OUT_ROOT) / f"{name or 'xsim'}-{command}{suffix}")
+
+
+def check_input(path: str, trace_ok: bool) -> None:
+    """Raise XsimError (one line) unless ``path`` is a plan file (``.yaml``/``.yml``) or, with
+    ``trace_ok``, a trace directory (one holding ``manifest.json``)."""
+    p = Path(path)
+    want = "a plan file (.yaml or .yml)" + (
+        " or a trace directory (with manifest.json)" if trace_ok else "")
+    if p.is_dir():
+        if trace_ok and (p / "manifest.json").is_file():
+            return
+        raise XsimError(f"{path}: a directory, not {want}")
+    if not p.exists():
+        raise XsimError(f"{path}: no such file (expected {want})")
+    if p.suffix.lower() not in PLAN_SUFFIXES:
+        raise XsimError(f"{path}: not {want}: plan file names end in .yaml or .yml")
 
 
 def _fmt_ns(ns: float | None) -> str:
@@ -62,6 +86,7 @@ def _span(word: str, ids: Sequence[int]) -> str:
 def cmd_validate(args: argparse.Namespace) -> int:
     from . import api
 
+    check_input(args.plan, trace_ok=False)
     plan = api.load_plan(args.plan)
     tr = plan.training
     print(f"plan {plan.name!r}: valid")
@@ -110,6 +135,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from . import api
     from ._outdir import check_output
 
+    check_input(args.plan, trace_ok=False)
+    args.output = args.output or default_output(args.plan, "trace")
     check_output(args.output, "trace", args.force)  # before any work
     plan = api.load_plan(args.plan)
     trace = api.generate(plan)
@@ -122,6 +149,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     """``xsim export``: the trace in a peer simulator's format."""
     from ._outdir import check_output, check_output_file, output_dir
 
+    check_input(args.plan, trace_ok=True)
+    if args.output is None:
+        suffix = ".goal" if args.format == "goal" else ""
+        args.output = default_output(args.plan, f"export-{args.format}", suffix)
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     if args.format == "goal":
         check_output_file(args.output, "GOAL schedule", _is_goal_file)
     else:
@@ -182,6 +214,10 @@ def _print_summary(s: dict[str, Any]) -> None:
     print(f"  per rank (mean): compute {_fmt_ns(m['compute_ns'])}, comm {_fmt_ns(m['comm_ns'])} "
           f"(exposed {_fmt_ns(m['exposed_comm_ns'])}), bubble {_fmt_ns(m['bubble_ns'])}, "
           f"straggler wait {_fmt_ns(m['straggler_wait_ns'])}, idle {_fmt_ns(m['idle_ns'])}")
+    print(f"  time breakdown (mean per rank): compute {_fmt_ns(m['breakdown_compute_ns'])}, "
+          f"exposed comm {_fmt_ns(m['breakdown_exposed_comm_ns'])}, straggler wait "
+          f"{_fmt_ns(m['breakdown_straggler_wait_ns'])}, bubble "
+          f"{_fmt_ns(m['breakdown_bubble_ns'])}, other {_fmt_ns(m['breakdown_other_ns'])}")
     worst = s.get("max_straggler")
     if worst:
         print(f"  largest straggler: rank {worst['rank']} made others wait "
@@ -195,7 +231,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .report.outputs import write_run
     from .report.progress import ProgressBar
 
-    out = Path(args.output)
+    check_input(args.plan, trace_ok=True)
+    out = Path(args.output or default_output(args.plan, "run"))
     options = parse_option_items(args.option or [])
     get_backend(args.backend)  # fail on an unknown or unavailable backend before any work
     check_backend_options(args.backend, options)  # and on an unknown option or a bad value
@@ -239,7 +276,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from ._outdir import check_output, output_dir
     from .backends.registry import backend_options, check_backend_options, get_backend
 
-    out = Path(args.output)
+    check_input(args.plan, trace_ok=True)
+    out = Path(args.output or default_output(args.plan, "compare"))
     check_output(out, "compare", args.force)
 
     for name in backends:  # fail on an unknown or unavailable backend before any work
@@ -304,6 +342,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     """``xsim sweep``: see docs/sweep.md."""
     from .sweep.cli import run_sweep_command
 
+    if args.plan:
+        check_input(args.plan, trace_ok=False)
+    if args.output is None:
+        args.output = default_output(args.plan or args.sweep, "sweep")
     return run_sweep_command(args)
 
 
@@ -320,6 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Simulate one training iteration of an LLM deployment plan on a "
                     "heterogeneous GPU cluster, on a choice of network simulators.",
     )
+    from . import __version__
+
+    p.add_argument("--version", action="version", version=f"xsim {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     def add(name: str, help_: str, fn) -> argparse.ArgumentParser:
@@ -333,8 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = add("trace", "Generate the trace of a plan and write it to a directory.", cmd_trace)
     t.add_argument("plan", metavar="PLAN", help="The plan YAML file.")
-    t.add_argument("-o", "--output", required=True, metavar="DIR",
-                   help="The trace directory to write (the plan is stored in it as plan.yaml).")
+    t.add_argument("-o", "--output", default=None, metavar="DIR",
+                   help="The trace directory to write (the plan is stored in it as plan.yaml; "
+                        "default: out/<PLAN name>-trace).")
     t.add_argument("--force", action="store_true", help=FORCE_HELP)
 
     e = add("export", "Write the trace of a plan (or of a trace directory) in a peer "
@@ -344,15 +390,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="A plan YAML file, or a trace directory written by `xsim trace`.")
     e.add_argument("--format", choices=("goal", "chakra"), required=True,
                    help="The output format.")
-    e.add_argument("-o", "--output", required=True, metavar="PATH",
-                   help="The GOAL file to write, or the directory for the Chakra files.")
+    e.add_argument("-o", "--output", default=None, metavar="PATH",
+                   help="The GOAL file to write, or the directory for the Chakra files "
+                        "(default: out/<PLAN name>-export-goal.goal, resp. "
+                        "out/<PLAN name>-export-chakra).")
     e.add_argument("--force", action="store_true", help=FORCE_HELP)
 
     def run_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("plan", metavar="PLAN",
                         help="A plan YAML file, or a trace directory written by `xsim trace`.")
-        sp.add_argument("-o", "--output", default=DEFAULT_OUT, metavar="OUT",
-                        help=f"The output directory (default: {DEFAULT_OUT}).")
+        sp.add_argument("-o", "--output", default=None, metavar="OUT",
+                        help="The output directory (default: out/<PLAN name>-<command>).")
         sp.add_argument("--option", action="append", metavar="KEY=VALUE",
                         help="A backend option; repeat for several (values are read as YAML "
                              "scalars, e.g. seed=1).")

@@ -16,7 +16,7 @@ from ..trace.timeline import Timeline
 from .bundle import Metrics, compute_metrics
 from .ranks import SUMMABLE_COLUMNS
 
-COMPARED_RANK_COLUMNS = ("iteration_time_ns", *SUMMABLE_COLUMNS[:-1], "bubble_fraction")
+COMPARED_RANK_COLUMNS = ("iteration_time_ns", *SUMMABLE_COLUMNS, "bubble_fraction")
 
 
 @dataclass
@@ -38,9 +38,9 @@ def _flat(summary: dict) -> dict[str, float]:
     out: dict[str, float | None] = {}
     for k in ("iteration_time_ns", "tokens_per_s", "mfu"):
         out[k] = summary.get(k)
-    for k, v in summary.get("totals", {}).items():
-        out[f"total_{k}"] = v
-    for k, v in summary.get("phases", {}).items():
+    for k, v in summary.get("rank_ns_sums", {}).items():
+        out[f"rank_sum_{k}"] = v
+    for k, v in summary.get("phases_rank_ns", {}).items():
         out[f"phase_{k}_ns"] = v
     for t, d in sorted(summary.get("device_types", {}).items()):
         out[f"mfu[{t}]"] = d.get("mfu")

@@ -7,23 +7,27 @@ import pandas as pd
 
 from ..trace.schema import COMM_PHASES, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX, Trace
 from ..trace.timeline import Timeline
-from .intervals import clip, sort_order, union_length
+from .intervals import clip, sort_order, union_blocks, union_length
 from .straggler import straggler_by_rank, straggler_frame
 from .timeline import as_frame, rank_table
 
+# The per-rank time breakdown: disjoint parts of [0, iteration_time_ns] that sum to it exactly.
+BREAKDOWN_COLUMNS = (
+    "breakdown_compute_ns", "breakdown_exposed_comm_ns", "breakdown_straggler_wait_ns",
+    "breakdown_bubble_ns", "breakdown_other_ns",
+)
 RANK_COLUMNS = (
     "rank", "group", "device_type", "replica", "stage",
     "iteration_time_ns", "compute_ns", "comm_ns", "exposed_comm_ns",
-    "bubble_ns", "bubble_fraction", "straggler_wait_ns", "caused_wait_ns", "idle_ns",
-    *(f"comm_{p}_ns" for p in COMM_PHASES),
-    "flops", "straggler_dp_ns", "straggler_pp_ns",
+    "bubble_ns", "bubble_fraction", "straggler_wait_ns", "caused_wait_ns", "non_compute_ns",
+    "idle_ns", *(f"comm_{p}_ns" for p in COMM_PHASES),
+    "flop_count", "straggler_dp_ns", "straggler_pp_ns", *BREAKDOWN_COLUMNS,
 )
-# Columns that add up meaningfully over ranks (summary totals).
+# Time columns that add up meaningfully over ranks (summary ``rank_ns_sums``, in rank-ns).
 SUMMABLE_COLUMNS = (
     "compute_ns", "comm_ns", "exposed_comm_ns", "bubble_ns", "straggler_wait_ns",
-    "straggler_dp_ns", "straggler_pp_ns", "idle_ns",
-    *(f"comm_{p}_ns" for p in COMM_PHASES),
-    "flops",
+    "straggler_dp_ns", "straggler_pp_ns", "non_compute_ns", "idle_ns",
+    *(f"comm_{p}_ns" for p in COMM_PHASES), *BREAKDOWN_COLUMNS,
 )
 
 
@@ -56,7 +60,14 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     - ``straggler_wait_ns`` / ``caused_wait_ns``: time blocked on a slower peer (union of its
       wait intervals minus its own compute) and the share of others' waits it caused; see
       :func:`~xsim_adapters.metrics.straggler.straggler_by_rank`.
-    - ``idle_ns`` = iteration_time_ns - compute_ns; ``flops``: model FLOPs of its compute ops.
+    - ``non_compute_ns`` = iteration_time_ns - compute_ns (includes exposed communication;
+      this was ``idle_ns`` before); ``idle_ns``: time it neither computes nor communicates.
+    - ``flop_count``: model FLOPs (a count, not a rate) of its compute ops.
+    - ``breakdown_*_ns``: the disjoint parts of [0, iteration_time_ns], in priority order
+      compute > exposed comm > straggler wait > bubble > other; they sum to
+      ``iteration_time_ns`` exactly (see :func:`_breakdown`).
+
+    Every ``*_ns`` column is int64 (the timeline frame is rounded to integer ns).
     """
     tf = as_frame(trace, timeline)
     rt = rank_table(trace)
@@ -111,12 +122,63 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     out["caused_wait_ns"] = sb["caused_wait_ns"].to_numpy()
     out["straggler_dp_ns"] = sb["straggler_dp_ns"].to_numpy()
     out["straggler_pp_ns"] = sb["straggler_pp_ns"].to_numpy()
-    out["idle_ns"] = it - compute_ns
+    out["non_compute_ns"] = it - compute_ns
+    out["idle_ns"] = it - both
     for p in COMM_PHASES:
         out[f"comm_{p}_ns"] = union(ph == PHASE_INDEX[p])
-    out["flops"] = np.bincount(c_rank, weights=comp["flops"].to_numpy(dtype=np.float64),
-                               minlength=n)[:n]
+    out["flop_count"] = np.bincount(c_rank, weights=comp["flops"].to_numpy(dtype=np.float64),
+                                    minlength=n)[:n]
+    parts = _breakdown(union_blocks(k, s, e, presorted=True), _dp_wait_intervals(stragglers),
+                       (lo, hi, has), compute_ns, it, n)
+    for name, v in zip(BREAKDOWN_COLUMNS, parts, strict=True):
+        out[name] = v
+    ns_cols = [c for c in RANK_COLUMNS if c.endswith("_ns")]
+    out[ns_cols] = np.rint(out[ns_cols].to_numpy(dtype=np.float64)).astype(np.int64)
     return out[list(RANK_COLUMNS)]
+
+
+def _dp_wait_intervals(stragglers: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(waiter, ready_ns, last_ready_ns) of the DP-sync waits on another rank."""
+    w = stragglers[(stragglers["kind"] == "dp") & (stragglers["wait_ns"] > 0)
+                   & (stragglers["culprit"] != stragglers["waiter"])]
+    return (w["waiter"].to_numpy(dtype=np.int64), w["ready_ns"].to_numpy(dtype=np.float64),
+            w["last_ready_ns"].to_numpy(dtype=np.float64))
+
+
+def _breakdown(busy: tuple[np.ndarray, np.ndarray, np.ndarray],
+               waits: tuple[np.ndarray, np.ndarray, np.ndarray],
+               window: tuple[np.ndarray, np.ndarray, np.ndarray],
+               compute_ns: np.ndarray, it: np.ndarray, n: int) -> list[np.ndarray]:
+    """Per rank, disjoint parts of [0, it] (ns): compute, exposed comm, straggler wait, bubble,
+    other.
+
+    ``busy``: the merged blocks (rank, lo, hi) of compute and communication; ``waits``: DP wait
+    intervals (rank, ready, last_ready); ``window``: the pipeline window (lo, hi, has);
+    ``compute_ns``: |C|, the union of the rank's compute intervals. B is [0, end of the rank's
+    last backward or wgrad]: idle time before that is the pipeline's fill, drain and waits at
+    receives. Each part is the time the next set adds to the union of the sets before it,
+    every set clipped to [0, it]: compute |C|, exposed comm |C∪M| - |C|,
+    straggler wait |C∪M∪W| - |C∪M|, bubble |C∪M∪W∪B| - |C∪M∪W| and other = it - |C∪M∪W∪B|.
+    With integer endpoints every length is an exact integer, so the parts sum to ``it`` exactly.
+    """
+    def clipped(key: np.ndarray, lo: np.ndarray, hi: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        s, e = clip(lo, hi, np.zeros(len(key)), it[key])
+        return key, s, e
+
+    def cat(*sets: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+        return union_length(np.concatenate([x[0] for x in sets]),
+                            np.concatenate([x[1] for x in sets]),
+                            np.concatenate([x[2] for x in sets]), n)
+
+    cm = clipped(*busy)
+    w = clipped(*waits)
+    r = np.flatnonzero(window[2])
+    b = clipped(r, np.zeros(len(r)), window[1][r])
+    u_cm = cat(cm)
+    u_cmw = cat(cm, w)
+    u_all = cat(cm, w, b)
+    return [compute_ns, u_cm - compute_ns, u_cmw - u_cm, u_all - u_cmw, it - u_all]
 
 
 def _window(comp: pd.DataFrame, c_rank: np.ndarray, c_s: np.ndarray, c_e: np.ndarray,

@@ -200,10 +200,14 @@ def straggler_frame(trace: Trace, timeline: Timeline | pd.DataFrame) -> pd.DataF
             "kind": pd.Series([], dtype=object),
             **{c: pd.Series([], dtype=np.int64)
                for c in ("collective", "op_id", "waiter", "culprit")},
-            **{c: pd.Series([], dtype=np.float64)
+            **{c: pd.Series([], dtype=np.int64)
                for c in ("ready_ns", "last_ready_ns", "wait_ns")},
         })
-    return pd.concat(parts, ignore_index=True)[list(STRAGGLER_COLUMNS)]
+    out = pd.concat(parts, ignore_index=True)[list(STRAGGLER_COLUMNS)]
+    # Times come from the integer-ns timeline frame; keep them integers.
+    ns = ["ready_ns", "last_ready_ns", "wait_ns"]
+    out[ns] = np.rint(out[ns].to_numpy(dtype=np.float64)).astype(np.int64)
+    return out
 
 
 def _blocked(frame: pd.DataFrame, num_ranks: int, comp: pd.DataFrame | None

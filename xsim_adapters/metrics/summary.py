@@ -9,7 +9,7 @@ import pandas as pd
 
 from ..trace.schema import COMM_PHASES, COMPUTE_PHASES, KIND_COMPUTE, PHASE_INDEX, Trace
 from ..trace.timeline import Timeline
-from .ranks import SUMMABLE_COLUMNS, rank_metrics
+from .ranks import BREAKDOWN_COLUMNS, SUMMABLE_COLUMNS, rank_metrics
 from .timeline import as_frame
 
 
@@ -17,9 +17,17 @@ def _workload(trace: Trace) -> dict[str, Any]:
     return dict(trace.manifest.get("workload") or {})
 
 
+def _int_ns(frame: pd.DataFrame) -> pd.DataFrame:
+    """``*_ns`` columns rounded to int64 ns (means over ranks are fractional)."""
+    cols = [c for c in frame.columns if str(c).endswith("_ns")]
+    frame[cols] = np.rint(frame[cols].to_numpy(dtype=np.float64)).astype(np.int64)
+    return frame
+
+
 def replica_summary(trace: Trace, ranks: pd.DataFrame) -> pd.DataFrame:
-    """One row per replica: ranks, pp, micro_batches, end_ns (its last rank's iteration time)
-    and the mean over its ranks of compute, comm, exposed comm, bubble, straggler wait, idle (ns).
+    """One row per replica: ranks, pp, micro_batches, end_ns (its last rank's iteration time),
+    the mean over its ranks of compute, comm, exposed comm, bubble, straggler wait, non-compute,
+    idle and the breakdown parts (int ns), caused wait (sum, ns) and flop_count (sum).
     """
     r = ranks[ranks["replica"] >= 0]
     agg = r.groupby("replica").agg(
@@ -33,9 +41,12 @@ def replica_summary(trace: Trace, ranks: pd.DataFrame) -> pd.DataFrame:
         bubble_fraction=("bubble_fraction", "mean"),
         straggler_wait_ns=("straggler_wait_ns", "mean"),
         caused_wait_ns=("caused_wait_ns", "sum"),
+        non_compute_ns=("non_compute_ns", "mean"),
         idle_ns=("idle_ns", "mean"),
-        flops=("flops", "sum"),
+        **{c: (c, "mean") for c in BREAKDOWN_COLUMNS},
+        flop_count=("flop_count", "sum"),
     ).reset_index()
+    agg = _int_ns(agg)
     mb = {int(x["replica"]): int(x.get("micro_batches", -1))
           for x in _workload(trace).get("replicas", []) if "replica" in x}
     agg.insert(3, "micro_batches", [mb.get(int(x), -1) for x in agg["replica"]])
@@ -46,8 +57,9 @@ def replica_summary(trace: Trace, ranks: pd.DataFrame) -> pd.DataFrame:
 
 def device_type_summary(trace: Trace, ranks: pd.DataFrame, iteration_time_ns: float
                         ) -> pd.DataFrame:
-    """One row per device type: ranks, mean times (ns), total FLOPs, achieved TFLOP/s per GPU,
-    peak TFLOP/s (manifest) and MFU = achieved / peak, over the whole iteration time.
+    """One row per device type, indexed by type name: ranks, mean times (int ns),
+    ``flop_count`` (sum), achieved TFLOP/s per GPU, peak TFLOP/s (manifest) and
+    MFU = achieved / peak, over the whole iteration time. ``device_type`` is also a column.
     """
     catalog = trace.manifest.get("device_types") or {}
     g = ranks.groupby("device_type", observed=True).agg(
@@ -57,32 +69,35 @@ def device_type_summary(trace: Trace, ranks: pd.DataFrame, iteration_time_ns: fl
         exposed_comm_ns=("exposed_comm_ns", "mean"),
         bubble_ns=("bubble_ns", "mean"),
         straggler_wait_ns=("straggler_wait_ns", "mean"),
+        non_compute_ns=("non_compute_ns", "mean"),
         idle_ns=("idle_ns", "mean"),
-        flops=("flops", "sum"),
+        **{c: (c, "mean") for c in BREAKDOWN_COLUMNS},
+        flop_count=("flop_count", "sum"),
     ).reset_index()
+    g = _int_ns(g)
     g["device_type"] = g["device_type"].astype(str)
     t_s = iteration_time_ns * 1e-9
     with np.errstate(divide="ignore", invalid="ignore"):
-        ach = np.where(t_s > 0, g["flops"] / (t_s * g["ranks"]) / 1e12, 0.0)
+        ach = np.where(t_s > 0, g["flop_count"] / (t_s * g["ranks"]) / 1e12, 0.0)
     peak = np.array([float((catalog.get(t) or {}).get("peak_tflops", np.nan))
                      for t in g["device_type"]])
     g["achieved_tflops_per_gpu"] = ach
     g["peak_tflops"] = peak
     with np.errstate(divide="ignore", invalid="ignore"):
         g["mfu"] = np.where(peak > 0, ach / peak, np.nan)
-    return g
+    return g.set_index(pd.Index(g["device_type"].to_numpy(), name="type"))
 
 
-def phase_totals(tf: pd.DataFrame, ranks: pd.DataFrame) -> dict[str, float]:
+def phase_totals(tf: pd.DataFrame, ranks: pd.DataFrame) -> dict[str, int]:
     """Per phase, rank-ns: compute phases sum their op durations, comm phases sum each rank's
     union of that phase's flow intervals (``comm_<phase>_ns``)."""
-    out: dict[str, float] = {}
+    out: dict[str, int] = {}
     comp = tf[tf["kind"] == KIND_COMPUTE]
     dur = (comp["end_ns"] - comp["start_ns"]).groupby(comp["phase"].to_numpy()).sum()
     for p in COMPUTE_PHASES:
-        out[p] = float(dur.get(PHASE_INDEX[p], 0.0))
+        out[p] = int(dur.get(PHASE_INDEX[p], 0))
     for p in COMM_PHASES:
-        out[p] = float(ranks[f"comm_{p}_ns"].sum())
+        out[p] = int(ranks[f"comm_{p}_ns"].sum())
     return out
 
 
@@ -95,10 +110,12 @@ def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
     ``ranks``: :func:`~xsim_adapters.metrics.ranks.rank_metrics` (computed if not given).
 
     Keys: plan, plan_digest, backend, ranks, replicas, iteration_time_ns, tokens_per_iteration,
-    tokens_per_s, totals (sum over ranks of each summable rank column, rank-ns / FLOPs),
-    means (mean over ranks), phases (per-phase totals, rank-ns), device_types (per type:
-    ranks, flops, achieved_tflops_per_gpu, peak_tflops, mfu), mfu (all GPUs), max_straggler
-    (the rank that caused the most wait), num_ops, backend_stats.
+    tokens_per_s, rank_ns_sums (sum over ranks of each summable time column, in rank-ns: not a
+    duration), means (mean over ranks, int ns; the breakdown means sum to the mean iteration
+    time within rounding), flop_count (all ranks), phases_rank_ns (per-phase sums over ranks,
+    rank-ns), device_types (per type: ranks, flop_count, achieved_tflops_per_gpu, peak_tflops,
+    mfu), mfu (all GPUs), max_straggler (the rank that caused the most wait), num_ops,
+    backend_stats. Every ``*_ns`` value is an integer.
     """
     if isinstance(timeline, Timeline):
         backend = backend or timeline.backend
@@ -106,7 +123,7 @@ def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
     tf = as_frame(trace, timeline)
     if ranks is None:
         ranks = rank_metrics(trace, tf)
-    it = float(tf["end_ns"].max()) if len(tf) else 0.0
+    it = int(tf["end_ns"].max()) if len(tf) else 0
     wl = _workload(trace)
     tokens = wl.get("tokens_per_iteration")
     tokens_per_s = float(tokens) / (it * 1e-9) if tokens and it > 0 else None
@@ -114,7 +131,7 @@ def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
     dtypes = {
         str(row.device_type): {
             "ranks": int(row.ranks),
-            "flops": float(row.flops),
+            "flop_count": float(row.flop_count),
             "achieved_tflops_per_gpu": float(row.achieved_tflops_per_gpu),
             "peak_tflops": None if np.isnan(row.peak_tflops) else float(row.peak_tflops),
             "mfu": None if np.isnan(row.mfu) else float(row.mfu),
@@ -122,12 +139,12 @@ def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
         for row in dts.itertuples()
     }
     peak_total = float(np.nansum(dts["peak_tflops"] * dts["ranks"]))
-    total_flops = float(ranks["flops"].sum())
+    total_flops = float(ranks["flop_count"].sum())
     mfu = total_flops / (it * 1e-9) / 1e12 / peak_total if it > 0 and peak_total > 0 else None
     worst = None
     if len(ranks) and ranks["caused_wait_ns"].max() > 0:
         w = ranks.loc[ranks["caused_wait_ns"].idxmax()]
-        worst = {"rank": int(w["rank"]), "caused_wait_ns": float(w["caused_wait_ns"])}
+        worst = {"rank": int(w["rank"]), "caused_wait_ns": int(w["caused_wait_ns"])}
     clean_stats = {k: v for k, v in (stats or {}).items()
                    if isinstance(v, str | int | float | bool) or v is None}
     return {
@@ -140,10 +157,11 @@ def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
         "iteration_time_ns": it,
         "tokens_per_iteration": tokens,
         "tokens_per_s": tokens_per_s,
-        "totals": {c: float(ranks[c].sum()) for c in SUMMABLE_COLUMNS},
-        "means": {c: float(ranks[c].mean()) if len(ranks) else 0.0
-                  for c in SUMMABLE_COLUMNS if c != "flops"},
-        "phases": phase_totals(tf, ranks),
+        "rank_ns_sums": {c: int(ranks[c].sum()) for c in SUMMABLE_COLUMNS},
+        "means": {c: int(round(float(ranks[c].mean()))) if len(ranks) else 0
+                  for c in ("iteration_time_ns", *SUMMABLE_COLUMNS)},
+        "flop_count": total_flops,
+        "phases_rank_ns": phase_totals(tf, ranks),
         "device_types": dtypes,
         "mfu": mfu,
         "max_straggler": worst,

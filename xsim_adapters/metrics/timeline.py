@@ -49,7 +49,10 @@ def rank_table(trace: Trace) -> pd.DataFrame:
 
 
 def timeline_frame(trace: Trace, timeline: Timeline) -> pd.DataFrame:
-    """The trace's ops with ``start_ns``/``end_ns`` (float, ns) from ``timeline``.
+    """The trace's ops with ``start_ns``/``end_ns`` (int64, ns) from ``timeline``.
+
+    Backends report float ns; they are rounded to the nearest integer ns here, once, so every
+    metric derived from the frame is an exact integer and sums of parts are exact.
 
     Adds ``kind_name``, ``phase_name``, ``group`` and ``device_type`` (of the op's owner rank:
     compute rank, flow source; empty for barriers without a rank) and ``elapsed_ns`` (end - start).
@@ -58,8 +61,8 @@ def timeline_frame(trace: Trace, timeline: Timeline) -> pd.DataFrame:
     check_timeline(trace, timeline)
     tf = trace.ops.copy()
     tl = timeline.frame
-    tf["start_ns"] = tl["start_ns"].to_numpy(dtype=np.float64)
-    tf["end_ns"] = tl["end_ns"].to_numpy(dtype=np.float64)
+    tf["start_ns"] = np.rint(tl["start_ns"].to_numpy(dtype=np.float64)).astype(np.int64)
+    tf["end_ns"] = np.rint(tl["end_ns"].to_numpy(dtype=np.float64)).astype(np.int64)
     tf["elapsed_ns"] = tf["end_ns"] - tf["start_ns"]
     tf["kind_name"] = pd.Categorical.from_codes(
         tf["kind"].to_numpy(dtype=np.int64), categories=list(KINDS)

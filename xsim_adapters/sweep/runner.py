@@ -82,7 +82,7 @@ def summary_row(summary: dict[str, Any], ranks: Any) -> Row:
         row[f"mean_{key}"] = float(value)
     row["bubble_fraction"] = (float(ranks["bubble_fraction"].mean())
                               if "bubble_fraction" in ranks and len(ranks) else math.nan)
-    for phase, value in summary["phases"].items():
+    for phase, value in summary["phases_rank_ns"].items():
         row[f"phase_{phase}_ns"] = float(value)
     return row
 
