@@ -19,7 +19,6 @@ from .expand import Variant
 from .results import ROWS_FILE, RowLog, variant_digest
 from .spec import SweepError, SweepSpec, check_axes, load_sweep_file, parse_set
 
-DEFAULT_SWEEP_OUT = "xsim-sweep"
 MAX_ERRORS_PRINTED = 10
 
 
@@ -53,8 +52,9 @@ def add_sweep_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--ray-address", metavar="ADDR", default=None,
                     help="The Ray cluster to connect to (e.g. auto, or ray://host:10001); "
                          "default: RAY_ADDRESS, else a local Ray instance.")
-    sp.add_argument("-o", "--output", default=DEFAULT_SWEEP_OUT, metavar="OUT",
-                    help=f"The output directory (default: {DEFAULT_SWEEP_OUT}); gets "
+    sp.add_argument("-o", "--output", default=None, metavar="OUT",
+                    help="The output directory (default: out/<PLAN or sweep file name>-sweep); "
+                         "gets "
                          "sweep.csv, sweep.parquet and sweep.yaml.")
     sp.add_argument("--resume", action="store_true",
                     help="Keep OUT and its finished rows (OUT/sweep.rows.jsonl) and run only "
@@ -82,7 +82,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     elif args.plan:
         spec = spec_for(args.plan, {})
     else:
-        raise SweepError("xsim sweep: give a PLAN, a --sweep file, or both")
+        raise SweepError("give a PLAN, a --sweep file, or both")
     axes = dict(spec.axes)
     for item in args.sets:
         path, values = parse_set(item)
@@ -91,7 +91,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
                              "into one --set or one sweep-file entry)")
         axes[path] = values
     if not axes:
-        raise SweepError("xsim sweep: no axes (add --set PATH=V1,V2 or axes: in a sweep file)")
+        raise SweepError("no axes (add --set PATH=V1,V2 or axes: in a sweep file)")
     spec.axes = check_axes(axes)
     if args.backend:
         spec.backend = args.backend
