@@ -10,6 +10,7 @@ from .api import (
     metrics,
     read_trace,
     run,
+    write_report,
     write_trace,
 )
 from .backends.registry import get_backend, list_backends
@@ -35,5 +36,6 @@ __all__ = [
     "metrics",
     "read_trace",
     "run",
+    "write_report",
     "write_trace",
 ]

@@ -201,6 +201,37 @@ class BackendComparison:
         )
 
 
+def write_report(met: Metrics, out_dir: str | Path, *, plots: bool = True, title: str = "",
+                 force: bool = False) -> list[Path]:
+    """Write the report of one run into ``out_dir``, exactly what ``xsim run`` writes beside
+    its trace: ``timeline.parquet`` (the backend's start/end per op, ns), ``ranks.csv``
+    (per-rank metrics and time breakdown, int ns), ``summary.json`` and, with ``plots``,
+    ``timeline.png`` and ``timeline.perfetto.json``. Returns the paths written.
+
+    ``met``: from :func:`metrics`. The safe output rules of ``xsim run`` apply
+    (docs/outputs.md): ``out_dir`` must be absent, empty or an earlier xsim run output
+    (``force``: an xsim output of another kind); a directory holding files xsim did not write
+    is refused with OutputError and left as it was. The directory is written beside
+    ``out_dir`` and swapped in whole.
+    """
+    from ._outdir import output_dir
+    from .report.outputs import write_run
+
+    if not isinstance(met, Metrics):
+        raise XsimError(f"write_report needs the Metrics of xs.metrics(trace, timeline) "
+                        f"(got {type(met).__name__})")
+    timeline = met.source
+    if timeline is None:  # Metrics built by hand: the (integer-ns) frame is all there is
+        timeline = Timeline(met.backend, met.timeline[["op_id", "start_ns", "end_ns"]]
+                            .astype({"start_ns": "float64", "end_ns": "float64"})
+                            .reset_index(drop=True))
+    out = Path(out_dir)
+    with output_dir(out, "run", force) as tmp:
+        written = write_run(tmp, timeline, met, plots=plots,
+                            title=title or f"{met.summary.get('plan')} on {met.backend}")
+    return [out / p.relative_to(tmp) for p in written]
+
+
 def compare_backends(plan: Plan, backends: Sequence[str] = ("flow", "ns3"),
                      options: Mapping[str, Mapping[str, Any]] | None = None,
                      trace: Trace | None = None, topology: Topology | None = None,

@@ -21,7 +21,12 @@ class Metrics:
 
     ``timeline``: ops with start/end (:func:`timeline_frame`); ``ranks``: per-rank metrics;
     ``stragglers``: per (sync, participant) waits; ``replicas`` / ``device_types``: summaries;
-    ``summary``: the headline dict (JSON-ready).
+    ``summary``: the headline dict (JSON-ready); ``source``: the backend's Timeline these
+    metrics came from (float ns, as the backend reported; ``timeline`` is rounded to integer
+    ns), kept so :func:`xsim_adapters.write_report` can store it.
+
+    ``ranks`` is indexed by rank, ``replicas`` by replica number and ``device_types`` by
+    device type name (``m.device_types.loc["H100-80GB", "mfu"]``).
     """
 
     backend: str
@@ -31,6 +36,7 @@ class Metrics:
     replicas: pd.DataFrame
     device_types: pd.DataFrame
     summary: dict[str, Any] = field(default_factory=dict)
+    source: Timeline | None = None
 
 
 def compute_metrics(trace: Trace, timeline: Timeline) -> Metrics:
@@ -50,4 +56,5 @@ def compute_metrics(trace: Trace, timeline: Timeline) -> Metrics:
         replicas=replica_summary(trace, rk),
         device_types=device_type_summary(trace, rk, sm["iteration_time_ns"]),
         summary=sm,
+        source=timeline,
     )

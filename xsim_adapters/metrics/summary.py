@@ -52,7 +52,7 @@ def replica_summary(trace: Trace, ranks: pd.DataFrame) -> pd.DataFrame:
     agg.insert(3, "micro_batches", [mb.get(int(x), -1) for x in agg["replica"]])
     types = r.groupby("replica")["device_type"].agg(lambda s: ",".join(sorted(set(map(str, s)))))
     agg.insert(1, "device_types", types.reindex(agg["replica"]).to_numpy())
-    return agg
+    return agg.set_index(pd.Index(agg["replica"].to_numpy(), name="id"))
 
 
 def device_type_summary(trace: Trace, ranks: pd.DataFrame, iteration_time_ns: float
