@@ -60,13 +60,13 @@ def test_a_path_that_is_no_plan_nor_trace_is_one_clear_line(tmp_path: Path, caps
     if cmd in ("run", "compare", "export"):
         assert "or a trace directory (with manifest.json)" in err
     if kind == "directory":
-        assert ": a directory, not" in err
+        assert " is a directory, not" in err
     assert not (tmp_path / "out").exists()  # refused before any output
 
 
 def test_a_missing_path_says_so(tmp_path: Path, capsys) -> None:
     assert cli.main(["run", str(tmp_path / "nope.yaml"), "-o", str(tmp_path / "o")]) == 1
-    assert "no such file" in _one_error(capsys)
+    assert "plan file not found" in _one_error(capsys)
 
 
 def test_sweep_errors_have_one_prefix(capsys) -> None:
@@ -122,3 +122,28 @@ def test_readme_commands_write_only_under_out() -> None:
             assert c[c.index("-o") + 1].startswith("out/"), c
         # otherwise the default is out/<plan name>-<command> (tested above)
     assert cli.build_parser().parse_args(writers[0][1:]).command == writers[0][1]
+
+
+def _readme_shell_lines() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    return [ln.split("#", 1)[0].strip() for block in re.findall(r"```bash\n(.*?)```", text, re.S)
+            for ln in block.splitlines() if ln.split("#", 1)[0].strip()]
+
+
+def test_ci_runs_exactly_the_readme_test_command_and_the_fast_markers_exist() -> None:
+    import tomllib
+
+    lines = _readme_shell_lines()
+    # the README's first block: venv, install + run, then the test command
+    assert lines[0].startswith("python3 -m venv .venv")
+    assert lines[1].startswith("python -m pip install -e \".[test]\"") and "xsim run" in lines[1]
+    assert lines[2] == "python -m pytest -q"
+    ci = [ln.strip() for ln in (REPO / ".ci" / "run").read_text().splitlines()]
+    assert [ln for ln in ci if "pytest" in ln] == [lines[2]]
+    fast = [ln for ln in lines if ln.startswith("python -m pytest -q -m ")]
+    assert fast == ['python -m pytest -q -m "not slow and not ns3"']
+    conf = tomllib.loads((REPO / "pyproject.toml").read_text())
+    names = {m.split(":")[0] for m in conf["tool"]["pytest"]["ini_options"]["markers"]}
+    assert {"slow", "ns3"} <= names
+    assert conf["project"]["requires-python"] == ">=3.11"
+    assert "Python >= 3.11" in (REPO / "README.md").read_text()

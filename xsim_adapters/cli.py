@@ -37,9 +37,11 @@ def check_input(path: str, trace_ok: bool) -> None:
     if p.is_dir():
         if trace_ok and (p / "manifest.json").is_file():
             return
-        raise XsimError(f"{path}: a directory, not {want}")
+        raise XsimError(f"{path} is a directory, not {want}")
     if not p.exists():
-        raise XsimError(f"{path}: no such file (expected {want})")
+        raise XsimError(f"plan file not found: {path} (expected {want})")
+    if not p.is_file():
+        raise XsimError(f"{path}: not a regular file (expected {want})")
     if p.suffix.lower() not in PLAN_SUFFIXES:
         raise XsimError(f"{path}: not {want}: plan file names end in .yaml or .yml")
 
