@@ -14,7 +14,7 @@ the last flows of the previous unit's collective that touch its rank.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from ..trace.schema import KIND_COMPUTE, KIND_FLOW, LAYER_EMBEDDING, PHASE_INDEX
 from .builder import BulkBuilder, Template
 from .collectives import RingFlows, num_steps, ring_flows
 from .compute import embedding_cost, head_cost, layer_costs
+from .kernels import microbatch_overhead_seconds
 
 
 @dataclass(frozen=True)
@@ -88,16 +89,21 @@ def stage_units(plan: Plan, stage: Stage, device: DeviceType, first: bool, last:
             )
             bwd.append(Unit("recompute", layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk))
     if last:
-        ns, fl = head_cost(model, training, device, n)
-        bwd.append(Unit("bwd", model.layers, model.layers + 1, 2 * ns, 2 * fl, tpk))
+        ns, fl = head_cost(model, training, device, n, bwd=True)
+        bwd.append(Unit("bwd", model.layers, model.layers + 1, ns, fl, tpk))
     for layer in range(b - 1, a - 1, -1):
         bwd.append(Unit("bwd", layer, layer + 1, costs.mlp_bwd_ns, 2 * costs.mlp_flops, tpk))
         bwd.append(
             Unit("bwd", layer, layer + 1, costs.attn_bwd_ns, 2 * costs.attn_flops, tpk, mark=layer)
         )
     if first:
-        ns, fl = embedding_cost(model, training, device)
+        ns, fl = embedding_cost(model, training, device, bwd=True)
         bwd.append(Unit("bwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, (), mark="embedding"))
+    # Framework overhead per micro-batch pass, charged to the pass's first compute op.
+    extra = int(round(microbatch_overhead_seconds() * 1e9))
+    for units in (fwd, bwd):
+        if units:
+            units[0] = replace(units[0], duration_ns=units[0].duration_ns + extra)
     return fwd, bwd
 
 
