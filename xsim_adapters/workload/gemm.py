@@ -47,39 +47,45 @@ class Rates:
     sm_count: int  # 0: no tile/wave model (quantization factor 1)
 
 
+def _options(m: int, n: int, k: int, batch: int, sm_count: int) -> list[tuple[float, int]]:
+    """(fraction of the best rate, split-K factor) of every tile and split the model allows."""
+    if sm_count <= 0:
+        return [(1.0, 1)]
+    out = []
+    for tm, tn, rate in GEMM_TILES:
+        tiles = batch * ceil(m / tm) * ceil(n / tn)
+        max_split = max(1, min(sm_count // tiles, k // SPLIT_K_MIN_K)) if tiles < sm_count else 1
+        for split in sorted({1, max_split}):
+            waves = ceil(tiles * split / sm_count)
+            # each block does 1/split of the K loop, so a wave is 1/split as long
+            frac = batch * m * n / (waves / split * sm_count * tm * tn) * rate
+            out.append((min(frac, 1.0), split))
+    return out
+
+
 def gemm_quantization(m: int, n: int, k: int, batch: int, sm_count: int) -> tuple[float, int]:
     """(fraction of the best rate reached, split-K factor) for ``batch`` GEMMs of M x N x K.
 
     The fraction is ``useful tile area / (waves x sm_count x tile area) x tile rate``, maximized
     over the tiles of :data:`GEMM_TILES` and split-K factors (1 when ``sm_count`` is 0).
     """
-    if sm_count <= 0:
-        return 1.0, 1
-    best, best_split = 0.0, 1
-    for tm, tn, rate in GEMM_TILES:
-        tiles = batch * ceil(m / tm) * ceil(n / tn)
-        max_split = max(1, min(sm_count // tiles, k // SPLIT_K_MIN_K)) if tiles < sm_count else 1
-        for split in {1, max_split}:
-            waves = ceil(tiles * split / sm_count)
-            # each block does 1/split of the K loop, so a wave is 1/split as long
-            frac = batch * m * n / (waves / split * sm_count * tm * tn) * rate
-            if frac > best:
-                best, best_split = frac, split
-    return min(best, 1.0), best_split
+    return max(_options(m, n, k, batch, sm_count), key=lambda o: (o[0], -o[1]))
 
 
 def gemm_seconds(m: int, n: int, k: int, batch: int, elem_bytes: float, rates: Rates) -> float:
     """Roofline time (s) of ``batch`` GEMMs C[M,N] = A[M,K] @ B[K,N], without launch overhead.
 
     FLOPs ``2*M*N*K*batch`` at the shape's achieved rate; bytes: each operand read once and C
-    written once, ``elem_bytes`` each, plus fp32 split-K partials written and read back.
+    written once, ``elem_bytes`` each, plus fp32 split-K partials written and read back. The
+    tile and split with the least time win (as a GEMM library's heuristic would choose).
     """
-    q, split = gemm_quantization(m, n, k, batch, rates.sm_count)
     flops = 2.0 * m * n * k * batch
     nbytes = elem_bytes * batch * (m * k + k * n + m * n)
-    if split > 1:
-        nbytes += 2 * FP32_PARTIAL_BYTES * batch * m * n * split
-    return max(flops / (rates.gemm_flops * q), nbytes / rates.hbm_Bps)
+    best = float("inf")
+    for q, split in _options(m, n, k, batch, rates.sm_count):
+        extra = 2 * FP32_PARTIAL_BYTES * batch * m * n * split if split > 1 else 0
+        best = min(best, max(flops / (rates.gemm_flops * q), (nbytes + extra) / rates.hbm_Bps))
+    return best
 
 
 def tiled_quantization(blocks: int, sm_count: int) -> float:
