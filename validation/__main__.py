@@ -1,0 +1,66 @@
+"""``python -m validation``: run the validation suite and write its outputs.
+
+Examples::
+
+    python -m validation --fast                 # the CI subset (seconds)
+    python -m validation                        # every case of every source (long: see docs)
+    python -m validation --source megatron-sc21 --label "18.4B tp8 pp1 256gpu"
+    python -m validation --write-docs           # also refresh the table in docs/validation.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from validation import framework as fw
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m validation",
+        description="Reproduce published measurements from their configurations alone and "
+        "report predicted vs measured (CSV, scatter plot, Markdown table).",
+    )
+    ap.add_argument("--source", action="append", help="only this source (repeatable)")
+    ap.add_argument("--label", action="append", help="only the case with this label (repeatable)")
+    ap.add_argument("--fast", action="store_true", help="only the fast subset that CI runs")
+    ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--out", default="out/validation",
+                    help="output directory (default %(default)s)")
+    ap.add_argument("--write-docs", action="store_true",
+                    help="replace the generated table in docs/validation.md")
+    a = ap.parse_args(argv)
+    sources = fw.discover()
+    try:
+        cases = fw.select(sources, a.source, a.fast, a.label)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if a.list:
+        for c in cases:
+            print(f"{c.source:16s} {c.label:26s} {'fast' if c.fast else '    '} {c.metric}")
+        return 0
+    if not cases:
+        print("error: no case matches", file=sys.stderr)
+        return 2
+    results = fw.run_cases(cases)
+    out = Path(a.out)
+    fw.write_csv(results, out / "results.csv")
+    fw.write_plot(results, out / "predicted_vs_measured.png")
+    table = fw.markdown_table(results)
+    (out / "table.md").write_text(table)
+    print()
+    print(table)
+    print(f"wrote {out / 'results.csv'}, {out / 'predicted_vs_measured.png'}, {out / 'table.md'}")
+    if a.write_docs:
+        fw.update_doc(ROOT / "docs" / "validation.md", table)
+        print("updated docs/validation.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
