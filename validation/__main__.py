@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", action="append", help="only this source (repeatable)")
     ap.add_argument("--label", action="append", help="only the case with this label (repeatable)")
     ap.add_argument("--fast", action="store_true", help="only the fast subset that CI runs")
+    ap.add_argument("--heavy", action="store_true",
+                    help="include the heavy cases (tens of millions of ops; see docs)")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--out", default="out/validation",
                     help="output directory (default %(default)s)")
@@ -36,13 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     sources = fw.discover()
     try:
-        cases = fw.select(sources, a.source, a.fast, a.label)
+        cases = fw.select(sources, a.source, a.fast, a.label, a.heavy or a.list)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if a.list:
         for c in cases:
-            print(f"{c.source:16s} {c.label:26s} {'fast' if c.fast else '    '} {c.metric}")
+            kind = "fast" if c.fast else "heavy" if c.heavy else ""
+            print(f"{c.source:16s} {c.label:26s} {kind:5s} {c.metric}")
         return 0
     if not cases:
         print("error: no case matches", file=sys.stderr)

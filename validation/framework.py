@@ -34,6 +34,7 @@ class Case:
     predict: Callable[[], float]
     fast: bool = False  # part of the CI subset
     notes: str = ""
+    heavy: bool = False  # too large for a default run (tens of millions of ops); --heavy
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,12 @@ def select(
     names: Sequence[str] | None = None,
     fast_only: bool = False,
     labels: Sequence[str] | None = None,
+    heavy: bool = False,
 ) -> list[Case]:
-    """The cases of the named sources (all if None), optionally only the fast subset or labels."""
+    """The cases of the named sources (all if None), optionally only the fast subset or labels.
+
+    Heavy cases are left out unless ``heavy`` or named by label.
+    """
     unknown = sorted(set(names or ()) - set(sources))
     if unknown:
         raise ValueError(f"unknown source(s) {', '.join(unknown)}; known: {', '.join(sources)}")
@@ -84,6 +89,8 @@ def select(
             if fast_only and not c.fast:
                 continue
             if labels and c.label not in labels:
+                continue
+            if c.heavy and not heavy and not labels:
                 continue
             out.append(c)
     return out

@@ -38,8 +38,20 @@ GRAD_BYTES = 2  # fp16 gradients all-reduced (Megatron 2021 default: no fp32 gra
 # per step (NCCL src/graph/tuning.cc, gpu-calibration.md §6).
 NCCL_BASE_US = 8.4
 NCCL_NET_STEP_US = 14.0
-# Rows small enough for CI (one replica of at most 64 GPUs: seconds on the flow backend).
+# Rows small enough for CI (one replica of at most 4 GPUs: seconds on the flow backend).
 FAST_GPUS_PER_REPLICA = 4
+# Rows whose one replica is more than ~15 M trace ops (PP 35 and 64: 280 and 512 micro-batches
+# of 8-way TP rings) are heavy: left out of a default run, included with --heavy.
+HEAVY_OPS = 15_000_000
+
+
+def replica_ops_estimate(row: dict[str, Any]) -> int:
+    """Trace ops of one replica: per micro-batch and layer 6 units (fwd, recompute, bwd x
+    attention, MLP), each tp compute ops + a ring all-reduce of 2(tp-1) steps x tp flows."""
+    tp, dp = int(row["tp"]), int(row["dp_derived"])
+    mbs = int(row["global_batch"]) // dp
+    ring = 2 * (tp - 1) * tp if tp > 1 else 0
+    return mbs * int(row["layers"]) * 6 * (tp + ring)
 
 
 @functools.cache
@@ -145,6 +157,7 @@ def cases() -> list[Case]:
                 measured=row["derived_iter_time_s"],
                 predict=functools.partial(predict_iteration_s, row),
                 fast=per_replica <= FAST_GPUS_PER_REPLICA,
+                heavy=replica_ops_estimate(row) > HEAVY_OPS,
                 notes="1f1b (paper: interleaved); one replica + analytic DP all-reduce",
             )
         )
