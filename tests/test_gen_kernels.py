@@ -82,8 +82,10 @@ def test_kernel_lists_are_gqa_and_swiglu_aware() -> None:
     up = next(k for k in mlp_kernels(c, False) if k.name == "up")
     assert up.flops == 2 * 2048 * 4096 * 2 * 14336 // 2  # gate and up fused, / tp
     names = [k.name for k in mlp_kernels(c, True)]
-    assert names == ["residual_bwd", "down_dgrad", "down_wgrad", "act_bwd", "up_dgrad",
-                     "up_wgrad", "norm_bwd"]  # fmt: skip
+    assert names == ["residual_bwd", "down_dgrad", "down_wgrad", "down_grad_accum", "act_bwd",
+                     "up_dgrad", "up_wgrad", "up_grad_accum", "norm_bwd"]  # fmt: skip
+    acc = next(k for k in mlp_kernels(c, True) if k.name == "down_grad_accum")
+    assert acc.seconds == pytest.approx(3 * 4096 * 7168 * 2 / c.rates.hbm_Bps)  # read 2, write 1
     # GEMM model FLOPs of the kernels add up to the trace's layer FLOPs (less the attention core)
     fl = layer_flops(llama, TR, 2)
     gemm = sum(k.flops for k in mlp_kernels(c, False))

@@ -12,7 +12,8 @@ hd = h / hq; Tr = T / tp for the norm/residual region under sequence parallelism
 - MLP block: norm, up GEMM [T, h] x [h, f / tp] (gate and up fused: 2 f / tp for SwiGLU), the
   activation (SwiGLU or bias-GELU), down GEMM [T, f / tp] x [f / tp, h], residual add.
 - backward: each GEMM becomes two (input gradient ``dX = dY W^T`` and weight gradient
-  ``dW = X^T dY``), each memory-bound op its backward (norm: x, dy -> dx; activation: inputs and
+  ``dW = X^T dY``) plus the accumulation of ``dW`` into the parameter's gradient across
+  micro-batches (PyTorch AccumulateGrad), each memory-bound op its backward (norm: x, dy -> dx; activation: inputs and
   dy -> dx; dropout: dy, mask -> dx), the flash core its backward kernel (2.5x the forward work,
   FA2/FA3 §4.1), the unfused core four batched GEMMs and the softmax/dropout backward.
 
@@ -134,8 +135,14 @@ def _linear_fwd(name: str, m: int, n: int, k: int, c: Ctx) -> list[Kernel]:
 
 
 def _linear_bwd(name: str, m: int, n: int, k: int, c: Ctx) -> list[Kernel]:
-    """Input gradient [m, n] x [n, k] and weight gradient [k, m] x [m, n]."""
-    return [_gemm(name + "_dgrad", m, k, n, c), _gemm(name + "_wgrad", k, n, m, c)]
+    """Input gradient [m, n] x [n, k], weight gradient [k, m] x [m, n], and the accumulation
+    of the weight gradient into the parameter's gradient across micro-batches (PyTorch's
+    AccumulateGrad: read both, write one; Megatron-Core can fuse it into the wgrad GEMM)."""
+    return [
+        _gemm(name + "_dgrad", m, k, n, c),
+        _gemm(name + "_wgrad", k, n, m, c),
+        _mem(name + "_grad_accum", 3 * k * n * c.act_bytes, c),
+    ]
 
 
 def _norm(c: Ctx, bwd: bool) -> Kernel:
