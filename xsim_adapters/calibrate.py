@@ -41,7 +41,13 @@ class Calibration:
 def with_constant(plan: Plan, device_type: str, field: str, value: float) -> Plan:
     """``plan`` with ``device_types[device_type].field`` set to ``value``."""
     types = dict(plan.device_types)
-    types[device_type] = replace(types[device_type], **{field: value})
+    old = types[device_type]
+    if field == "efficiency":
+        types[device_type] = replace(old, efficiency=value)
+    elif field == "hbm_efficiency":
+        types[device_type] = replace(old, hbm_efficiency=value)
+    else:
+        raise PlanError("calibrate.field", f"expected one of {', '.join(FIELDS)} (got {field!r})")
     return replace(plan, device_types=types)
 
 
