@@ -13,9 +13,10 @@ hd = h / hq; Tr = T / tp for the norm/residual region under sequence parallelism
   activation (SwiGLU or bias-GELU), down GEMM [T, f / tp] x [f / tp, h], residual add.
 - backward: each GEMM becomes two (input gradient ``dX = dY W^T`` and weight gradient
   ``dW = X^T dY``) plus the accumulation of ``dW`` into the parameter's gradient across
-  micro-batches (PyTorch AccumulateGrad), each memory-bound op its backward (norm: x, dy -> dx; activation: inputs and
-  dy -> dx; dropout: dy, mask -> dx), the flash core its backward kernel (2.5x the forward work,
-  FA2/FA3 §4.1), the unfused core four batched GEMMs and the softmax/dropout backward.
+  micro-batches (PyTorch AccumulateGrad), each memory-bound op its backward (norm: x, dy -> dx;
+  activation: inputs and dy -> dx; dropout: dy, mask -> dx), the flash core its backward kernel
+  (2.5x the forward work, FA2/FA3 §4.1), the unfused core four batched GEMMs and the
+  softmax/dropout backward.
 
 Every kernel's time is the roofline of :mod:`.gemm` plus :data:`KERNEL_LAUNCH_US`; a unit (one
 compute op of the trace) takes the sum of its kernels' times, but never less than the host time
