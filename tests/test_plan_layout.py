@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_plan_helpers import example
+from test_plan_helpers import WORKLOADS, example
 
 from xsim_adapters.plan import apportion, load_plan, plan_from_dict, replica_speed, stage_speed
 from xsim_adapters.plan.presets import device_presets
@@ -76,7 +76,7 @@ def test_every_replica_gets_at_least_one_micro_batch():
 
 
 def test_auto_layers_by_compute():
-    plan = load_plan("workloads/hetero-pipeline-reshard.yaml")
+    plan = load_plan(WORKLOADS / "hetero-pipeline-reshard.yaml")
     # speeds 8*989*0.803 = 6353.3 and 4*312*0.869 = 1084.5 TFLOP/s: 32 layers -> 27.3 / 4.7
     assert [s.layers for s in plan.replicas[0].stages] == [(0, 27), (27, 32)]
     types = device_presets()
@@ -109,7 +109,7 @@ def test_auto_layers_gives_every_stage_a_layer():
 
 
 def test_uniform_shorthand_expands_to_contiguous_slices():
-    plan = load_plan("workloads/homogeneous-h100.yaml")
+    plan = load_plan(WORKLOADS / "homogeneous-h100.yaml")
     assert [[(s.devices, s.layers, s.tp) for s in r.stages] for r in plan.replicas] == [
         [((0, 4), (0, 16), 4), ((4, 8), (16, 32), 4)],
         [((8, 12), (0, 16), 4), ((12, 16), (16, 32), 4)],
