@@ -199,3 +199,21 @@ def test_wave_count_formula_matches_mle_example() -> None:
     q152 = 3584 / (ceil(3584 / 152) * 152)
     assert (ceil(3584 / 148), ceil(3584 / 152)) == (25, 24)
     assert q152 / q148 == pytest.approx(25 / 24 * 148 / 152)
+
+
+@pytest.mark.parametrize("device", sorted(device_presets()))
+def test_every_preset_generates_a_plan(device: str) -> None:
+    """Each preset runs a small plan: positive durations, slower parts take longer."""
+    from xsim_adapters.workload import generate
+
+    d = _plan(device, "bf16")
+    d["model"] = {"layers": 24, "hidden": 1024, "ffn_hidden": 4096, "heads": 16, "seq_len": 1024,
+                  "vocab": 50257, "gated_mlp": False}  # GPT-2 medium (0.35 B): fits in 11 GB
+    trace = generate(plan_from_dict(d))
+    comp = trace.ops[trace.ops["kind"] == 0]
+    assert (comp["duration_ns"] > 0).all()
+    total = int(comp["duration_ns"].sum())
+    if device == "T4":  # 65 TFLOP/s at 38%, 320 GB/s vs H100's 989 at 80%, 3350 GB/s
+        h100 = generate(plan_from_dict(_plan("H100-80GB", "bf16") | {"model": d["model"]}))
+        ch = h100.ops[h100.ops["kind"] == 0]
+        assert total > 10 * int(ch["duration_ns"].sum())
