@@ -160,7 +160,11 @@ def write_plot(results: Sequence[Result], path: Path) -> None:
         by_source.setdefault(f"{r.source} ({r.metric})", []).append(r)
     lo = min(min(r.measured, r.predicted) for r in results)
     hi = max(max(r.measured, r.predicted) for r in results)
-    ax.plot([lo / 1.2, hi * 1.2], [lo / 1.2, hi * 1.2], color="grey", lw=1, ls="--", label="y = x")
+    xs = [lo / 1.2, hi * 1.2]
+    ax.plot(xs, xs, color="grey", lw=1, ls="--", label="y = x")
+    for f in (0.85, 1.15):
+        ax.plot(xs, [x * f for x in xs], color="grey", lw=0.6, ls=":")
+    ax.plot([], [], color="grey", lw=0.6, ls=":", label="±15%")
     for name, rs in by_source.items():
         ax.scatter([r.measured for r in rs], [r.predicted for r in rs], label=name, s=28)
     ax.set_xscale("log")
