@@ -143,7 +143,9 @@ def plan_dicts(draw: st.DrawFn) -> dict[str, Any]:
         "flash_attention": draw(st.booleans()),
     }
     d: dict[str, Any] = {
-        "name": draw(st.text("abcdefghij-_0123456789", min_size=1, max_size=12)),
+        # plan names: NAME_PATTERN (a letter or digit first, then also . _ -)
+        "name": draw(st.text("abcdefghij0123456789", min_size=1, max_size=1))
+        + draw(st.text("abcdefghij-_.0123456789", max_size=11)),
         "seed": draw(st.integers(0, 2**31)),
         "model": model,
         "training": training,

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import PlanError
 from . import _fields as f
+from . import limits as lim
 from .layout import apportion, even_split, ranges_from_counts, stage_speed
 from .model import DeviceGroup, DeviceType, ModelSpec, Replica, ScaleUp, Stage, TrainingSpec
 
@@ -33,10 +34,19 @@ def parse_groups(
     if not m:
         raise PlanError(path, "expected at least one device group (got {})")
     groups = []
+    folded: dict[str, str] = {}  # lower-case name -> name: group files must differ on any disk
+    devices = 0
     for name, entry in m.items():
-        gpath = f.join(path, str(name))
-        if not isinstance(name, str) or not name:
-            raise PlanError(gpath, f"expected a group name that is a string (got {name!r})")
+        gpath = f.join(path, name)
+        f.check_name(name, gpath, "device group name")
+        if name.lower() in folded:
+            raise PlanError(
+                gpath,
+                f"expected a group name that differs from {folded[name.lower()]} in more than "
+                f"letter case (each group is one file, and some file systems ignore case) "
+                f"(got {f.got(name)})",
+            )
+        folded[name.lower()] = name
         g = f.expect_mapping(entry, gpath)
         f.check_keys(g, gpath, GROUP_KEYS, GROUP_KEYS)
         typ = g["type"]
@@ -46,14 +56,23 @@ def parse_groups(
                 f"unknown device type; expected one of {', '.join(sorted(known_types))} "
                 f"(got {f.got(typ)})",
             )
-        groups.append(
-            DeviceGroup(
-                name=name,
-                type=typ,
-                nodes=f.get_int(g, "nodes", gpath),
-                gpus_per_node=f.get_int(g, "gpus_per_node", gpath),
-            )
+        limit = "MAX_DEVICES, docs/plan.md#limits"
+        group = DeviceGroup(
+            name=name,
+            type=typ,
+            nodes=f.get_int(g, "nodes", gpath, maximum=lim.MAX_DEVICES, limit=limit),
+            gpus_per_node=f.get_int(g, "gpus_per_node", gpath, maximum=lim.MAX_DEVICES,
+                                    limit=limit),
         )
+        devices += group.num_devices
+        if devices > lim.MAX_DEVICES:
+            raise PlanError(
+                gpath,
+                f"expected at most {lim.MAX_DEVICES:,} devices in all groups together "
+                f"(MAX_DEVICES, docs/plan.md#limits); this group brings the total to "
+                f"{devices:,} (got nodes {group.nodes} x gpus_per_node {group.gpus_per_node})",
+            )
+        groups.append(group)
     return tuple(groups)
 
 
@@ -173,10 +192,15 @@ def _replica_batch_fields(m: Mapping[str, Any], path: str) -> tuple[float | None
     if "batch_share" in m and "micro_batches" in m:
         raise PlanError(
             f.join(path, "micro_batches"),
-            f"expected either batch_share or micro_batches, not both (got {m['micro_batches']!r})",
+            "expected either batch_share or micro_batches, not both "
+            f"(got {f.got(m['micro_batches'])})",
         )
     share = f.get_number(m, "batch_share", path, at_most=1.0) if "batch_share" in m else None
-    mbs = f.get_int(m, "micro_batches", path) if "micro_batches" in m else None
+    mbs = (
+        f.get_int(m, "micro_batches", path, maximum=lim.MAX_BATCH, limit="MAX_BATCH")
+        if "micro_batches" in m
+        else None
+    )
     return share, mbs
 
 
@@ -287,7 +311,7 @@ def _auto_layers(rep: _Replica, ctx: _Context) -> None:
         raise PlanError(
             f.join(rep.path, "auto_layers"),
             f"needs at least one layer per stage, but {len(rep.stages)} stages share the "
-            f"model's {n} layers (got {rep.auto_layers!r})",
+            f"model's {n} layers (got {f.got(rep.auto_layers)})",
         )
     speeds = [stage_speed(ctx.types[ctx.groups[s.group].type], s.tp) for s in rep.stages]
     for st, rng in zip(rep.stages, ranges_from_counts(apportion(n, speeds)), strict=True):
