@@ -91,7 +91,7 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
             "global_batch": int(row["global_batch"]) // dp,  # this replica's share
             "micro_batch": MICRO_BATCH,
             "schedule": "1f1b",  # interleaved 1F1B is not available yet (see docs)
-            "recompute": True,  # full activation recomputation (paper §5)
+            "recompute": "full",  # full activation recomputation (paper §5)
             "precision": "fp16",
             "flash_attention": False,  # 2021: fused scale-mask-softmax, scores materialized
             "dropout": True,  # GPT-3 style attention and hidden dropout

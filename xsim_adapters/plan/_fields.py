@@ -183,13 +183,16 @@ def get_number(
     if ok and at_least is not None:
         ok = v >= at_least
     if not ok:
-        lo = "0" if at_least is None else f"{at_least:g}"
+        tiny = _is_number(v) and 0 < v < MIN_POSITIVE and positive and at_least is None
+        lo = f"{MIN_POSITIVE:g}" if tiny else "0" if at_least is None else f"{at_least:g}"
         if at_most is not None:
             what = (
                 f"a number in ({lo}, {at_most:g}]"
-                if positive
+                if positive and at_least is None and not tiny
                 else f"a number in [{lo}, {at_most:g}]"
             )
+        elif tiny:
+            what = f"a number >= {lo}"
         elif at_least is not None:
             what = f"a number >= {at_least:g}"
         else:
