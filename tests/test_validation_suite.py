@@ -64,3 +64,12 @@ def test_discover_and_select() -> None:
         fw.select(sources, ["nope"])
     r = fw.Result("s", "l", "m", 2.0, 2.5, 0.0)
     assert r.error == pytest.approx(0.25)
+
+
+def test_results_csv_round_trips(tmp_path) -> None:
+    rs = [fw.Result("s", "a", "m", 2.0, 2.5, 1.0, "n1"), fw.Result("s", "b", "m", 4.0, 3.0, 2.0)]
+    fw.write_csv(rs, tmp_path / "r.csv")
+    back = fw.read_csv(tmp_path / "r.csv")
+    assert [(r.label, r.measured, r.predicted, r.notes) for r in back] == [
+        ("a", 2.0, 2.5, "n1"), ("b", 4.0, 3.0, "")]  # fmt: skip
+    assert fw.summary(back)["s"]["median_abs_error"] == pytest.approx((0.25 + 0.25) / 2)

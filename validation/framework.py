@@ -147,6 +147,16 @@ def write_csv(results: Sequence[Result], path: Path) -> None:
     tmp.replace(path)
 
 
+def read_csv(path: Path) -> list[Result]:
+    """Results written by :func:`write_csv` (to combine runs made separately)."""
+    with open(path, newline="") as fh:
+        return [
+            Result(r["source"], r["label"], r["metric"], float(r["measured"]),
+                   float(r["predicted"]), float(r["wall_s"]), r["notes"])
+            for r in csv.DictReader(fh)
+        ]
+
+
 def write_plot(results: Sequence[Result], path: Path) -> None:
     """Scatter of predicted vs measured (log-log), one colour per source, with the y = x line."""
     import matplotlib
