@@ -33,6 +33,10 @@ MAX_YAML_DEPTH = 32  # nesting of mappings and lists; the shipped plans nest 5 d
 MAX_YAML_ALIASES = 100  # uses of `*anchor`
 MAX_YAML_NODES = 50_000  # scalars, lists and mappings, aliases expanded (the 1,024-GPU plan: ~300)
 
+# a plan.yaml xsim wrote beside a trace lists every replica and stage: room for 65,536 stages
+MAX_STORED_PLAN_BYTES = 64 << 20
+MAX_STORED_YAML_NODES = 2_000_000
+
 # ---- field ranges (the trace's integer columns: schema.OP_COLUMNS)
 INT16_MAX = (1 << 15) - 1
 MAX_DEVICES = 65_536  # all device groups together: 4x the 16,384-GPU design target
