@@ -140,6 +140,7 @@ def check_size(plan: Plan) -> None:
 def _check_magnitudes(plan: Plan) -> None:
     """Every duration (ns) and byte count the generator computes stays below 2^53."""
     from ..workload.compute import (
+        embedding_cost,
         head_cost,
         layer_costs,
         optimizer_time_ns,
@@ -174,6 +175,7 @@ def _check_magnitudes(plan: Plan) -> None:
                 costs.attn_bwd_ns,
                 costs.mlp_bwd_ns,
                 2 * head_cost(m, t, dev, st.tp)[0],
+                embedding_cost(m, t, dev)[0],
                 optimizer_time_ns(stage_params(m, st.layers), dev),
             )
             if longest >= MAX_EXACT:
