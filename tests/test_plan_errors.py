@@ -71,7 +71,7 @@ CASES = [
         _set(["training", "shedule"], "1f1b"),
         "training.shedule: unknown key; expected one of global_batch, micro_batch, schedule, "
         "optimizer, zero_stage, recompute, sequence_parallel, causal_attention_halving, "
-        "flash_attention",
+        "flash_attention, virtual_stages, overlap",
     ),
     (
         "unknown key in a stage",
@@ -102,7 +102,7 @@ CASES = [
     (
         "bad schedule",
         _set(["training", "schedule"], "zb"),
-        "training.schedule: expected one of gpipe, 1f1b (got 'zb')",
+        "training.schedule: expected one of gpipe, 1f1b, interleaved, zb_h1 (got 'zb')",
     ),
     (
         "zero stage out of range",

@@ -136,11 +136,12 @@ def plan_dicts(draw: st.DrawFn) -> dict[str, Any]:
     training = {
         "global_batch": total * micro_batch,
         "micro_batch": micro_batch,
-        "schedule": draw(st.sampled_from(["gpipe", "1f1b"])),
+        "schedule": draw(st.sampled_from(["gpipe", "1f1b", "zb_h1"])),
         "zero_stage": draw(st.integers(0, 3)),
-        "recompute": draw(st.booleans()),
+        "recompute": draw(st.sampled_from([True, False, "none", "selective", "full"])),
         "sequence_parallel": draw(st.booleans()),
         "flash_attention": draw(st.booleans()),
+        "overlap": {"dp_grad_reduce": draw(st.booleans()), "param_gather": draw(st.booleans())},
     }
     d: dict[str, Any] = {
         # plan names: NAME_PATTERN (a letter or digit first, then also . _ -)

@@ -51,15 +51,33 @@ def build_topology(plan: Plan) -> Topology:
     return _build(plan)
 
 
-def write_trace(trace: Trace, directory: str | Path, plan: Plan | None = None) -> Path:
-    """Write ``trace`` to ``directory`` atomically; with ``plan``, also ``plan.yaml`` inside it
-    (written with the trace, in the same rename) so the trace can be replayed later: the
-    topology is rebuilt from that plan."""
+def write_trace(trace: Trace, directory: str | Path, plan: Plan | None = None,
+                force: bool = False) -> Path:
+    """Write ``trace`` to ``directory`` as one unit; with ``plan``, also ``plan.yaml`` inside it
+    so the trace can be replayed later (the topology is rebuilt from that plan).
+
+    ``directory`` must be absent, empty or an earlier xsim trace; ``force`` also replaces an
+    earlier xsim output of another kind. A directory holding files xsim did not write is
+    never replaced (OutputError). See docs/outputs.md.
+    """
+    from ._outdir import output_dir
+
+    with output_dir(directory, "trace", force) as tmp:
+        write_trace_files(trace, tmp, plan)
+    return Path(directory)
+
+
+def write_trace_files(trace: Trace, directory: Path, plan: Plan | None = None) -> None:
+    """The trace's files (and ``plan.yaml``) into the existing directory ``directory``, which
+    the caller owns (a temporary directory swapped in later)."""
     from .plan import plan_to_yaml
     from .trace import write_trace as _write_trace
 
     extra = {PLAN_FILE: plan_to_yaml(plan)} if plan is not None else None
-    return _write_trace(trace, Path(directory), extra_files=extra)
+    staged = _write_trace(trace, directory / ".trace-staging", extra_files=extra)
+    for entry in staged.iterdir():
+        entry.rename(directory / entry.name)
+    staged.rmdir()
 
 
 def read_trace(directory: str | Path) -> Trace:

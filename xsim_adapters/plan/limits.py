@@ -83,26 +83,36 @@ def estimate_ops(plan: Plan) -> int:
     within a small factor above them (tests/test_attack.py checks it on the shipped plans).
     """
     from ..workload.collectives import num_steps
+    from ..workload.schedule import replica_chunks
 
     c, t = plan.collectives, plan.training
     kinds = ("reduce_scatter", "all_gather") if t.sequence_parallel else ("all_reduce",)
+    # compute ops per unit and rank (tp_comm cuts a unit in three), and per layer without
+    # collectives (selective recompute, the W passes of zb_h1)
+    per_unit = 3 if t.overlap.tp_comm else 1
+    zb = t.schedule == "zb_h1"
+    per_layer = int(t.recompute == "selective") + int(zb)
     total = 0
-    for rep in plan.replicas:
-        last = len(rep.stages) - 1
+    boundaries: set[int] = set()
+    for r, rep in enumerate(plan.replicas):
+        chunks = replica_chunks(plan, r)
+        v = len(chunks[0])
+        boundaries.update(b for sc in chunks for rng in sc for b in rng)
         for i, st in enumerate(rep.stages):
             n_layers = st.layers[1] - st.layers[0]
-            units = 4 * n_layers * (1.5 if t.recompute else 1.0) + 4
+            units = 4 * n_layers * (1.5 if t.recompute == "full" else 1.0) + 4 * v
             # TP ring flows of one unit: steps x ranks x channels, per collective kind
             flows = sum(
                 num_steps(k, st.tp, c.granularity, c.chunks) * st.tp * c.channels for k in kinds
             )
-            per_mb = units * (st.tp + flows)
-            if i < last:
-                per_mb += 2 * st.tp * rep.stages[i + 1].tp
+            per_mb = units * (per_unit * st.tp + flows)
+            per_mb += (per_layer * n_layers + (2 * v if zb else 0)) * st.tp
+            # transfers to the next virtual stage: v per stage, the last stage wraps v - 1 times
+            sends = v if i < rep.pp - 1 else v - 1
+            per_mb += 2 * st.tp * rep.stages[(i + 1) % rep.pp].tp * sends
             total += int(per_mb) * rep.micro_batches
     dp = len(plan.replicas)
     big_l = math.lcm(*(st.tp for rep in plan.replicas for st in rep.stages))
-    boundaries = {b for rep in plan.replicas for st in rep.stages for b in st.layers}
     buckets = math.ceil(plan.model.layers / max(1, c.dp_bucket_layers)) + len(boundaries)
     steps = num_steps("all_reduce", dp, c.granularity, c.chunks)
     total += buckets * big_l * steps * dp * c.channels

@@ -140,6 +140,8 @@ def parse_replicas(
             _auto_layers(rep, ctx)
         _check_layers(rep, ctx.model)
     counts = _split_batch(raw, ctx, path)
+    if training.schedule == "interleaved":
+        _check_interleaving(raw, counts, training.virtual_stages)
     return tuple(
         Replica(
             stages=tuple(Stage(s.group, s.devices, s.tp, s.layers) for s in rep.stages),  # type: ignore[arg-type]
@@ -350,6 +352,35 @@ def _check_layers(rep: _Replica, model: ModelSpec) -> None:
             f"the last stage must end at the model's {model.layers} layers "
             f"(got [{prev.layers[0]}, {prev.layers[1]}])",
         )
+
+
+def _check_interleaving(raw: Sequence[_Replica], counts: Sequence[int], v: int) -> None:
+    """Megatron's interleaved schedule: m a multiple of pp, at least v layers per stage.
+
+    Replicas of one stage have no pipeline to interleave and run as plain 1F1B.
+    """
+    for rep, m in zip(raw, counts, strict=True):
+        pp = len(rep.stages)
+        if pp < 2:
+            continue
+        if m % pp:
+            explicit = rep.micro_batches is not None
+            where = f.join(rep.path, "micro_batches") if explicit else rep.path
+            how = "" if explicit else "the batch split gave it "
+            raise PlanError(
+                where,
+                f"expected micro-batches a multiple of the replica's {pp} pipeline stages with "
+                f"training.schedule interleaved (Megatron requires it) (got {how}{m})",
+            )
+        for st in rep.stages:
+            assert st.layers is not None
+            n = st.layers[1] - st.layers[0]
+            if n < v:
+                raise PlanError(
+                    st.fp("layers"),
+                    f"expected at least training.virtual_stages = {v} layers per stage, one per "
+                    f"model chunk (got {n} in [{st.layers[0]}, {st.layers[1]}))",
+                )
 
 
 def _split_batch(raw: Sequence[_Replica], ctx: _Context, path: str) -> list[int]:

@@ -27,6 +27,8 @@ from .model import (
     LinkEventKind,
     ModelSpec,
     NetworkSpec,
+    OverlapSpec,
+    Recompute,
     Resharding,
     RingOrder,
     ScaleOut,
@@ -113,22 +115,25 @@ def _model_preset(name: Any, path: str, presets: Mapping[str, ModelSpec]) -> Mod
 
 
 def parse_training(value: Any, path: str) -> TrainingSpec:
-    """The ``training:`` section -> TrainingSpec (batch divisibility checked here)."""
+    """The ``training:`` section -> TrainingSpec (batch divisibility and schedule checked here)."""
     m = f.expect_mapping(value, path)
     f.check_keys(m, path, TRAINING_KEYS, ("global_batch", "micro_batch"))
     d = TrainingSpec(global_batch=1, micro_batch=1)  # defaults
+    schedule = f.get_enum(m, "schedule", path, get_args(Schedule), d.schedule)
     spec = TrainingSpec(
         global_batch=f.get_int(m, "global_batch", path, maximum=lim.MAX_BATCH, limit=_BATCH),
         micro_batch=f.get_int(m, "micro_batch", path, maximum=lim.MAX_BATCH, limit=_BATCH),
-        schedule=f.get_enum(m, "schedule", path, get_args(Schedule), d.schedule),  # type: ignore[arg-type]
+        schedule=schedule,  # type: ignore[arg-type]
         optimizer=f.get_enum(m, "optimizer", path, OPTIMIZERS, d.optimizer),
         zero_stage=f.get_int_in(m, "zero_stage", path, range(4), d.zero_stage),
-        recompute=f.get_bool(m, "recompute", path, d.recompute),
+        recompute=_recompute(m, path, d.recompute),
         sequence_parallel=f.get_bool(m, "sequence_parallel", path, d.sequence_parallel),
         causal_attention_halving=f.get_bool(
             m, "causal_attention_halving", path, d.causal_attention_halving
         ),
         flash_attention=f.get_bool(m, "flash_attention", path, d.flash_attention),
+        virtual_stages=_virtual_stages(m, path, schedule),
+        overlap=_parse_overlap(m.get("overlap", {}), f.join(path, "overlap")),
     )
     if spec.global_batch % spec.micro_batch:
         raise PlanError(
@@ -136,7 +141,55 @@ def parse_training(value: Any, path: str) -> TrainingSpec:
             f"must be divisible by training.micro_batch {spec.micro_batch} "
             f"(got {spec.global_batch})",
         )
+    if spec.overlap.tp_comm and not spec.sequence_parallel:
+        raise PlanError(
+            f.join(f.join(path, "overlap"), "tp_comm"),
+            "needs training.sequence_parallel: true (Megatron-Core overlaps only the "
+            "sequence-parallel all-gather / reduce-scatter with the GEMMs) (got true)",
+        )
     return spec
+
+
+def _recompute(m: Mapping[str, Any], path: str, default: Recompute) -> Recompute:
+    """``recompute``: none | selective | full; the booleans of older plans mean full / none."""
+    if "recompute" not in m:
+        return default
+    v = m["recompute"]
+    if isinstance(v, bool):
+        return "full" if v else "none"
+    return f.get_enum(m, "recompute", path, get_args(Recompute))  # type: ignore[return-value]
+
+
+def _virtual_stages(m: Mapping[str, Any], path: str, schedule: str) -> int:
+    """Model chunks per stage: required (>= 2) with ``interleaved``, else absent or 1."""
+    key = f.join(path, "virtual_stages")
+    if schedule == "interleaved":
+        if "virtual_stages" not in m:
+            raise PlanError(key, "required with training.schedule interleaved (got nothing)")
+        v = f.get_int(m, "virtual_stages", path)
+        if v < 2:
+            raise PlanError(
+                key, f"must be at least 2 with training.schedule interleaved (got {v})"
+            )
+        return v
+    v = f.get_int(m, "virtual_stages", path, 1)
+    if v != 1:
+        raise PlanError(
+            key,
+            f"must be 1 unless training.schedule is interleaved (schedule {schedule}) (got {v})",
+        )
+    return v
+
+
+def _parse_overlap(value: Any, path: str) -> OverlapSpec:
+    om = f.expect_mapping(value, path)
+    d = OverlapSpec()
+    f.check_keys(om, path, [x.name for x in dataclasses.fields(OverlapSpec)])
+    return OverlapSpec(
+        tp_comm=f.get_bool(om, "tp_comm", path, d.tp_comm),
+        dp_grad_reduce=f.get_bool(om, "dp_grad_reduce", path, d.dp_grad_reduce),
+        param_gather=f.get_bool(om, "param_gather", path, d.param_gather),
+    )
 
 
 # ---------------------------------------------------------------- device types
