@@ -188,6 +188,7 @@ class CollectivesSpec:
     chunks: int = 4  # pipelined chunks per ring step when granularity == "chunked"
     ring_order: RingOrder = "hetero_aware"
     dp_bucket_layers: int = 1  # DP sync granularity along a segment (layers per bucket)
+    nccl_cost: bool = True  # NCCL latency + protocol efficiency as a delay before each ring
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-RING_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
-
 
 def num_steps(kind: str, n: int, granularity: str, chunks: int) -> int:
     """Flows per ring edge of one collective: steps (``step``) or pieces (``chunked``)."""

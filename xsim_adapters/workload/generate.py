@@ -37,13 +37,20 @@ from ..trace.schema import (
     SCHEMA_VERSION,
     Trace,
 )
-from .blocks import Block, RingSpec, build_block, stage_units
+from .blocks import Block, RingSpec, build_block, stage_units, tp_kinds
 from .builder import BulkBuilder
 from .collectives import ring_flows
 from .compute import ADAM_BYTES_PER_PARAM, optimizer_time_ns, stage_params
 from .dpsync import buckets, chunk_rings, sweep_segments
 from .reshard import DEST, SOURCE, algorithm_label, reshard_transfers
-from .rings import RankInfo, channel_orders, ring_bottleneck_GBps, ring_order, split_bytes
+from .rings import (
+    RankInfo,
+    channel_orders,
+    ring_bottleneck_GBps,
+    ring_delay_ns,
+    ring_order,
+    split_bytes,
+)
 from .schedule import stage_order
 
 GENERATOR_VERSION = "1"
@@ -109,7 +116,12 @@ class _Generator:
         orders, sizes = self._ring(ranks, self.act_bytes)
         pos = {r: k for k, r in enumerate(ranks)}
         perm = tuple(tuple(pos[r] for r in o) for o in orders)
-        return RingSpec(perm, tuple(sizes), ",".join(map(str, perm[0])), self.algorithm)
+        delays: tuple[tuple[str, int], ...] = ()
+        if self.plan.collectives.nccl_cost:
+            delays = tuple((k, ring_delay_ns(self.info, k, orders, sizes))
+                           for k in tp_kinds(self.plan))
+        return RingSpec(perm, tuple(sizes), ",".join(map(str, perm[0])), self.algorithm,
+                        delays)
 
     # ---- stages ------------------------------------------------------------------------
     def _blocks(self, stage: Stage, first: bool, last: bool, ring: RingSpec) -> tuple[Block, Block]:
@@ -298,12 +310,21 @@ class _Generator:
             return None
         members = np.array([cr.members for cr in rings], dtype=np.int64)  # (I, n)
         perms, sizes, labels = [], [], []
+        dp_kinds = ("all_reduce", "reduce_scatter", "all_gather")
+        delays: dict[str, list[int]] = {k: [] for k in dp_kinds}
+        seen: dict[tuple, tuple[int, ...]] = {}
         for cr in rings:
             orders, sz = self._ring(list(cr.members), cr.nbytes)
             pos = {rk: k for k, rk in enumerate(cr.members)}
             perms.append([[pos[rk] for rk in o] for o in orders])
             sizes.append(sz)
             labels.append(",".join(map(str, orders[0])))
+            if plan.collectives.nccl_cost:
+                key = (tuple(map(tuple, orders)), tuple(sz))
+                if key not in seen:
+                    seen[key] = tuple(ring_delay_ns(self.info, k, orders, sz) for k in dp_kinds)
+                for k, d in zip(dp_kinds, seen[key], strict=True):
+                    delays[k].append(d)
         # Readiness: each member's backward of the bucket's layers on its last micro-batch.
         ready = np.zeros(members.shape, dtype=np.int64)
         last_bwd = {}  # (replica, stage) -> micro-batch of its last backward
@@ -322,6 +343,7 @@ class _Generator:
             "members": members,
             "perm": np.array(perms, dtype=np.int64),
             "sizes": np.array(sizes, dtype=np.int64),
+            "delays": {k: np.array(v, dtype=np.int64) for k, v in delays.items() if v},
             "labels": np.array(labels, dtype=object),
             "nbytes": np.array([cr.nbytes for cr in rings], dtype=np.int64),
             "chunk": np.array([cr.chunk for cr in rings], dtype=np.int64),
@@ -366,7 +388,26 @@ class _Generator:
         )
         base = int(ids[0]) if len(ids) else 0
         tb.add_edges(rf.pred + base, rf.succ + base)
-        tb.add_edges(start_after[:, None, :], rf.start + base)
+        delay = dp.get("delays", {}).get(kind)
+        if delay is not None and len(ids) and (delay > 0).any():
+            # NCCL latency and protocol cost: a timed barrier per member before its first send
+            num_i, n = dp["members"].shape
+            dl = tb.add_ops(
+                num_i * n,
+                kind=KIND_BARRIER,
+                rank=dp["members"].reshape(-1),
+                duration_ns=np.repeat(delay, n),
+                phase=PHASE_INDEX["dp"],
+                replica=self.rank_replica[dp["members"].reshape(-1)],
+                stage=self.rank_stage[dp["members"].reshape(-1)],
+                layer_start=np.repeat(dp["layer_start"], n),
+                layer_stop=np.repeat(dp["layer_stop"], n),
+                collective=np.repeat(coll, n),
+            ).reshape(num_i, n)
+            tb.add_edges(start_after, dl)
+            tb.add_edges(dl[:, None, :], rf.start + base)
+        else:
+            tb.add_edges(start_after[:, None, :], rf.start + base)
         return rf.tails + base
 
     # ---- output -------------------------------------------------------------------------
