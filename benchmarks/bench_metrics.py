@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from xsim_adapters.backends.base import Timeline
 from xsim_adapters.metrics import compute_metrics
 from xsim_adapters.report import plot_timeline, write_perfetto
 from xsim_adapters.trace.schema import (
@@ -28,6 +27,7 @@ from xsim_adapters.trace.schema import (
     PHASE_INDEX,
     Trace,
 )
+from xsim_adapters.trace.timeline import Timeline
 
 
 def synthetic(ranks: int, per_rank: int, tp: int = 8, pp: int = 4) -> tuple[Trace, Timeline]:

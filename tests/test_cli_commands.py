@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from xsim_adapters import cli
-from xsim_adapters.errors import XsimError
 
 REPO = Path(__file__).resolve().parents[1]
 HETERO = REPO / "workloads" / "hetero-dp-h100-a100.yaml"
@@ -108,16 +107,29 @@ def test_broken_trace_directory_is_one_line_error(tmp_path: Path, capsys) -> Non
     assert len(err) <= 3 and err[0].startswith("xsim: error: ")
 
 
-def test_parse_options_reads_yaml_scalars() -> None:
-    assert cli.parse_options(["seed=3", "rate=0.5", "ecn=true", "transport=dctcp", "x="]) == {
-        "seed": 3, "rate": 0.5, "ecn": True, "transport": "dctcp", "x": ""}
-    with pytest.raises(XsimError, match=r"--option 'seed': expected KEY=VALUE"):
-        cli.parse_options(["seed"])
+def test_unknown_option_is_one_line_error_with_suggestion(tmp_path: Path, capsys) -> None:
+    rc = cli.main(["run", str(HETERO), "--option", "trasnport=udp", "-o", str(tmp_path / "o"),
+                   "--no-plots"])
+    assert rc == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["xsim: error: unknown option 'trasnport' for backend flow; allowed:"
+                   " progress, seed"]
+    assert not (tmp_path / "o").exists()  # refused before any work
 
 
-def test_backend_prefixed_options_go_to_that_backend_only() -> None:
-    per = cli._split_backend_options({"seed": 1, "ns3.transport": "dctcp"}, ["flow", "ns3"])
-    assert per == {"flow": {"seed": 1}, "ns3": {"seed": 1, "transport": "dctcp"}}
+def test_bad_option_value_is_refused_before_any_work(tmp_path: Path, capsys) -> None:
+    rc = cli.main(["run", str(HETERO), "--option", "seed=-1", "-o", str(tmp_path / "o")])
+    assert rc == 1
+    assert capsys.readouterr().err.strip() == (
+        "xsim: error: flow: option seed: expected an integer >= 0 and <= 2147483647 (got -1)")
+    assert not (tmp_path / "o").exists()
+
+
+def test_backends_options_lists_each_backends_options(capsys) -> None:
+    assert cli.main(["backends", "--options"]) == 0
+    out = capsys.readouterr().out
+    assert "    --option seed (int >= 0 and <= 2147483647, default 1): " in out
+    assert "    --option progress (callable, default None): " in out
 
 
 def test_compare_needs_two_backends(tmp_path: Path, capsys) -> None:

@@ -147,7 +147,7 @@ def test_ring_allreduce_inside_one_server_is_closed_form(n):
     lower = 2 * (n - 1) / n * size / bw
     expect = 2 * (n - 1) * ((size // n) / bw + 2 * 500.0)  # two 0.5 us scale-up hops per step
     assert t >= lower
-    assert t == pytest.approx(expect, rel=0.01)
+    assert t == pytest.approx(expect, rel=1e-12)  # exact up to float rounding
 
 
 def test_ring_allreduce_across_servers_on_uniform_links():
@@ -159,7 +159,7 @@ def test_ring_allreduce_across_servers_on_uniform_links():
     t = times(tl := run(tb.build(), topo), end)[1]
     assert t >= 2 * (n - 1) / n * size / H100_NIC_BPNS
     # the slowest step is the one crossing the fabric: 4 hops of 1 us
-    assert t == pytest.approx(2 * (n - 1) * ((size // n) / H100_NIC_BPNS + 4000.0), rel=0.01)
+    assert t == pytest.approx(2 * (n - 1) * ((size // n) / H100_NIC_BPNS + 4000.0), rel=1e-12)
     assert tl.stats["max_active_flows"] == n
 
 
@@ -172,7 +172,7 @@ def test_ring_with_one_slow_nic_follows_the_slowest_link():
     t = times(run(tb.build(), topo), end)[1]
     slow = 200 / 8  # A100 NIC, bytes/ns
     assert t >= 2 * (n - 1) / n * size / slow
-    assert t == pytest.approx(2 * (n - 1) * (size / n / slow + 4000.0), rel=0.01)
+    assert t == pytest.approx(2 * (n - 1) * (size / n / slow + 4000.0), rel=1e-12)
     fast = build_topology(make_plan([("h", "H100", 4, 1)], ScaleOut(nodes_per_leaf=1)))
     tb = TraceBuilder(4)
     _, end = ring_allreduce(tb, list(range(n)), size)

@@ -36,7 +36,7 @@ def test_generator_ring_allreduce_inside_one_server(n):
     t = float(tl.frame["end_ns"].iloc[end])
     bw = 450.0  # NVLink bytes/ns; every ring hop is GPU -> NVSwitch -> GPU at 0.5 us per link
     assert t >= 2 * (n - 1) / n * size / bw
-    assert t == pytest.approx(2 * (n - 1) * (size / n / bw + 1000.0), rel=0.01)
+    assert t == pytest.approx(2 * (n - 1) * (size / n / bw + 1000.0), rel=1e-12)
 
 
 def test_generator_ring_across_servers_follows_the_slow_nic():
@@ -49,7 +49,7 @@ def test_generator_ring_across_servers_follows_the_slow_nic():
     slow = 200 / 8
     assert t >= 2 * (n - 1) / n * size / slow
     # the slow NIC paces every step; latency at most 4 hops of 1 us per step
-    assert t == pytest.approx(2 * (n - 1) * size / n / slow, rel=0.05)
+    assert t <= 2 * (n - 1) * (size / n / slow + 4000.0) * (1 + 1e-12)
 
 
 @pytest.mark.parametrize(

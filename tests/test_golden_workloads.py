@@ -3,7 +3,13 @@
 The goldens hold the iteration time, the per-phase totals and the op counts of each plan on the
 flow backend. Results are deterministic, so the tolerance only absorbs floating-point summation
 order across numpy/pandas versions. After an intended model change, regenerate with
-``XSIM_REGEN_GOLDEN=1 python -m pytest tests/test_golden_workloads.py`` and review the diff.
+``XSIM_REGEN_GOLDEN=1 python -m pytest tests/test_golden_workloads.py`` and review the diff
+(regenerating writes the files and skips the comparison; the independent checks still run).
+
+Beside each golden, numbers that do not come from the code under test (:data:`HAND`,
+:func:`_independent_checks`): the DP sync's bytes against the published parameter count, the
+resharded bytes against the activation size, the compute phase totals against the trace's op
+durations, and the iteration time against the busiest rank's compute.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import xsim_adapters as xs
+from xsim_adapters.trace.schema import COMPUTE_PHASES, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = sorted((ROOT / "workloads").glob("*.yaml"))
@@ -22,12 +29,33 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 REL = 1e-6
 
 
-def _summary(path: Path) -> dict:
+# Independent numbers, by hand, one set per shipped plan (not from the code under test):
+# total parameters of the model, from its published configuration (Touvron et al. 2023, Llama 2,
+# arXiv:2307.09288; the counts of the Hugging Face checkpoints meta-llama/Llama-2-7b-hf and
+# Llama-2-70b-hf: 32 x 202,383,360 + 2 x 131,072,000 + 4,096 and 80 x 855,654,400 +
+# 2 x 262,144,000 + 8,192), the data-parallel degree, and the activation bytes of one micro-batch
+# (micro_batch x seq_len x hidden x 2 bytes of bf16).
+LLAMA2_7B_PARAMS = 6_738_415_616
+LLAMA2_70B_PARAMS = 68_976_648_192
+BF16_BYTES = 2
+HAND = {
+    "hetero-dp-h100-a100": {"params": LLAMA2_7B_PARAMS, "dp": 2},
+    "homogeneous-h100": {"params": LLAMA2_7B_PARAMS, "dp": 2},
+    "uneven-layers": {"params": LLAMA2_7B_PARAMS, "dp": 2},
+    "llama2-70b-1024gpu": {"params": LLAMA2_70B_PARAMS, "dp": 24},
+    # one replica (no DP); 8 micro-batches of 1 x 2048 tokens x 4096 hidden cross the 8 -> 4
+    # resharding boundary once forward and once backward
+    "hetero-pipeline-reshard": {"params": LLAMA2_7B_PARAMS, "dp": 1,
+                                "reshard_bytes": 2 * 8 * (1 * 2048 * 4096 * BF16_BYTES)},
+}
+
+
+def _run(path: Path) -> tuple[dict, object, object]:
     plan = xs.load_plan(path)
     trace = xs.generate(plan)
     tl = xs.run(trace, "flow", topology=xs.build_topology(plan))
     s = xs.metrics(trace, tl).summary
-    return {
+    summary = {
         "plan": s["plan"],
         "ranks": s["ranks"],
         "num_ops": trace.num_ops,
@@ -39,6 +67,33 @@ def _summary(path: Path) -> dict:
         "straggler_wait_ns": s["totals"]["straggler_wait_ns"],
         "exposed_comm_ns": s["totals"]["exposed_comm_ns"],
     }
+    return summary, trace, plan
+
+
+def _independent_checks(name: str, golden: dict, trace, plan) -> None:
+    """Each golden's numbers against a closed form, a bound or a conservation law."""
+    ops = trace.ops
+    flows = ops[ops["kind"] == KIND_FLOW]
+    comp = ops[ops["kind"] == KIND_COMPUTE]
+    hand = HAND[name]
+    # closed form: a ring all-reduce (or ZeRO's reduce-scatter + all-gather) over n replicas
+    # moves 2 (n - 1) / n of the gradient bytes per member, 2 (n - 1) x all gradient bytes in all
+    dp_bytes = int(flows.loc[flows["phase"] == PHASE_INDEX["dp"], "bytes"].sum())
+    assert dp_bytes == 2 * (hand["dp"] - 1) * hand["params"] * BF16_BYTES
+    if "reshard_bytes" in hand:  # lcm resharding moves every activation byte exactly once
+        assert int(flows.loc[flows["phase"] == PHASE_INDEX["reshard"], "bytes"].sum()) == (
+            hand["reshard_bytes"])
+    # conservation: the golden's compute phase totals are the trace's op durations, summed
+    for phase in COMPUTE_PHASES:
+        want = float(comp.loc[comp["phase"] == PHASE_INDEX[phase], "duration_ns"].sum())
+        assert golden["phases"].get(phase, 0.0) == pytest.approx(want, rel=1e-12, abs=1e-6), phase
+    # bound: an iteration is no shorter than the busiest rank's compute (one stream per GPU)
+    busiest = float(comp.groupby("rank")["duration_ns"].sum().max())
+    assert golden["iteration_time_ns"] >= busiest
+    # tokens/s is global_batch x seq_len tokens per iteration, by definition
+    tokens = plan.training.global_batch * plan.model.seq_len
+    assert golden["tokens_per_s"] * golden["iteration_time_ns"] / 1e9 == pytest.approx(
+        tokens, rel=1e-12)
 
 
 def test_every_shipped_plan_has_a_golden():
@@ -50,14 +105,19 @@ def test_every_shipped_plan_has_a_golden():
 
 @pytest.mark.parametrize("path", WORKLOADS, ids=[p.stem for p in WORKLOADS])
 def test_shipped_plan_matches_golden(path: Path):
-    got = _summary(path)
+    got, trace, plan = _run(path)
     gfile = GOLDEN / f"{path.stem}.json"
     if os.environ.get("XSIM_REGEN_GOLDEN"):
+        # Regenerating records what the code gives now: it is checked against the independent
+        # numbers only, never compared with itself.
+        _independent_checks(path.stem, got, trace, plan)
         gfile.parent.mkdir(exist_ok=True)
         tmp = gfile.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(got, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, gfile)
+        pytest.skip(f"{gfile.name} regenerated (XSIM_REGEN_GOLDEN): review its diff")
     want = json.loads(gfile.read_text())
+    _independent_checks(path.stem, want, trace, plan)
     assert got["plan"] == want["plan"]
     assert got["ranks"] == want["ranks"]
     assert got["num_ops"] == want["num_ops"]
@@ -68,3 +128,7 @@ def test_shipped_plan_matches_golden(path: Path):
     assert set(got["phases"]) == set(want["phases"])
     for phase, v in want["phases"].items():
         assert got["phases"][phase] == pytest.approx(v, rel=REL, abs=1.0), phase
+
+
+def test_every_shipped_plan_has_hand_numbers():
+    assert {p.stem for p in WORKLOADS} == set(HAND)

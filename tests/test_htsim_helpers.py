@@ -17,7 +17,7 @@ from xsim_adapters.trace.schema import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-DRIVER_SRC = REPO / "backends" / "htsim" / "driver"
+DRIVER_SRC = REPO / "plugins" / "htsim" / "driver"
 DATA = Path(__file__).resolve().parent / "data" / "htsim"
 
 
@@ -82,8 +82,8 @@ def driver_path(tmp_factory) -> Path:
         return Path(env)
     htsim_dir = os.environ.get("HTSIM_DIR")
     if not htsim_dir:
-        pytest.skip("needs htsim: set HTSIM_DIR to a csg-htsim checkout built with "
-                    "`cd sim && make` (the test builds the driver), or set XSIM_HTSIM_DRIVER "
+        pytest.skip("needs htsim: set HTSIM_DIR to an htsim build holding sim/libhtsim.a and "
+                    "the headers of sim/ (the test builds the driver), or set XSIM_HTSIM_DRIVER "
                     "to a built driver")
     out = tmp_factory.mktemp("htsim-driver")
     proc = subprocess.run(

@@ -103,7 +103,7 @@ def test_missing_driver_message(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     assert not ok
     assert reason.startswith(
         "htsim driver not found: XSIM_HTSIM_DRIVER is not set, no 'xsim-htsim' on PATH, and no "
-        f"{tmp_path / 'nowhere' / 'xsim-htsim'}; build it with `make -C backends/htsim/driver "
+        f"{tmp_path / 'nowhere' / 'xsim-htsim'}; build it with `make -C plugins/htsim/driver "
         "HTSIM_DIR=/path/to/csg-htsim`"
     )
     trace, topo = golden_case()
@@ -221,11 +221,16 @@ def test_wall_limit_stops_the_driver(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("opts", "msg"), [
-    ({"protocol": "tcp"}, "htsim: option protocol must be one of roce, ndp, eqds (got 'tcp')"),
-    ({"mtu": 100}, "htsim: option mtu must be an integer >= 256 (got 100)"),
+    ({"protocol": "tcp"}, "htsim: option protocol: must be one of roce, ndp, eqds (got 'tcp')"),
+    ({"mtu": 100}, "htsim: option mtu: expected an integer >= 256 and <= 65535 (got 100)"),
     ({"scale_up": "nvlink"},
-     "htsim: option scale_up must be one of fluid, packet (got 'nvlink')"),
-    ({"wall_limit_s": 0}, "htsim: option wall_limit_s must be > 0 seconds (got 0)"),
+     "htsim: option scale_up: must be one of fluid, packet (got 'nvlink')"),
+    ({"wall_limit_s": 0}, "htsim: option wall_limit_s: expected a number > 0 (got 0)"),
+    ({"protcol": "ndp"}, "unknown option 'protcol' for backend htsim; did you mean 'protocol'?"
+     " allowed: cwnd_pkts, driver, mtu, progress, protocol, queue_bytes, scale_up, seed,"
+     " wall_limit_s, work_dir"),
+    ({"seed": True}, "htsim: option seed: expected an integer >= 0 and <= 2147483647"
+     " (got True)"),
 ])
 def test_bad_options(tmp_path: Path, opts: dict, msg: str) -> None:
     drv = fake_driver(tmp_path, "sys.exit(9)\n")

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from test_metrics_helpers import TraceBuilder, asap_timeline, one_f_one_b, ring_all_reduce
 
-from xsim_adapters.backends.base import Timeline
 from xsim_adapters.errors import BackendError
 from xsim_adapters.metrics import (
     RANK_COLUMNS,
@@ -15,6 +14,7 @@ from xsim_adapters.metrics import (
     union_blocks,
     union_length,
 )
+from xsim_adapters.trace.timeline import Timeline
 
 
 def test_union_length_merges_overlaps_and_ignores_empty() -> None:

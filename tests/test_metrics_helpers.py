@@ -12,13 +12,13 @@ from collections import defaultdict, deque
 import numpy as np
 import pandas as pd
 
-from xsim_adapters.backends.base import Timeline
 from xsim_adapters.trace import handmade
 from xsim_adapters.trace.schema import (
     KIND_BARRIER,
     KIND_FLOW,
     Trace,
 )
+from xsim_adapters.trace.timeline import Timeline
 
 
 class TraceBuilder(handmade.TraceBuilder):

@@ -92,11 +92,13 @@ def test_available_reason_when_ns_is_missing(monkeypatch):
 def test_unknown_and_bad_options_are_named():
     from xsim_ns3 import parse_options
 
-    with pytest.raises(BackendError, match=r"unknown option\(s\) trasnport"):
+    with pytest.raises(BackendError, match=r"unknown option 'trasnport' for backend ns3; did you"
+                       r" mean 'transport'\? allowed: .*transport"):
         parse_options({"trasnport": "udp"})
-    with pytest.raises(BackendError, match=r"transport must be one of .* \(got 'roce'\)"):
+    with pytest.raises(BackendError, match=r"transport: must be one of .* \(got 'roce'\)"):
         parse_options({"transport": "roce"})
-    with pytest.raises(BackendError, match=r"mtu must be an integer in \[576, 65535\] \(got 7"):
+    with pytest.raises(BackendError,
+                       match=r"mtu: expected an integer >= 576 and <= 65535 \(got 70000\)"):
         parse_options({"mtu": 70000})
 
 

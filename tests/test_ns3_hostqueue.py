@@ -69,6 +69,6 @@ def test_host_queue_option_is_validated():
     from xsim_adapters.errors import BackendError
 
     assert parse_options({}).host_queue == "fq"
-    with pytest.raises(BackendError, match=r"option host_queue must be one of \('fq', 'fifo'\)"
+    with pytest.raises(BackendError, match=r"option host_queue: must be one of fq, fifo"
                        r" \(got 'red'\)"):
         parse_options({"host_queue": "red"})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_plan_helpers import example
+from test_plan_helpers import WORKLOADS, example
 
 from xsim_adapters.plan import apportion, load_plan, plan_from_dict, replica_speed, stage_speed
 from xsim_adapters.plan.presets import device_presets
@@ -75,7 +75,7 @@ def test_every_replica_gets_at_least_one_micro_batch():
 
 
 def test_auto_layers_by_compute():
-    plan = load_plan("workloads/hetero-pipeline-reshard.yaml")
+    plan = load_plan(WORKLOADS / "hetero-pipeline-reshard.yaml")
     # speeds 8*989*0.5 = 3956 and 4*312*0.6 = 748.8 TFLOP/s: 32 layers -> 26.9 / 5.1 -> 27 / 5
     assert [s.layers for s in plan.replicas[0].stages] == [(0, 27), (27, 32)]
     types = device_presets()
@@ -108,7 +108,7 @@ def test_auto_layers_gives_every_stage_a_layer():
 
 
 def test_uniform_shorthand_expands_to_contiguous_slices():
-    plan = load_plan("workloads/homogeneous-h100.yaml")
+    plan = load_plan(WORKLOADS / "homogeneous-h100.yaml")
     assert [[(s.devices, s.layers, s.tp) for s in r.stages] for r in plan.replicas] == [
         [((0, 4), (0, 16), 4), ((4, 8), (16, 32), 4)],
         [((8, 12), (0, 16), 4), ((12, 16), (16, 32), 4)],

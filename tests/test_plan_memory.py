@@ -6,7 +6,7 @@ import copy
 import re
 
 import pytest
-from test_plan_helpers import example
+from test_plan_helpers import WORKLOADS, example
 
 from xsim_adapters.errors import InfeasiblePlanError
 from xsim_adapters.plan import (
@@ -148,7 +148,7 @@ def test_example_without_flash_attention_does_not_fit_on_a100_40gb():
 
 
 def test_memory_report_columns_and_units():
-    df = memory_report(load_plan("workloads/hetero-dp-h100-a100.yaml"))
+    df = memory_report(load_plan(WORKLOADS / "hetero-dp-h100-a100.yaml"))
     assert list(df.columns) == [
         "replica", "stage", "group", "device_type", "tp", "layer_start", "layer_stop",
         "in_flight", "params_per_device", "weights_GB", "gradients_GB", "optimizer_GB",

@@ -9,8 +9,9 @@ from importlib import metadata
 import pytest
 
 from xsim_adapters.backends import registry
-from xsim_adapters.backends.base import Backend, Timeline
+from xsim_adapters.backends.base import Backend
 from xsim_adapters.errors import BackendContractError, BackendUnavailable
+from xsim_adapters.trace.timeline import Timeline
 
 
 class GoodBackend(Backend):

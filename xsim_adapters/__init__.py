@@ -12,10 +12,10 @@ from .api import (
     run,
     write_trace,
 )
-from .backends.base import Timeline
 from .backends.registry import get_backend, list_backends
 from .metrics.bundle import Metrics
 from .metrics.compare import Comparison, compare
+from .trace.timeline import Timeline
 
 __version__ = "0.1.0"
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .backends.base import Timeline
 from .errors import BackendError, TraceError, XsimError
 from .metrics.bundle import Metrics, compute_metrics
 from .metrics.compare import Comparison, compare_metrics
 from .trace.schema import Trace
+from .trace.timeline import Timeline
 
 if TYPE_CHECKING:
     from .plan.model import Plan

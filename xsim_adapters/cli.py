@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import XsimError
+from .options import parse_option_items, split_backend_options
 
 DEFAULT_OUT = "xsim-out"
 
@@ -33,36 +34,6 @@ def _fmt_ns(ns: float | None) -> str:
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def parse_options(items: Sequence[str]) -> dict[str, Any]:
-    """``["k=v", ...]`` -> dict; values are parsed as YAML scalars (``3``, ``0.5``, ``true``)."""
-    import yaml
-
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise XsimError(f"--option {item!r}: expected KEY=VALUE (e.g. --option seed=1)")
-        try:
-            out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
-        except yaml.YAMLError:
-            out[key.strip()] = value
-    return out
-
-
-def _split_backend_options(opts: dict[str, Any], backends: Sequence[str]
-                           ) -> dict[str, dict[str, Any]]:
-    """``ns3.transport=dctcp`` goes to ns3 only; an unprefixed key goes to every backend."""
-    per: dict[str, dict[str, Any]] = {b: {} for b in backends}
-    for k, v in opts.items():
-        head, dot, rest = k.partition(".")
-        if dot and head in per:
-            per[head][rest] = v
-        else:
-            for b in backends:
-                per[b][k] = v
-    return per
 
 
 # ---------------------------------------------------------------- subcommands
@@ -197,13 +168,14 @@ def _print_summary(s: dict[str, Any]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from . import api
-    from .backends.registry import get_backend
+    from .backends.registry import check_backend_options, get_backend
     from .report.outputs import write_run
     from .report.progress import ProgressBar
 
     out = Path(args.output)
-    options = parse_options(args.option or [])
+    options = parse_option_items(args.option or [])
     get_backend(args.backend)  # fail on an unknown or unavailable backend before any work
+    check_backend_options(args.backend, options)  # and on an unknown option or a bad value
     steps = 5 if args.no_plots else 6
     with ProgressBar(steps, "xsim run", force=args.progress) as bar:
         bar.advance(0, "loading")
@@ -238,11 +210,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if len(set(backends)) < 2:
         raise XsimError(f"--backends needs at least two different names (got {args.backends!r})")
-    per = _split_backend_options(parse_options(args.option or []), backends)
-    from .backends.registry import get_backend
+    from .backends.registry import backend_options, check_backend_options, get_backend
 
     for name in backends:  # fail on an unknown or unavailable backend before any work
         get_backend(name)
+    per = split_backend_options(parse_option_items(args.option or []), backends,
+                                {b: backend_options(b) for b in backends})
+    for name in backends:  # and on an unknown option or a bad value
+        check_backend_options(name, per[name])
     out = Path(args.output)
     with ProgressBar(2 + len(backends), "xsim compare", force=args.progress) as bar:
         plan, trace = _load_input(args.plan)
@@ -273,7 +248,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
-    from .backends.registry import list_backends
+    from .backends.registry import backend_options, list_backends
+    from .options import option_table
 
     rows = list_backends()
     if not rows:
@@ -283,6 +259,13 @@ def cmd_backends(args: argparse.Namespace) -> int:
     for name, ok, reason in rows:
         status = "available" if ok else "unavailable"
         print(f"{name:<{width}}  {status}" + (f": {reason}" if reason else ""))
+        if args.options:
+            try:
+                lines = option_table(backend_options(name))
+            except XsimError as exc:  # a plugin that does not import has no option list
+                lines = [f"(options unknown: {exc})"]
+            for line in lines:
+                print(f"    --option {line}")
     return 0
 
 
@@ -369,8 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
                                           "columns, optional CSV and plot).",
                       cmd_bench_collective))
 
-    add("backends", "List every installed backend with its availability and, if it cannot "
-                    "run here, the reason.", cmd_backends)
+    b = add("backends", "List every installed backend with its availability and, if it "
+                        "cannot run here, the reason.", cmd_backends)
+    b.add_argument("--options", action="store_true",
+                   help="Also list each backend's options: name, type or allowed values, "
+                        "default and what it does.")
     return p
 
 

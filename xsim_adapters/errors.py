@@ -28,6 +28,10 @@ class BackendError(XsimError, RuntimeError):
     """A backend failed to finish a replay; the message carries the simulator's own words."""
 
 
+class OptionError(BackendError, ValueError):
+    """A backend option is unknown or its value has the wrong type or range."""
+
+
 class BackendUnavailable(XsimError, RuntimeError):
     """A backend cannot run here (a missing dependency); the message says what is missing."""
 

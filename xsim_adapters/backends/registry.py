@@ -10,10 +10,12 @@ because a missing optional dependency (cppyy, an htsim build) is the normal case
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
 from ..errors import BackendContractError, BackendUnavailable
+from ..options import Option, check_options
 from .base import Backend
 
 GROUP = "xsim_adapters.backends"
@@ -150,6 +152,27 @@ def list_backends() -> list[tuple[str, bool, str]]:
             ok, reason = False, str(exc)
         out.append((name, ok, reason))
     return out
+
+
+def backend_options(name: str) -> tuple[Option, ...]:
+    """The options backend ``name`` declares (its class need not be available here).
+
+    Raises BackendUnavailable for an unknown name or a plugin that fails to import,
+    BackendContractError if ``options`` is not a sequence of Option.
+    """
+    cls = load_backend_class(name)
+    opts = tuple(getattr(cls, "options", ()) or ())
+    bad = [o for o in opts if not isinstance(o, Option)]
+    if bad:
+        raise BackendContractError(f"{_where(_entry_points()[name])}: 'options' must hold"
+                                   f" xsim_adapters.options.Option values (got {bad[0]!r})")
+    return opts
+
+
+def check_backend_options(name: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``options`` validated against backend ``name``'s declaration (see
+    :func:`xsim_adapters.options.check_options`); used before any work is done."""
+    return check_options(name, backend_options(name), options)
 
 
 def backend_names() -> list[str]:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pandas as pd
 
-from ..backends.base import Timeline
 from ..trace.schema import Trace
+from ..trace.timeline import Timeline
 from .ranks import rank_metrics
 from .straggler import straggler_frame
 from .summary import device_type_summary, replica_summary, summary

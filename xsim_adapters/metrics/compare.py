@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..backends.base import Timeline
 from ..trace.schema import Trace
+from ..trace.timeline import Timeline
 from .bundle import Metrics, compute_metrics
 from .ranks import SUMMABLE_COLUMNS
 

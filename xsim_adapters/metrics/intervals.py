@@ -75,27 +75,3 @@ def clip(
     s = np.maximum(np.asarray(start, dtype=np.float64), lo)
     e = np.minimum(np.asarray(end, dtype=np.float64), hi)
     return s, np.maximum(e, s)
-
-
-def overlap_length(
-    key_a: np.ndarray,
-    start_a: np.ndarray,
-    end_a: np.ndarray,
-    key_b: np.ndarray,
-    start_b: np.ndarray,
-    end_b: np.ndarray,
-    num_keys: int,
-) -> np.ndarray:
-    """Per key, the length (ns) of (union of A) intersected with (union of B).
-
-    Uses |A ∩ B| = |A| + |B| - |A ∪ B|, so it is three union passes.
-    """
-    ua = union_length(key_a, start_a, end_a, num_keys)
-    ub = union_length(key_b, start_b, end_b, num_keys)
-    uab = union_length(
-        np.concatenate([key_a, key_b]),
-        np.concatenate([start_a, start_b]),
-        np.concatenate([end_a, end_b]),
-        num_keys,
-    )
-    return ua + ub - uab

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..backends.base import Timeline
 from ..trace.schema import COMM_PHASES, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX, Trace
+from ..trace.timeline import Timeline
 from .intervals import clip, sort_order, union_length
 from .straggler import straggler_by_rank, straggler_frame
 from .timeline import as_frame, rank_table

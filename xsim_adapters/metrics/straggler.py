@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..backends.base import Timeline
 from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX, Trace
+from ..trace.timeline import Timeline
 from .intervals import union_length
 from .timeline import as_frame
 

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..backends.base import Timeline
 from ..trace.schema import COMM_PHASES, COMPUTE_PHASES, KIND_COMPUTE, PHASE_INDEX, Trace
+from ..trace.timeline import Timeline
 from .ranks import SUMMABLE_COLUMNS, rank_metrics
 from .timeline import as_frame
 

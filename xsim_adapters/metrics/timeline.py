@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..backends.base import Timeline
 from ..errors import TraceError
 from ..trace.schema import KIND_COMPUTE, KINDS, PHASES, Trace
+from ..trace.timeline import Timeline
 
 
 def check_timeline(trace: Trace, timeline: Timeline) -> None:

@@ -227,15 +227,6 @@ class Plan:
             off += g.num_devices
         raise KeyError(name)
 
-    def group_node_offset(self, name: str) -> int:
-        """Global server index of the first server of group ``name``."""
-        off = 0
-        for g in self.device_groups:
-            if g.name == name:
-                return off
-            off += g.nodes
-        raise KeyError(name)
-
     @property
     def num_ranks(self) -> int:
         return sum(g.num_devices for g in self.device_groups)

@@ -13,9 +13,9 @@ from typing import Any
 import pandas as pd
 
 from .._atomic import write_atomic, write_text_atomic
-from ..backends.base import Timeline
 from ..errors import TraceError
 from ..metrics.bundle import Metrics
+from ..trace.timeline import Timeline
 from .perfetto import write_perfetto
 from .plot import plot_timeline
 

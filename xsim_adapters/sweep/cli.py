@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from ..options import parse_option_items
 from .expand import Variant
 from .spec import SweepError, SweepSpec, check_axes, load_sweep_file, parse_set
 
@@ -62,8 +63,7 @@ def add_sweep_arguments(sp: argparse.ArgumentParser) -> None:
 
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     """The sweep the command line describes (sweep file, then PLAN, then --set axes)."""
-    from ..cli import parse_options
-    from . import spec_for
+    from .api import spec_for
 
     if args.sweep:
         spec = load_sweep_file(args.sweep)
@@ -87,14 +87,14 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     spec.axes = check_axes(axes)
     if args.backend:
         spec.backend = args.backend
-    spec.options.update(parse_options(args.option or []))
+    spec.options.update(parse_option_items(args.option or []))
     return spec
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:
     """Run the sweep, write OUT/, print a short report; returns the exit status."""
     from ..report.progress import ProgressBar
-    from . import run_spec
+    from .api import run_spec
     from .expand import product
     from .results import write_sweep
     from .runner import make_executor

@@ -25,6 +25,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+#: The ``tier`` of scale-up links (NVLink / NVSwitch inside one server).
+TIER_SCALE_UP = "scale_up"
+
+
+def is_scale_up_path(scale_up_link: np.ndarray, path: np.ndarray) -> bool:
+    """Whether a flow on ``path`` (link ids) is a scale-up flow: a non-empty path every link of
+    which is a scale-up link (``scale_up_link``: bool per link id, from
+    :meth:`Topology.scale_up_links`). The packet backends time such flows with their fluid
+    (max-min) model under ``scale_up=fluid``; this is the one definition both use."""
+    p = np.asarray(path, dtype=np.int64)
+    return bool(len(p)) and bool(scale_up_link[p].all())
+
 
 @dataclass
 class Topology:
@@ -48,6 +60,10 @@ class Topology:
 
             self._router = Router(self.nodes, self.links)
         return self._router
+
+    def scale_up_links(self) -> np.ndarray:
+        """Bool per link id: the link is a scale-up (NVLink/NVSwitch) link."""
+        return (self.links["tier"].astype(str) == TIER_SCALE_UP).to_numpy()
 
     def path(self, src_rank: int, dst_rank: int, key: int) -> np.ndarray:
         """Link ids (int32, in order) from GPU ``src_rank`` to GPU ``dst_rank`` for flow ``key``."""

@@ -19,6 +19,7 @@ from .schema import (
     Trace,
     empty_ops,
 )
+from .timeline import Timeline
 
 __all__ = [
     "COLLECTIVE_COLUMNS",
@@ -37,6 +38,7 @@ __all__ = [
     "SUPPORTED_SCHEMA_VERSIONS",
     "Trace",
     "TraceBuilder",
+    "Timeline",
     "empty_ops",
     "read_trace",
     "ring_all_reduce",

@@ -127,9 +127,6 @@ class Trace:
     def flows(self) -> pd.DataFrame:
         return self.ops[self.ops["kind"] == KIND_FLOW]
 
-    def computes(self) -> pd.DataFrame:
-        return self.ops[self.ops["kind"] == KIND_COMPUTE]
-
     def phase_name(self, idx: int) -> str:
         return PHASES[idx]
 

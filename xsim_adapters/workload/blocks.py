@@ -21,7 +21,7 @@ import numpy as np
 from ..plan.model import DeviceType, Plan, Stage
 from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, LAYER_EMBEDDING, PHASE_INDEX
 from .builder import BulkBuilder, Template
-from .collectives import RingFlows, num_steps, ring_flows
+from .collectives import RingFlows, ring_flows
 from .compute import embedding_cost, head_cost, layer_costs
 
 
@@ -180,8 +180,3 @@ def build_block(
             tails = (rf.tails[0] + base).transpose(1, 0, 2).reshape(n, -1)  # (n, 2C)
     assert head is not None and last is not None and tails is not None
     return Block(template=tb.freeze(), head=head, last=last, tails=tails, marks=marks)
-
-
-def tp_flows_per_unit(kinds: tuple[str, ...], n: int, channels: int, gran: str, chunks: int) -> int:
-    """Flows one unit's TP collectives create (for sizing and tests)."""
-    return sum(num_steps(k, n, gran, chunks) * n * channels for k in kinds)

@@ -19,8 +19,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..plan.model import Plan
 from .compute import embedding_params, head_params, layer_params
 
@@ -111,8 +109,3 @@ def chunk_rings(plan: Plan, segments: list[Segment], bucket_list: list[Bucket]) 
             members = tuple(plan.stage_ranks(st)[k] for st, k in zip(stages, local, strict=True))
             out.append(ChunkRing(bi, c, big_l, cuts[c + 1] - cuts[c], members, local))
     return out
-
-
-def layer_sync_bytes(plan: Plan) -> np.ndarray:
-    """Gradient bytes per layer that the DP sync must carry (all TP shards), for tests."""
-    return np.full(plan.model.layers, layer_params(plan.model) * plan.model.dtype_bytes)

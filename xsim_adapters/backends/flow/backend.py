@@ -10,17 +10,20 @@ import numpy as np
 import pandas as pd
 
 from ...errors import BackendError
+from ...options import COMMON_OPTIONS, check_options
 from ...topology.model import Topology
 from ...trace.schema import KIND_FLOW, Trace
-from ..base import Backend, Timeline
+from ...trace.timeline import Timeline
+from ..base import Backend
 from .executor import FlowProblem, run_flows
 
 
 class FlowBackend(Backend):
     """Event-driven DAG executor; flows share links max-min fairly (progressive filling).
 
-    Options: ``seed`` (accepted; the model has no randomness), ``progress``
-    (``callable(done_ops, total_ops)`` or None, called about every 1% of ops).
+    Options (:data:`~xsim_adapters.options.COMMON_OPTIONS`): ``seed`` (accepted; the model has
+    no randomness), ``progress`` (``callable(done_ops, total_ops)`` or None, called about every
+    1% of ops). Any other key is an error.
     ``Timeline.stats``: ``wall_s`` (whole run, s), ``sim_wall_s`` (event loop only, s),
     ``routing_s`` (ECMP paths of every flow, s), ``events`` (op ends, flow transmission ends and
     link events processed), ``events_per_s`` (events / ``sim_wall_s``), ``max_active_flows``
@@ -29,15 +32,17 @@ class FlowBackend(Backend):
     """
 
     name = "flow"
+    options = COMMON_OPTIONS
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
         return True, ""
 
     def run(self, trace: Trace, topology: Topology, options: Mapping[str, Any]) -> Timeline:
+        opts = check_options(self.name, self.options, options)
         t0 = time.perf_counter()
         problem, routing_s = build_problem(trace, topology)
-        result = run_flows(problem, options.get("progress"))
+        result = run_flows(problem, opts["progress"])
         frame = pd.DataFrame(
             {
                 "op_id": np.arange(trace.num_ops, dtype=np.int64),

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from xsim_adapters.errors import BackendError
-from xsim_adapters.topology.model import Topology
+from xsim_adapters.topology.model import Topology, is_scale_up_path
 from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, Trace
 
 from ._options import Ns3Options
@@ -136,7 +136,7 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
     links = topology.links
     gbps = links["gbps"].to_numpy(np.float64)
     lat = links["latency_ns"].to_numpy(np.float64)
-    tier = links["tier"].astype(str).to_numpy()
+    scale_up_link = topology.scale_up_links()
     lsrc = links["src"].to_numpy(np.int64)
     ldst = links["dst"].to_numpy(np.int64)
     num_nodes = len(topology.nodes)
@@ -171,7 +171,7 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
             raise BackendError(
                 f"ns3: the topology has no path from rank {s} to rank {d} (op {op0})"
             )
-        if opts.scale_up == "fluid" and bool(np.all(tier[path] == "scale_up")):
+        if opts.scale_up == "fluid" and is_scale_up_path(scale_up_link, path):
             pair_is_fluid[p] = True
             fluid_paths[p] = path
             continue
@@ -209,7 +209,7 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
     cab_fwd = cable_links[0, used_idx]
     cab_rev = cable_links[1, used_idx]
     rev_or_fwd = np.where(cab_rev >= 0, cab_rev, cab_fwd)
-    cable_mtu = np.where(tier[cab_fwd] == "scale_up", opts.scale_up_mtu, opts.mtu).astype(np.int64)
+    cable_mtu = np.where(scale_up_link[cab_fwd], opts.scale_up_mtu, opts.mtu).astype(np.int64)
 
     # Endpoint addresses and hop-by-hop host routes.
     r_cable: list[int] = []

@@ -121,8 +121,13 @@ int main(int argc, char** argv) {
     if (!xsim::read_input(input_path, in, error)) fail(2, input_path + ": " + error);
 
     Packet::set_packet_size(opt.mtu);
-    RoceSrc::setMinRTO(1000);
-    NdpSrc::setMinRTO(50000);  // as htsim's own NDP driver: no spurious retransmits
+    // Minimum retransmission timeouts in microseconds, the values of htsim's own drivers
+    // (datacenter/main_roce.cpp: 1000 us, main_ndp.cpp: 50000 us, both "to avoid spurious
+    // retransmits"; htsim's built-in default is 5000 us).
+    constexpr uint32_t ROCE_MIN_RTO_US = 1000;
+    constexpr uint32_t NDP_MIN_RTO_US = 50000;
+    RoceSrc::setMinRTO(ROCE_MIN_RTO_US);
+    NdpSrc::setMinRTO(NDP_MIN_RTO_US);
     NdpSrc::setRouteStrategy(SINGLE_PATH);
     NdpSink::setRouteStrategy(SINGLE_PATH);
     if (opt.protocol == xsim::PROTO_EQDS) {

@@ -12,12 +12,12 @@ from xsim_adapters.errors import BackendError
 
 ENV_VAR = "XSIM_HTSIM_DRIVER"
 BINARY = "xsim-htsim"
-# Where `make -C backends/htsim/driver HTSIM_DIR=...` puts the binary in a source checkout.
+# Where `make -C plugins/htsim/driver HTSIM_DIR=...` puts the binary in a source checkout.
 IN_TREE = Path(__file__).resolve().parent.parent / "driver" / BINARY
 BUILD_HINT = (
-    "build it with `make -C backends/htsim/driver HTSIM_DIR=/path/to/csg-htsim` (an htsim"
-    f" checkout built with `cd sim && make`), then set {ENV_VAR} to the binary or put it on"
-    " PATH; see docs/htsim.md"
+    "build it with `make -C plugins/htsim/driver HTSIM_DIR=/path/to/csg-htsim` (HTSIM_DIR: an"
+    " htsim build made by htsim's own instructions, holding sim/libhtsim.a and the headers of"
+    f" sim/), then set {ENV_VAR} to the binary or put it on PATH; see docs/htsim.md"
 )
 
 

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from xsim_adapters.errors import BackendError
+from xsim_adapters.errors import OptionError
+from xsim_adapters.options import PROGRESS, SEED, Option, check_options
 
 TRANSPORTS = ("dctcp", "tcp", "udp")
 SCALE_UP_MODES = ("fluid", "packet")
@@ -62,62 +63,61 @@ class Ns3Options:
         return asdict(self)
 
 
-def parse_options(options: Mapping[str, Any] | None) -> Ns3Options:
-    """Validate backend options; unknown names and bad values raise BackendError naming them.
+OPTIONS: tuple[Option, ...] = (
+    Option("transport", "str", "dctcp", "dctcp (RED step ECN), tcp (NewReno over FIFO queues) or"
+           " udp (paced at the path's bottleneck rate)", choices=TRANSPORTS),
+    Option("scale_up", "str", "fluid", "fluid: all-scale-up flows are a max-min fair share of"
+           " their links; packet: every flow is packets", choices=SCALE_UP_MODES),
+    Option("mtu", "int", 9000, "packet size on NIC/fabric links (bytes)", low=576,
+           high=MAX_P2P_MTU),
+    Option("scale_up_mtu", "int", 65000, "packet size on scale-up links in packet mode (bytes)",
+           low=576, high=MAX_P2P_MTU),
+    Option("queue_packets", "int", 0, "queue-disc capacity per device in packets (0: 1000 for"
+           " tcp/dctcp, 1,000,000 for udp)", low=0),
+    Option("ecn_k_packets", "float", 30.0, "DCTCP marking threshold (packets, below"
+           " queue_packets)", low=0, low_open=True),
+    Option("device_queue_packets", "int", 4, "the device's own FIFO under the queue disc"
+           " (packets)", low=1),
+    Option("host_queue", "str", "fq", "queue disc on a GPU's NIC for tcp/dctcp: per-flow fair"
+           " queuing or one FIFO", choices=HOST_QUEUES),
+    Option("socket_buffer_bytes", "int", 0, "TCP send/receive buffer in bytes (0: twice the"
+           " largest path's bandwidth-delay product, at least 1 MiB)", low=0),
+    Option("min_rto_us", "int", 1000, "TCP minimum retransmission timeout (us)", low=1),
+    Option("del_ack_count", "int", 2, "segments per delayed ACK", low=1),
+    Option("del_ack_timeout_us", "int", 10, "delayed-ACK timer (us, below min_rto_us)", low=1),
+    Option("wall_limit_s", "float", 1800.0, "wall-clock limit of one replay (s)", low=0,
+           low_open=True),
+    Option("sim_limit_ns", "float", 0.0, "stop the simulator at this simulated time (ns; 0:"
+           " none)", low=0),
+    SEED,
+    PROGRESS,
+)
 
-    ``progress`` (a callback other backends accept) is accepted and ignored; any other unknown
-    name is rejected so typos do not pass silently.
+
+def parse_options(options: Mapping[str, Any] | None) -> Ns3Options:
+    """Validate backend options (:data:`OPTIONS`, through the shared
+    :func:`xsim_adapters.options.check_options`), then the rules that tie two options together;
+    errors name the option.
+
+    ``progress`` (a callback other backends use) is accepted and ignored: the replay runs in a
+    child process that reports no progress.
     """
-    opts = dict(options or {})
-    # A progress callback the flow backend accepts: the replay runs in a child process that
-    # reports no progress, so it is accepted and unused.
-    opts.pop("progress", None)
-    known = set(Ns3Options.__dataclass_fields__)
-    unknown = sorted(set(opts) - known)
-    if unknown:
-        raise BackendError(
-            f"ns3: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-        )
-    if not opts.get("queue_packets"):
-        udp = opts.get("transport") == "udp"
+    opts = check_options("ns3", OPTIONS, options)
+    opts.pop("progress")
+    if not opts["queue_packets"]:
+        udp = opts["transport"] == "udp"
         opts["queue_packets"] = DEEP_UDP_QUEUE_PACKETS if udp else DEFAULT_QUEUE_PACKETS
     o = Ns3Options(**opts)
-    if o.transport not in TRANSPORTS:
-        raise BackendError(
-            f"ns3: option transport must be one of {TRANSPORTS} (got {o.transport!r})"
-        )
-    if o.host_queue not in HOST_QUEUES:
-        raise BackendError(
-            f"ns3: option host_queue must be one of {HOST_QUEUES} (got {o.host_queue!r})"
-        )
-    if o.scale_up not in SCALE_UP_MODES:
-        raise BackendError(
-            f"ns3: option scale_up must be one of {SCALE_UP_MODES} (got {o.scale_up!r})"
-        )
-    for name in ("mtu", "scale_up_mtu"):
-        v = getattr(o, name)
-        if not isinstance(v, int) or not 576 <= v <= MAX_P2P_MTU:
-            raise BackendError(f"ns3: option {name} must be an integer in [576, 65535] (got {v!r})")
-    for name in ("queue_packets", "device_queue_packets", "min_rto_us", "del_ack_count",
-                 "del_ack_timeout_us"):
-        v = getattr(o, name)
-        if not isinstance(v, int) or v < 1:
-            raise BackendError(f"ns3: option {name} must be a positive integer (got {v!r})")
     if o.del_ack_timeout_us >= o.min_rto_us:
         # A delayed ACK that outlasts the RTO makes every burst ending in an odd segment time
         # out spuriously; with cwnd reset to one segment that repeats once per RTO.
-        raise BackendError(
+        raise OptionError(
             f"ns3: option del_ack_timeout_us must be below min_rto_us={o.min_rto_us}"
             f" (got {o.del_ack_timeout_us!r})"
         )
-    if o.ecn_k_packets <= 0 or o.ecn_k_packets >= o.queue_packets:
-        raise BackendError(
+    if o.ecn_k_packets >= o.queue_packets:
+        raise OptionError(
             f"ns3: option ecn_k_packets must be in (0, queue_packets={o.queue_packets})"
             f" (got {o.ecn_k_packets!r})"
-        )
-    if o.socket_buffer_bytes < 0 or o.wall_limit_s <= 0 or o.sim_limit_ns < 0:
-        raise BackendError(
-            "ns3: options socket_buffer_bytes and sim_limit_ns must be >= 0 and wall_limit_s > 0"
-            f" (got {o.socket_buffer_bytes!r}, {o.sim_limit_ns!r}, {o.wall_limit_s!r})"
         )
     return o

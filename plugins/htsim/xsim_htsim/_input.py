@@ -18,12 +18,12 @@ Format (text, one record per line, integers only, ``#`` lines ignored)::
 
 Routes are the topology's own ECMP paths (``Topology.path(src, dst, op_id)`` forward and
 ``Topology.path(dst, src, op_id)`` for ACKs), deduplicated in order of first use, so htsim
-routes every flow exactly as the flow backend does. ``su`` is 1 when every link of the flow's
-forward route has ``tier == "scale_up"`` (an intra-server NVLink/NVSwitch flow, which the driver
-times with its fluid model under ``--scale-up fluid``), else 0 (always 0 for a local flow). The
-flag depends only on the topology, so the file is the same for either scale-up mode. The output
-is a pure function of the trace and topology (byte-identical across runs) and is written
-atomically.
+routes every flow exactly as the flow backend does. ``su`` is 1 when the flow's forward route
+is a scale-up path (``topology.model.is_scale_up_path``, the definition ns-3 uses too: an
+intra-server NVLink/NVSwitch flow, which the driver times with its fluid model under
+``--scale-up fluid``), else 0 (always 0 for a local flow). The flag depends only on the
+topology, so the file is the same for either scale-up mode. The output is a pure function of the
+trace and topology (byte-identical across runs) and is written atomically.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from xsim_adapters.errors import BackendError
-from xsim_adapters.topology.model import Topology
+from xsim_adapters.topology.model import Topology, is_scale_up_path
 from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, Trace
 
 FORMAT_VERSION = 2
@@ -167,12 +167,12 @@ def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> In
         fwd[r_idx] = f_rid
         rev[r_idx] = b_rid
     lines.append(f"routes {len(table)}")
-    scale_up_link = links["tier"].to_numpy() == "scale_up"
+    scale_up_link = topology.scale_up_links()
     route_su = []
     for key in table:  # dicts keep insertion order: route id = position
         hops = np.frombuffer(key, dtype=np.int64)
         lines.append(f"{len(hops)} " + " ".join(map(str, hops.tolist())))
-        route_su.append(int(bool(scale_up_link[hops].all())))
+        route_su.append(int(is_scale_up_path(scale_up_link, hops)))
     su = [route_su[r] if r >= 0 else 0 for r in fwd.tolist()]
 
     lines.append(f"ops {n}")

@@ -17,12 +17,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from xsim_adapters.backends.base import Backend, Timeline
+from xsim_adapters.backends.base import Backend
 from xsim_adapters.errors import BackendError, BackendUnavailable
 from xsim_adapters.topology.model import Topology
 from xsim_adapters.trace.schema import KINDS, PHASES, Trace
+from xsim_adapters.trace.timeline import Timeline
 
-from ._options import parse_options
+from ._options import OPTIONS, parse_options
 from ._prepare import prepare
 
 INSTALL_HINT = "install the official ns-3 wheel with `pip install ns3` (ns-3 3.44 or later)"
@@ -83,9 +84,11 @@ def describe_ops(trace: Trace, op_ids: np.ndarray, limit: int = 5) -> str:
 
 
 class Ns3Backend(Backend):
-    """Packet-level replay on the official ns-3 wheel (see docs/ns3.md for options)."""
+    """Packet-level replay on the official ns-3 wheel (options: ``_options.OPTIONS``, listed by
+    ``xsim backends``; see docs/ns3.md)."""
 
     name = "ns3"
+    options = OPTIONS
 
     @classmethod
     def available(cls) -> tuple[bool, str]:

@@ -8,10 +8,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from xsim_adapters.backends.base import Backend, Timeline
+from xsim_adapters.backends.base import Backend
 from xsim_adapters.errors import BackendError, BackendUnavailable
+from xsim_adapters.options import PROGRESS, SEED, Option, check_options
 from xsim_adapters.topology.model import Topology
 from xsim_adapters.trace.schema import Trace
+from xsim_adapters.trace.timeline import Timeline
 
 from ._driver import find_driver, run_driver
 from ._input import write_input
@@ -19,35 +21,38 @@ from ._output import read_summary, read_times
 
 PROTOCOLS = ("roce", "ndp", "eqds")
 SCALE_UP_MODES = ("fluid", "packet")
-KNOWN_OPTIONS = (
-    "driver", "protocol", "scale_up", "mtu", "queue_bytes", "cwnd_pkts", "seed", "wall_limit_s",
-    "work_dir",
+
+OPTIONS: tuple[Option, ...] = (
+    Option("protocol", "str", "roce", "transport simulated as packets", choices=PROTOCOLS),
+    Option("scale_up", "str", "fluid", "fluid: a flow whose whole path is scale-up links is a"
+           " max-min fair share of those links; packet: every flow is packets",
+           choices=SCALE_UP_MODES),
+    Option("mtu", "int", None, "packet size on NIC/fabric links in bytes (None: the driver's"
+           " 9000)", low=256, high=65535),
+    Option("queue_bytes", "int", None, "switch queue capacity in bytes (None: deep for RoCE,"
+           " 15 packets for NDP and EQDS)", low=1),
+    Option("cwnd_pkts", "int", None, "NDP/EQDS initial window in packets (None: 1.5x the"
+           " route's bandwidth-delay product)", low=1),
+    SEED,
+    Option("wall_limit_s", "float", None, "stop the driver after this many wall-clock seconds"
+           " (None: no limit)", low=0, low_open=True),
+    Option("driver", "path", None, "path of the xsim-htsim driver binary (None: search"
+           " XSIM_HTSIM_DRIVER, PATH, the source checkout)"),
+    Option("work_dir", "path", None, "keep the driver's input and output files in this"
+           " directory (None: a temporary directory, removed)"),
+    PROGRESS,
 )
-
-
-def _positive_int(options: Mapping[str, Any], key: str, minimum: int = 1) -> int | None:
-    if options.get(key) is None:
-        return None
-    v = options[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise BackendError(f"htsim: option {key} must be an integer >= {minimum} (got {v!r})")
-    return v
 
 
 class HtsimBackend(Backend):
     """Packet-level replay on htsim through the project's own C++ driver.
 
-    Options (all optional): ``protocol`` (``roce`` default, ``ndp`` or ``eqds``), ``scale_up``
-    (``fluid`` default: a flow whose whole path is scale-up links is a max-min fair share of
-    those links in the driver, as in the flow and ns-3 backends; ``packet``: every flow is
-    packets), ``mtu`` (bytes, default 9000), ``queue_bytes`` (switch queue capacity; default
-    deep for RoCE, 15 packets for NDP and EQDS),
-    ``cwnd_pkts`` (NDP/EQDS initial window; default 1.5x the route's bandwidth-delay product),
-    ``seed`` (default 1), ``wall_limit_s`` (stop the driver after this many wall seconds),
-    ``driver`` (path of the driver binary), ``work_dir`` (keep input and output files there).
+    Options: :data:`OPTIONS` (``xsim backends`` lists them); ``progress`` is accepted and
+    unused (the driver reports no progress).
     """
 
     name = "htsim"
+    options = OPTIONS
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -56,21 +61,11 @@ class HtsimBackend(Backend):
 
     def run(self, trace: Trace, topology: Topology, options: Mapping[str, Any]) -> Timeline:
         """Replay ``trace`` on ``topology``; times in the Timeline are nanoseconds."""
-        options = dict(options or {})
-        driver, reason = find_driver(options.get("driver"))
+        opts = check_options(self.name, self.options, options)
+        driver, reason = find_driver(opts["driver"])
         if driver is None:
             raise BackendUnavailable(reason)
-        protocol = options.get("protocol") or "roce"
-        if protocol not in PROTOCOLS:
-            raise BackendError(
-                f"htsim: option protocol must be one of {', '.join(PROTOCOLS)} (got {protocol!r})"
-            )
-        scale_up = options.get("scale_up") or "fluid"
-        if scale_up not in SCALE_UP_MODES:
-            raise BackendError(
-                f"htsim: option scale_up must be one of {', '.join(SCALE_UP_MODES)}"
-                f" (got {scale_up!r})"
-            )
+        protocol, scale_up = opts["protocol"], opts["scale_up"]
         events = getattr(topology, "events", None)
         if events is not None and len(events):
             raise BackendError(
@@ -79,21 +74,15 @@ class HtsimBackend(Backend):
                 " ns3 backend for this plan"
             )
         argv_opts = ["--protocol", protocol, "--scale-up", scale_up]
-        for key, flag, minimum in (
-            ("mtu", "--mtu", 256), ("queue_bytes", "--queue-bytes", 1),
-            ("cwnd_pkts", "--cwnd-pkts", 1), ("seed", "--seed", 0),
-        ):
-            v = _positive_int(options, key, minimum)
-            if v is not None:
-                argv_opts += [flag, str(v)]
-        wall_limit = options.get("wall_limit_s")
-        if wall_limit is not None and not (isinstance(wall_limit, int | float) and wall_limit > 0):
-            raise BackendError(
-                f"htsim: option wall_limit_s must be > 0 seconds (got {wall_limit!r})"
-            )
+        for key, flag in (("mtu", "--mtu"), ("queue_bytes", "--queue-bytes"),
+                          ("cwnd_pkts", "--cwnd-pkts")):
+            if opts[key] is not None:
+                argv_opts += [flag, str(opts[key])]
+        argv_opts += ["--seed", str(opts["seed"])]
+        wall_limit = opts["wall_limit_s"]
 
         t0 = time.perf_counter()
-        work = options.get("work_dir")
+        work = opts["work_dir"]
         with tempfile.TemporaryDirectory(prefix="xsim-htsim-") as tmp:
             d = Path(work) if work else Path(tmp)
             d.mkdir(parents=True, exist_ok=True)

@@ -155,12 +155,16 @@ Replayer::Replayer(EventList& ev, const Input& in, const Options& opt)
         _ndp_src.assign(n, nullptr);
         _scanner = new NdpScanner(ev, timeFromUs((uint32_t)9));
     } else {
-        // The slowest link's packet slot bounds every sender's pacing interval.
+        // The slowest link's packet slot bounds every sender's pacing interval: a RoCE data
+        // packet is the MTU plus RocePacket::ACKSIZE (64 bytes of headers in htsim's
+        // rocepacket.h, the size RoceSrc::setRate paces with), in picoseconds at that link.
         uint64_t slowest = UINT64_MAX;
         for (const LinkSpec& l : in.links) slowest = std::min(slowest, l.bps);
         simtime_picosec slot = 1;
+        const double packet_bytes = (double)opt.mtu + (double)RocePacket::ACKSIZE;
+        const double ps_per_bit = 1e12;
         if (!in.links.empty())
-            slot = (simtime_picosec)std::ceil((opt.mtu + 64.0) * 8e12 / (double)slowest);
+            slot = (simtime_picosec)std::ceil(packet_bytes * 8.0 * ps_per_bit / (double)slowest);
         _reaper = new RoceReaper(ev, 2 * slot + 1);
     }
 }
@@ -277,12 +281,17 @@ Route* Replayer::make_route(int32_t route_id, PacketSink* endpoint) const {
     return rt;
 }
 
+// Receivers pull at this fraction of their link's rate (dimensionless), the value htsim's own
+// drivers use (datacenter/main_ndp.cpp and main_eqds.cpp): pulling slightly below line rate
+// keeps the receiver's queue from growing when pull and data clocks drift.
+constexpr double PULL_RATE_FRACTION = 0.99;
+
 NdpPullPacer* Replayer::pacer_for(uint32_t link) {
     // One pacer per receiving link: a GPU that receives over NVLink and over its NIC at the same
     // time is pulled at each link's own speed.
     auto it = _pacers.find(link);
     if (it != _pacers.end()) return it->second;
-    NdpPullPacer* p = new NdpPullPacer(eventlist(), _in.links[link].bps, 0.99);
+    NdpPullPacer* p = new NdpPullPacer(eventlist(), _in.links[link].bps, PULL_RATE_FRACTION);
     _pacers[link] = p;
     return p;
 }
@@ -290,7 +299,8 @@ NdpPullPacer* Replayer::pacer_for(uint32_t link) {
 EqdsPullPacer* Replayer::eqds_pacer_for(uint32_t link) {
     auto it = _eqds_pacers.find(link);
     if (it != _eqds_pacers.end()) return it->second;
-    EqdsPullPacer* p = new EqdsPullPacer(_in.links[link].bps, 0.99, EqdsSrc::_mtu, eventlist());
+    EqdsPullPacer* p =
+        new EqdsPullPacer(_in.links[link].bps, PULL_RATE_FRACTION, EqdsSrc::_mtu, eventlist());
     _eqds_pacers[link] = p;
     return p;
 }

@@ -1,0 +1,91 @@
+"""The sweep API: a SweepSpec from a plan and axes, and running it (locally or on Ray).
+
+Reference: ``docs/sweep.md``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from .expand import Variant, expand
+from .results import build_frame
+from .runner import Executor, LocalExecutor, make_executor, run_variant
+from .spec import SweepError, SweepSpec, read_plan_data
+
+if TYPE_CHECKING:
+    from ..plan.model import Plan
+    from .runner import Progress
+
+
+def spec_for(plan_or_path: Plan | Mapping[str, Any] | str | os.PathLike[str],
+             axes: Mapping[str, Any], backend: str = "flow",
+             options: Mapping[str, Any] | None = None) -> SweepSpec:
+    """A SweepSpec from a Plan (its explicit ``plan_to_dict`` form), a plan dict, a plan YAML
+    path or YAML text."""
+    from ..plan import Plan, parse_yaml, plan_to_dict
+
+    base_dir: str | None = None
+    base_path: str | None = None
+    if isinstance(plan_or_path, Plan):
+        base, source = plan_to_dict(plan_or_path), plan_or_path.name
+    elif isinstance(plan_or_path, Mapping):
+        base, source = dict(plan_or_path), "<plan dict>"
+    elif isinstance(plan_or_path, os.PathLike) or "\n" not in str(plan_or_path):
+        base, base_dir, source = read_plan_data(Path(plan_or_path))
+        base_path = str(Path(plan_or_path).resolve())
+    else:
+        data = parse_yaml(str(plan_or_path))
+        if not isinstance(data, Mapping):
+            raise SweepError("the plan text is not a mapping")
+        base, source = dict(data), "<plan text>"
+    return SweepSpec(base=base, axes=dict(axes), backend=backend, options=dict(options or {}),
+                     base_dir=base_dir, source=source, base_path=base_path)
+
+
+def run_spec(spec: SweepSpec, executor: Executor | None = None,
+             progress: Progress | None = None) -> tuple[list[Variant], pd.DataFrame]:
+    """Expand ``spec`` and run every variant that could be built; (variants, result frame).
+
+    The backend and its options are checked once before any work (an unknown or unavailable
+    backend, an unknown option or a bad value fails the whole sweep); a variant whose
+    overrides or plan fail records its error in its row.
+    """
+    from ..backends.registry import check_backend_options, get_backend
+
+    get_backend(spec.backend)
+    check_backend_options(spec.backend, spec.options)
+    executor = executor or LocalExecutor(1)
+    variants = expand(spec.base, spec.axes, spec.base_dir)
+    runnable = [v for v in variants if v.plan is not None]
+    tasks = [{"plan": v.plan, "base_dir": spec.base_dir, "backend": spec.backend,
+              "options": spec.options} for v in runnable]
+    if progress:
+        progress(len(variants) - len(runnable))  # the failed overrides are done already
+    results = iter(executor.map(run_variant, tasks, progress))
+    rows = [next(results) if v.plan is not None else {"error": v.error, "wall_s": 0.0, "cpu_s": 0.0}
+            for v in variants]
+    return variants, build_frame(variants, rows)
+
+
+def sweep(plan_or_path: Plan | Mapping[str, Any] | str | os.PathLike[str],
+          axes: Mapping[str, Any], backend: str = "flow", jobs: int = 1,
+          executor: str | Executor = "local", options: Mapping[str, Any] | None = None,
+          ray_address: str | None = None) -> pd.DataFrame:
+    """Run every combination of ``axes`` ({yaml path: [values]}) over the plan on ``backend``.
+
+    Returns one row per variant in product order (the first axis varies slowest): ``variant``,
+    one column per axis path, ``error`` ("" if it ran), iteration_time_ns, tokens_per_s, mfu,
+    ``mfu_<type>``, ``mean_*_ns`` (per rank), bubble_fraction, ``phase_<p>_ns`` (rank-ns) and
+    wall_s and cpu_s (seconds; the only columns that depend on ``jobs`` or ``executor``,
+    listed in ``TIMING_COLUMNS``).
+    ``executor``: ``"local"`` (``jobs`` processes), ``"ray"`` (needs ``ray``) or an object
+    with the :class:`Executor` ``map`` method.
+    """
+    spec = spec_for(plan_or_path, axes, backend, options)
+    ex = make_executor(executor, jobs, ray_address) if isinstance(executor, str) else executor
+    return run_spec(spec, ex)[1]

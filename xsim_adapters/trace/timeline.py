@@ -1,0 +1,52 @@
+"""The timeline: what every backend returns, the contract between backends and metrics.
+
+It lives beside the trace schema so that metrics, reports and the API depend on the trace
+package only, never on the backends package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import BackendError
+from .schema import Trace
+
+
+@dataclass
+class Timeline:
+    """Per-op start and end times from one backend run.
+
+    ``frame`` columns: ``op_id`` int64 (dense, equal to the row index and to the trace's op ids),
+    ``start_ns`` float64, ``end_ns`` float64. ``stats`` holds backend facts: ``wall_s``,
+    ``events`` (simulator events processed), and anything backend-specific.
+    """
+
+    backend: str
+    frame: pd.DataFrame
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def makespan_ns(self) -> float:
+        return float(self.frame["end_ns"].max()) if len(self.frame) else 0.0
+
+    def check_complete(self, trace: Trace) -> None:
+        """Raise BackendError unless every op of ``trace`` has finite start <= end."""
+        f = self.frame
+        n = trace.num_ops
+        if len(f) != n or not np.array_equal(f["op_id"].to_numpy(), np.arange(n)):
+            raise BackendError(
+                f"{self.backend}: timeline has {len(f)} ops, trace has {n}; a partial timeline"
+                " is not a result"
+            )
+        s = f["start_ns"].to_numpy()
+        e = f["end_ns"].to_numpy()
+        bad = ~(np.isfinite(s) & np.isfinite(e) & (e >= s))
+        if bad.any():
+            ids = np.flatnonzero(bad)[:10].tolist()
+            raise BackendError(
+                f"{self.backend}: {int(bad.sum())} ops never completed (first: {ids})"
+            )
