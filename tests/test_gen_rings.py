@@ -154,3 +154,16 @@ def test_single_channel_ring_uses_one_rail_between_servers() -> None:
     assert [(int(info.local[a]), int(info.local[b])) for a, b in cross] == [(7, 7), (0, 0)]
     assert split_bytes(10, [1.0, 3.0]) == [2, 8]
     assert sum(split_bytes(1001, [1.0, 1.0, 1.0])) == 1001
+
+
+@pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter", "all_gather"])
+@pytest.mark.parametrize("n", [3, 5, 24])
+def test_chunked_moves_every_byte_when_n_does_not_divide_s(kind: str, n: int) -> None:
+    s = 1_000_003  # prime: no n > 1 divides it
+    factor = 2 if kind == "all_reduce" else 1
+    step = _one(n, s, kind, "step")
+    chunked = _one(n, s, kind, "chunked", chunks=3)
+    assert int(chunked.nbytes.sum()) == factor * (n - 1) * s
+    # each rank sends exactly what it sends step by step
+    per_rank = [np.bincount(rf.src - 100, weights=rf.nbytes, minlength=n) for rf in (step, chunked)]
+    assert per_rank[0].tolist() == per_rank[1].tolist()

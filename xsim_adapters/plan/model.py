@@ -96,6 +96,7 @@ class DeviceGroup:
     type: str  # key into Plan.device_types
     nodes: int
     gpus_per_node: int
+    nic_gbps: float | None = None  # this group's NIC Gb/s per GPU (None: the device type's)
 
     @property
     def num_devices(self) -> int:

@@ -18,6 +18,7 @@ from .layout import apportion, even_split, ranges_from_counts, stage_speed
 from .model import DeviceGroup, DeviceType, ModelSpec, Replica, ScaleUp, Stage, TrainingSpec
 
 GROUP_KEYS = ("type", "nodes", "gpus_per_node")
+GROUP_OPTIONAL_KEYS = ("nic_gbps",)
 STAGE_KEYS = ("group", "devices", "tp", "layers")
 REPLICA_KEYS = ("stages", "auto_layers", "batch_share", "micro_batches")
 UNIFORM_KEYS = ("group", "tp", "pp", "dp", "devices", "batch_share", "micro_batches")
@@ -38,7 +39,7 @@ def parse_groups(
         if not isinstance(name, str) or not name:
             raise PlanError(gpath, f"expected a group name that is a string (got {name!r})")
         g = f.expect_mapping(entry, gpath)
-        f.check_keys(g, gpath, GROUP_KEYS, GROUP_KEYS)
+        f.check_keys(g, gpath, GROUP_KEYS + GROUP_OPTIONAL_KEYS, GROUP_KEYS)
         typ = g["type"]
         if not isinstance(typ, str) or typ not in known_types:
             raise PlanError(
@@ -52,6 +53,7 @@ def parse_groups(
                 type=typ,
                 nodes=f.get_int(g, "nodes", gpath),
                 gpus_per_node=f.get_int(g, "gpus_per_node", gpath),
+                nic_gbps=(f.get_number(g, "nic_gbps", gpath) if "nic_gbps" in g else None),
             )
         )
     return tuple(groups)

@@ -322,9 +322,10 @@ class _Generator:
             if plan.collectives.nccl_cost:
                 key = (tuple(map(tuple, orders)), tuple(sz))
                 if key not in seen:
-                    seen[key] = tuple(ring_delay_ns(self.info, k, orders, sz) for k in dp_kinds)
-                for k, d in zip(dp_kinds, seen[key], strict=True):
-                    delays[k].append(d)
+                    seen[key] = tuple(ring_delay_ns(self.info, kd, orders, sz)
+                                      for kd in dp_kinds)
+                for kd, d in zip(dp_kinds, seen[key], strict=True):
+                    delays[kd].append(d)
         # Readiness: each member's backward of the bucket's layers on its last micro-batch.
         ready = np.zeros(members.shape, dtype=np.int64)
         last_bwd = {}  # (replica, stage) -> micro-batch of its last backward

@@ -45,7 +45,7 @@ class RankInfo:
             d = np.arange(g.num_devices)
             sl = slice(off, off + g.num_devices)
             self.server[sl] = node_off + d // g.gpus_per_node
-            self.nic_gbps[sl] = dt.nic_gbps
+            self.nic_gbps[sl] = g.nic_gbps if g.nic_gbps is not None else dt.nic_gbps
             self.scaleup_GBps[sl] = dt.scaleup_GBps
             self.group[sl] = gi
             self.local[sl] = d % g.gpus_per_node
