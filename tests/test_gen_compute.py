@@ -73,7 +73,7 @@ def test_profile_row_wins_and_is_split_by_flops(tmp_path) -> None:
 
 def test_1f1b_and_gpipe_orders() -> None:
     def names(o: np.ndarray) -> list[str]:
-        return [("B" if b else "F") + str(m) for b, m in o]
+        return [("B" if b else "F") + str(m) for b, _, m in o]
 
     assert names(stage_order("1f1b", 0, 4, 6)) == ("F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5".split())
     assert names(stage_order("1f1b", 3, 4, 3)) == "F0 B0 F1 B1 F2 B2".split()

@@ -10,6 +10,7 @@ import pytest
 from test_gen_helpers import TINY, make_plan
 
 from xsim_adapters.plan.memory import embedding_params, head_params, layer_params
+from xsim_adapters.plan.model import OverlapSpec
 from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
 from xsim_adapters.workload import generate
 from xsim_adapters.workload.dpsync import Segment, sweep_segments
@@ -141,7 +142,9 @@ def test_sync_starts_after_last_backward_and_optimizer_waits_for_it() -> None:
 
 
 def test_zero_shards_the_sync_and_the_optimizer() -> None:
-    plan = _example(training={"zero_stage": 1})
+    plan = _example(
+        training={"zero_stage": 1, "overlap": OverlapSpec(param_gather=False)}
+    )
     trace = generate(plan)
     ops, dp = trace.ops, _dp_collectives(trace)
     assert sorted(dp["kind"].unique()) == ["all_gather", "reduce_scatter"]

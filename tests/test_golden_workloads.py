@@ -83,9 +83,13 @@ def _independent_checks(name: str, golden: dict, trace, plan) -> None:
     comp = ops[ops["kind"] == KIND_COMPUTE]
     hand = HAND[name]
     # closed form: a ring all-reduce (or ZeRO's reduce-scatter + all-gather) over n replicas
-    # moves 2 (n - 1) / n of the gradient bytes per member, 2 (n - 1) x all gradient bytes in all
-    dp_bytes = int(flows.loc[flows["phase"] == PHASE_INDEX["dp"], "bytes"].sum())
-    assert dp_bytes == 2 * (hand["dp"] - 1) * hand["params"] * BF16_BYTES
+    # moves 2 (n - 1) / n of the gradient bytes per member: 2 (n - 1) x all gradient bytes
+    dp = flows[flows["phase"] == PHASE_INDEX["dp"]]
+    exact = 2 * (hand["dp"] - 1) * hand["params"] * BF16_BYTES
+    if plan.collectives.granularity == "step":
+        assert int(dp["bytes"].sum()) == exact
+    else:  # chunked: every rank sends floor(S (n-1) / n) per ring, < 1 byte short per flow
+        assert 0 <= exact - int(dp["bytes"].sum()) < len(dp)
     if "reshard_bytes" in hand:  # lcm resharding moves every activation byte exactly once
         assert int(flows.loc[flows["phase"] == PHASE_INDEX["reshard"], "bytes"].sum()) == (
             hand["reshard_bytes"])

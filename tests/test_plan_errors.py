@@ -71,7 +71,7 @@ CASES = [
         _set(["training", "shedule"], "1f1b"),
         "training.shedule: unknown key; expected one of global_batch, micro_batch, schedule, "
         "optimizer, zero_stage, recompute, sequence_parallel, causal_attention_halving, "
-        "flash_attention",
+        "flash_attention, virtual_stages, overlap",
     ),
     (
         "unknown key in a stage",
@@ -102,7 +102,7 @@ CASES = [
     (
         "bad schedule",
         _set(["training", "schedule"], "zb"),
-        "training.schedule: expected one of gpipe, 1f1b (got 'zb')",
+        "training.schedule: expected one of gpipe, 1f1b, interleaved, zb_h1 (got 'zb')",
     ),
     (
         "zero stage out of range",
@@ -117,7 +117,7 @@ CASES = [
     (
         "negative latency",
         _set(["network", "scale_out", "latency_us"], -1),
-        "network.scale_out.latency_us: expected a non-negative number (got -1)",
+        "network.scale_out.latency_us: expected a number in [0, 1e+12] (got -1)",
     ),
     (
         "unknown model preset",
@@ -343,18 +343,18 @@ def test_profile_is_resolved_and_checked(tmp_path):
         plan_from_dict(d, base_dir=str(tmp_path))
     assert str(info.value) == (
         "device_types.H100-80GB.profile: expected CSV columns tp, micro_batch, seq_len, "
-        f"fwd_layer_us, bwd_layer_us; bwd_layer_us missing in {tmp_path / 'bad.csv'} "
-        "(got tp, micro_batch, seq_len, fwd_layer_us)"
-    )
+        f"fwd_layer_us, bwd_layer_us in the header line of {tmp_path / 'bad.csv'}; missing "
+        "bwd_layer_us"
+    )  # the header found is not shown: a profile path may name any file
 
     (tmp_path / "neg.csv").write_text(PROFILE_HEADER + "8,1,4096,210.5,421.0\n8,2,4096,x,1\n")
     d["device_types"] = {"H100-80GB": {"profile": "neg.csv"}}
     with pytest.raises(PlanError) as info:
         plan_from_dict(d, base_dir=str(tmp_path))
     assert str(info.value) == (
-        "device_types.H100-80GB.profile: line 3, column fwd_layer_us: expected a positive "
-        "number (got 'x')"
-    )
+        f"device_types.H100-80GB.profile: {tmp_path / 'neg.csv'}, line 3, column "
+        "fwd_layer_us: expected a positive number <= 1e+12"
+    )  # the cell is not shown: a profile path may name any file
 
     d["device_types"] = {"H100-80GB": {"profile": "missing.csv"}}
     with pytest.raises(PlanError) as info:

@@ -136,14 +136,17 @@ def plan_dicts(draw: st.DrawFn) -> dict[str, Any]:
     training = {
         "global_batch": total * micro_batch,
         "micro_batch": micro_batch,
-        "schedule": draw(st.sampled_from(["gpipe", "1f1b"])),
+        "schedule": draw(st.sampled_from(["gpipe", "1f1b", "zb_h1"])),
         "zero_stage": draw(st.integers(0, 3)),
-        "recompute": draw(st.booleans()),
+        "recompute": draw(st.sampled_from([True, False, "none", "selective", "full"])),
         "sequence_parallel": draw(st.booleans()),
         "flash_attention": draw(st.booleans()),
+        "overlap": {"dp_grad_reduce": draw(st.booleans()), "param_gather": draw(st.booleans())},
     }
     d: dict[str, Any] = {
-        "name": draw(st.text("abcdefghij-_0123456789", min_size=1, max_size=12)),
+        # plan names: NAME_PATTERN (a letter or digit first, then also . _ -)
+        "name": draw(st.text("abcdefghij0123456789", min_size=1, max_size=1))
+        + draw(st.text("abcdefghij-_.0123456789", max_size=11)),
         "seed": draw(st.integers(0, 2**31)),
         "model": model,
         "training": training,

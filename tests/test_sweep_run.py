@@ -172,7 +172,7 @@ def test_cli_writes_sweep_csv_parquet_and_yaml(plan_path, tmp_path, capsys, fram
     pd.testing.assert_frame_equal(pq.drop(columns=TIMING), frame.drop(columns=TIMING),
                                   check_dtype=False)
     assert "training.micro_batch: [1, 2, 3]" in (out / "sweep.yaml").read_text()
-    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no temp files left
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [".xsim-output"]
     assert main([*argv, "--allow-failures"]) == 0
 
 

@@ -21,7 +21,9 @@ def write_atomic(path: str | os.PathLike[str], writer: Callable[[str], None]) ->
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # The name says who owns it (pid) so a run after a SIGKILL can remove it (see _outdir).
+    fd, tmp = tempfile.mkstemp(prefix=f".xsim-tmp-{path.name}-{os.getpid()}-", suffix=".tmp",
+                               dir=path.parent)
     os.close(fd)
     try:
         writer(tmp)

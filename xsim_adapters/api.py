@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import BackendError, TraceError, XsimError
 from .metrics.bundle import Metrics, compute_metrics
 from .metrics.compare import Comparison, compare_metrics
+from .options import COMMON_OPTIONS, check_options
 from .trace.schema import Trace
 from .trace.timeline import Timeline
 
@@ -50,15 +51,33 @@ def build_topology(plan: Plan) -> Topology:
     return _build(plan)
 
 
-def write_trace(trace: Trace, directory: str | Path, plan: Plan | None = None) -> Path:
-    """Write ``trace`` to ``directory`` atomically; with ``plan``, also ``plan.yaml`` inside it
-    (written with the trace, in the same rename) so the trace can be replayed later: the
-    topology is rebuilt from that plan."""
+def write_trace(trace: Trace, directory: str | Path, plan: Plan | None = None,
+                force: bool = False) -> Path:
+    """Write ``trace`` to ``directory`` as one unit; with ``plan``, also ``plan.yaml`` inside it
+    so the trace can be replayed later (the topology is rebuilt from that plan).
+
+    ``directory`` must be absent, empty or an earlier xsim trace; ``force`` also replaces an
+    earlier xsim output of another kind. A directory holding files xsim did not write is
+    never replaced (OutputError). See docs/outputs.md.
+    """
+    from ._outdir import output_dir
+
+    with output_dir(directory, "trace", force) as tmp:
+        write_trace_files(trace, tmp, plan)
+    return Path(directory)
+
+
+def write_trace_files(trace: Trace, directory: Path, plan: Plan | None = None) -> None:
+    """The trace's files (and ``plan.yaml``) into the existing directory ``directory``, which
+    the caller owns (a temporary directory swapped in later)."""
     from .plan import plan_to_yaml
     from .trace import write_trace as _write_trace
 
     extra = {PLAN_FILE: plan_to_yaml(plan)} if plan is not None else None
-    return _write_trace(trace, Path(directory), extra_files=extra)
+    staged = _write_trace(trace, directory / ".trace-staging", extra_files=extra)
+    for entry in staged.iterdir():
+        entry.rename(directory / entry.name)
+    staged.rmdir()
 
 
 def read_trace(directory: str | Path) -> Trace:
@@ -79,7 +98,26 @@ def load_trace_and_plan(directory: str | Path) -> tuple[Trace, Plan]:
             " rebuilt; write traces with `xsim trace PLAN -o DIR` (which stores the plan) or"
             " pass the plan itself"
         )
-    return trace, load_plan(plan_path)
+    from .plan import load_plan as _load_plan
+
+    plan = _load_plan(plan_path, stored=True)  # xsim wrote it: every stage is spelled out
+    check_plan_digest(trace, plan, plan_path)
+    return trace, plan
+
+
+def check_plan_digest(trace: Trace, plan: Plan, plan_path: str | Path) -> None:
+    """The trace was generated from ``plan``: its manifest's plan_digest equals the plan's
+    digest; TraceError with both digests if not (e.g. ``plan.yaml`` edited after tracing)."""
+    from .workload import plan_digest
+
+    want, have = trace.manifest.get("plan_digest"), plan_digest(plan)
+    if want != have:
+        raise TraceError(
+            f"{plan_path}: plan_digest: the trace was generated from a plan with digest "
+            f"{str(want)[:64]}, but this plan.yaml has digest {have}; the plan was changed "
+            "after tracing. Regenerate the trace with `xsim trace PLAN -o DIR`, or run the "
+            "plan itself"
+        )
 
 
 def _backend(name: str):
@@ -107,6 +145,9 @@ def run(plan_or_trace: Plan | Trace | str | Path, backend: str = "flow",
             plan = load_plan(p)
     elif isinstance(plan_or_trace, Trace):
         trace = plan_or_trace
+        from .trace.validate import validate_trace
+
+        validate_trace(trace)  # a caller's trace: checked once (a read trace already was)
     else:
         plan = plan_or_trace
     if trace is None:
@@ -120,6 +161,8 @@ def run(plan_or_trace: Plan | Trace | str | Path, backend: str = "flow",
             )
         topology = build_topology(plan)
     be = _backend(backend)
+    # Every backend's options are checked here too, so a plugin that forgets to is still safe.
+    check_options(backend, getattr(be, "options", COMMON_OPTIONS), options)
     timeline = be.run(trace, topology, dict(options or {}))
     if not isinstance(timeline, Timeline):
         raise BackendError(f"backend {backend!r} returned {type(timeline).__name__}, not a"

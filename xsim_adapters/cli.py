@@ -108,16 +108,24 @@ def _op_counts(trace) -> str:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     from . import api
+    from ._outdir import check_output
 
+    check_output(args.output, "trace", args.force)  # before any work
     plan = api.load_plan(args.plan)
     trace = api.generate(plan)
-    api.write_trace(trace, args.output, plan)
+    api.write_trace(trace, args.output, plan, force=args.force)
     print(f"wrote {_op_counts(trace)} to {args.output}")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``xsim export``: the trace in a peer simulator's format."""
+    from ._outdir import check_output, check_output_file, output_dir
+
+    if args.format == "goal":
+        check_output_file(args.output, "GOAL schedule", _is_goal_file)
+    else:
+        check_output(args.output, "chakra", args.force)
     plan, trace = _load_input(args.plan)
     if trace is None:
         from . import api
@@ -131,9 +139,23 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         from .trace.export_chakra import export_chakra
 
-        paths = export_chakra(trace, args.output)
+        with output_dir(args.output, "chakra", args.force) as tmp:
+            paths = export_chakra(trace, tmp)
         print(f"wrote {len(paths)} Chakra ET (JSON) files to {args.output}")
     return 0
+
+
+def _is_goal_file(path: Path) -> bool:
+    """Whether ``path`` looks like a GOAL schedule (first line ``num_ranks N``): the only
+    existing file ``xsim export --format goal`` replaces."""
+    import re
+
+    try:
+        with open(path, "rb") as fh:
+            head = fh.readline(64)
+    except OSError:
+        return False
+    return re.fullmatch(rb"num_ranks \d+\r?\n?", head) is not None
 
 
 def _load_input(path: str):
@@ -168,6 +190,7 @@ def _print_summary(s: dict[str, Any]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from . import api
+    from ._outdir import check_output, output_dir
     from .backends.registry import check_backend_options, get_backend
     from .report.outputs import write_run
     from .report.progress import ProgressBar
@@ -176,6 +199,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     options = parse_option_items(args.option or [])
     get_backend(args.backend)  # fail on an unknown or unavailable backend before any work
     check_backend_options(args.backend, options)  # and on an unknown option or a bad value
+    check_output(out, "run", args.force)  # and on an output path we may not replace
     steps = 5 if args.no_plots else 6
     with ProgressBar(steps, "xsim run", force=args.progress) as bar:
         bar.advance(0, "loading")
@@ -183,8 +207,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         if trace is None:
             bar.advance(0, "generating the trace")
             trace = api.generate(plan)
-        bar.advance(1, "writing the trace")
-        api.write_trace(trace, out / "trace", plan)
         bar.advance(1, "building the topology")
         topology = api.build_topology(plan)
         bar.advance(1, f"running {args.backend}")
@@ -192,8 +214,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         bar.advance(1, "computing metrics")
         met = api.metrics(trace, timeline)
         bar.advance(1, "writing outputs")
-        write_run(out, timeline, met, plots=not args.no_plots,
-                  title=f"{plan.name} on {timeline.backend}")
+        # The whole run directory is one unit: written beside OUT, then swapped in.
+        with output_dir(out, "run", args.force) as tmp:
+            (tmp / "trace").mkdir()
+            api.write_trace_files(trace, tmp / "trace", plan)
+            write_run(tmp, timeline, met, plots=not args.no_plots,
+                      title=f"{plan.name} on {timeline.backend}")
         bar.advance(steps - bar.done, "done")
     _print_summary(met.summary)
     print(f"wrote {out}/: trace/, timeline.parquet, ranks.csv, summary.json"
@@ -210,7 +236,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if len(set(backends)) < 2:
         raise XsimError(f"--backends needs at least two different names (got {args.backends!r})")
+    from ._outdir import check_output, output_dir
     from .backends.registry import backend_options, check_backend_options, get_backend
+
+    out = Path(args.output)
+    check_output(out, "compare", args.force)
 
     for name in backends:  # fail on an unknown or unavailable backend before any work
         get_backend(name)
@@ -218,22 +248,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                 {b: backend_options(b) for b in backends})
     for name in backends:  # and on an unknown option or a bad value
         check_backend_options(name, per[name])
-    out = Path(args.output)
     with ProgressBar(2 + len(backends), "xsim compare", force=args.progress) as bar:
         plan, trace = _load_input(args.plan)
         if trace is None:
             trace = api.generate(plan)
-        api.write_trace(trace, out / "trace", plan)
         topology = api.build_topology(plan)
         bar.advance(1, f"running {', '.join(backends)}")
         cmp = api.compare_backends(plan, backends, per, trace=trace, topology=topology)
         bar.advance(len(backends), "writing outputs")
-        for name in backends:
-            write_run(out / name, cmp.timelines[name], cmp.metrics[name], plots=False)
-        write_csv(out / "compare.csv", cmp.table)
-        write_csv(out / "compare_ranks.csv", cmp.ranks)
-        plot_compare(out / "compare.png", {b: cmp.metrics[b].summary for b in backends},
-                     title=f"{plan.name}: {' vs '.join(backends)}")
+        with output_dir(out, "compare", args.force) as tmp:
+            (tmp / "trace").mkdir()
+            api.write_trace_files(trace, tmp / "trace", plan)
+            for name in backends:
+                write_run(tmp / name, cmp.timelines[name], cmp.metrics[name], plots=False)
+            write_csv(tmp / "compare.csv", cmp.table)
+            write_csv(tmp / "compare_ranks.csv", cmp.ranks)
+            plot_compare(tmp / "compare.png", {b: cmp.metrics[b].summary for b in backends},
+                         title=f"{plan.name}: {' vs '.join(backends)}")
         bar.advance(1, "done")
     for name in backends:
         _print_summary(cmp.metrics[name].summary)
@@ -279,6 +310,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- parser
 
 
+FORCE_HELP = ("Replace an earlier xsim output of another kind at the output path (never "
+              "files xsim did not write; see docs/outputs.md).")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="xsim",
@@ -300,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("plan", metavar="PLAN", help="The plan YAML file.")
     t.add_argument("-o", "--output", required=True, metavar="DIR",
                    help="The trace directory to write (the plan is stored in it as plan.yaml).")
+    t.add_argument("--force", action="store_true", help=FORCE_HELP)
 
     e = add("export", "Write the trace of a plan (or of a trace directory) in a peer "
                       "simulator's format: GOAL text for LogGOPSim/ATLAHS, or Chakra "
@@ -310,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="The output format.")
     e.add_argument("-o", "--output", required=True, metavar="PATH",
                    help="The GOAL file to write, or the directory for the Chakra files.")
+    e.add_argument("--force", action="store_true", help=FORCE_HELP)
 
     def run_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("plan", metavar="PLAN",
@@ -321,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "scalars, e.g. seed=1).")
         sp.add_argument("--progress", action="store_true", default=None,
                         help="Draw the progress bar even when stderr is not a terminal.")
+        sp.add_argument("--force", action="store_true", help=FORCE_HELP)
 
     r = add("run", "Run one backend on a plan or trace and write the timeline, per-rank "
                    "metrics, summary and pictures.", cmd_run)
@@ -367,6 +405,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return 2
+    from ._proc import Terminated, install_sigterm_handler
+
+    install_sigterm_handler()  # SIGTERM cleans temporary files like Ctrl-C does
     try:
         return int(args.func(args))
     except XsimError as exc:
@@ -378,9 +419,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # a missing or unwritable file the user named
         print(f"xsim: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("xsim: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
+        print("xsim: terminated" if terminated else "xsim: interrupted", file=sys.stderr)
+        return 143 if terminated else 130
 
 
 if __name__ == "__main__":

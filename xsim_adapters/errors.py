@@ -38,3 +38,8 @@ class BackendUnavailable(XsimError, RuntimeError):
 
 class BackendContractError(XsimError, TypeError):
     """A registered backend plugin does not satisfy the backend contract."""
+
+
+class OutputError(XsimError, FileExistsError):
+    """An output path holds data xsim did not write (or another kind of output); nothing is
+    replaced, and the message says how to proceed."""

@@ -15,7 +15,7 @@ from importlib import metadata
 from typing import Any
 
 from ..errors import BackendContractError, BackendUnavailable
-from ..options import Option, check_options
+from ..options import COMMON_OPTIONS, Option, check_options
 from .base import Backend
 
 GROUP = "xsim_adapters.backends"
@@ -161,7 +161,8 @@ def backend_options(name: str) -> tuple[Option, ...]:
     BackendContractError if ``options`` is not a sequence of Option.
     """
     cls = load_backend_class(name)
-    opts = tuple(getattr(cls, "options", ()) or ())
+    # A plugin that does not subclass Backend and declares nothing accepts the common options.
+    opts = tuple(getattr(cls, "options", COMMON_OPTIONS))
     bad = [o for o in opts if not isinstance(o, Option)]
     if bad:
         raise BackendContractError(f"{_where(_entry_points()[name])}: 'options' must hold"

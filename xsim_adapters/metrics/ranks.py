@@ -51,8 +51,8 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     - ``compute_ns``: length of the union of its compute intervals.
     - ``comm_ns`` / ``comm_<phase>_ns``: union of the intervals of flows it sends or receives.
     - ``exposed_comm_ns``: communication time not overlapped by its own compute.
-    - ``bubble_ns``: inside [first fwd start, last bwd end], time it neither computes nor takes
-      part in a ``tp`` flow; ``bubble_fraction`` = bubble_ns / iteration_time_ns.
+    - ``bubble_ns``: inside [first fwd start, last bwd or wgrad end], time it neither computes
+      nor takes part in a ``tp`` flow; ``bubble_fraction`` = bubble_ns / iteration_time_ns.
     - ``straggler_wait_ns`` / ``caused_wait_ns``: time blocked on a slower peer (union of its
       wait intervals minus its own compute) and the share of others' waits it caused; see
       :func:`~xsim_adapters.metrics.straggler.straggler_by_rank`.
@@ -121,12 +121,15 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
 
 def _window(comp: pd.DataFrame, c_rank: np.ndarray, c_s: np.ndarray, c_e: np.ndarray,
             n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pipeline window per rank: (first fwd start, last bwd end, whether it has one)."""
+    """Pipeline window per rank: (first fwd start, last backward end, whether it has one).
+
+    The backward includes the weight-gradient passes (``wgrad``) of zero-bubble schedules.
+    """
     ph = comp["phase"].to_numpy()
     lo = np.full(n, np.inf)
     hi = np.full(n, -np.inf)
     fwd = ph == PHASE_INDEX["fwd"]
-    bwd = ph == PHASE_INDEX["bwd"]
+    bwd = (ph == PHASE_INDEX["bwd"]) | (ph == PHASE_INDEX["wgrad"])
     np.minimum.at(lo, c_rank[fwd], c_s[fwd])
     np.maximum.at(hi, c_rank[bwd], c_e[bwd])
     has = np.isfinite(lo) & np.isfinite(hi) & (hi > lo)

@@ -7,26 +7,82 @@ of the expected Python type or raises :class:`PlanError` naming the full path of
 from __future__ import annotations
 
 import math
+import re
+import reprlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import PlanError
 
 MISSING: Any = object()
+MIN_POSITIVE = 1e-12  # the smallest positive float a plan field may hold (a tolerance, not a unit)
 
 
-def join(path: str, key: str | int) -> str:
-    """The YAML path of ``key`` under ``path`` (``a.b``, ``a[3]``; no leading dot at the root)."""
-    if isinstance(key, int):
+def join(path: str, key: Any) -> str:
+    """The YAML path of ``key`` under ``path`` (``a.b``, ``a[3]``; no leading dot at the root).
+
+    A key that is not a plain printable string of at most 80 characters is shown bounded.
+    """
+    if isinstance(key, int) and not isinstance(key, bool):
         return f"{path}[{key}]"
+    if not (isinstance(key, str) and key.isprintable() and len(key) <= MAX_SHOWN_CHARS):
+        key = shown(key)
     return f"{path}.{key}" if path else key
 
 
+# Found values are shown bounded: a hostile plan can hold a 2 MiB string or a deeply shared
+# structure, and an error message must neither take long to build nor flood the terminal.
+MAX_SHOWN_CHARS = 80
+_REPR = reprlib.Repr()
+_REPR.maxstring = MAX_SHOWN_CHARS
+_REPR.maxother = MAX_SHOWN_CHARS
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
+_REPR.maxlevel = 3
+_REPR.maxlong = 40
+
+# Names of plans, device groups and device types: they become file names (one Parquet file
+# per group) and labels, so they are restricted to a portable, path-free character set.
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+_NAME_RE = re.compile(NAME_PATTERN)
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to at most :data:`MAX_SHOWN_CHARS` characters (bounded work)."""
+    text = _REPR.repr(value)
+    if len(text) > MAX_SHOWN_CHARS:
+        text = text[: MAX_SHOWN_CHARS - 3] + "..."
+    return text
+
+
+def text(value: str, limit: int = 240) -> str:
+    """A string (e.g. a file path) as is when printable and at most ``limit`` chars, else
+    shown bounded like :func:`shown` (quoted, escaped, cut)."""
+    if isinstance(value, str) and value.isprintable() and len(value) <= limit:
+        return value
+    return shown(value)
+
+
 def got(value: Any) -> str:
-    """How a found value is shown in messages (``'two'``, ``True``, ``[4, 12]``, ``a list``)."""
+    """How a found value is shown in messages (``'two'``, ``True``, ``[4, 12]``), bounded."""
     if value is MISSING:
         return "nothing"
-    return repr(value)
+    return shown(value)
+
+
+def is_name(value: Any) -> bool:
+    """True if ``value`` is a string matching :data:`NAME_PATTERN`."""
+    return isinstance(value, str) and _NAME_RE.fullmatch(value) is not None
+
+
+def check_name(value: Any, path: str, what: str) -> str:
+    """``value`` itself if it is a valid name (:data:`NAME_PATTERN`), else a PlanError."""
+    if not is_name(value):
+        raise PlanError(
+            path,
+            f"expected a {what} of 1-64 characters from A-Z a-z 0-9 . _ - starting with a "
+            f"letter or digit (got {got(value)})",
+        )
+    return value
 
 
 def expect_mapping(value: Any, path: str) -> Mapping[str, Any]:
@@ -50,9 +106,7 @@ def check_keys(
     allowed = list(allowed)
     for key in m:
         if key not in allowed:
-            raise PlanError(
-                join(path, str(key)), f"unknown key; expected one of {', '.join(allowed)}"
-            )
+            raise PlanError(join(path, key), f"unknown key; expected one of {', '.join(allowed)}")
     for key in required:
         if key not in m:
             raise PlanError(join(path, key), "required key is missing")
@@ -76,15 +130,27 @@ def _is_number(v: Any) -> bool:
 
 
 def get_int(
-    m: Mapping[str, Any], key: str, path: str, default: Any = MISSING, minimum: int = 1
+    m: Mapping[str, Any],
+    key: str,
+    path: str,
+    default: Any = MISSING,
+    minimum: int = 1,
+    maximum: int | None = None,
+    limit: str = "",
 ) -> int:
-    """An integer >= ``minimum`` (1: "positive", 0: "non-negative")."""
+    """An integer >= ``minimum`` (1: "positive", 0: "non-negative") and <= ``maximum``.
+
+    ``limit`` names why ``maximum`` is what it is (shown in the message when it is exceeded).
+    """
     v = _fetch(m, key, path, default)
     if not _is_int(v) or v < minimum:
         what = {1: "a positive integer", 0: "a non-negative integer"}.get(
             minimum, f"an integer >= {minimum}"
         )
         raise PlanError(join(path, key), f"expected {what} (got {got(v)})")
+    if maximum is not None and v > maximum:
+        why = f" ({limit})" if limit else ""
+        raise PlanError(join(path, key), f"expected at most {maximum}{why} (got {got(v)})")
     return int(v)
 
 
@@ -110,18 +176,23 @@ def get_number(
     """A finite number as float: > 0 when ``positive``, else >= 0; optional bounds."""
     v = _fetch(m, key, path, default)
     ok = _is_number(v) and (v > 0 if positive else v >= 0)
+    if ok and positive and not _is_int(v) and v < MIN_POSITIVE:
+        ok = False  # denormal-scale values (1e-300) overflow every division by them
     if ok and at_most is not None:
         ok = v <= at_most
     if ok and at_least is not None:
         ok = v >= at_least
     if not ok:
-        lo = "0" if at_least is None else f"{at_least:g}"
+        tiny = _is_number(v) and 0 < v < MIN_POSITIVE and positive and at_least is None
+        lo = f"{MIN_POSITIVE:g}" if tiny else "0" if at_least is None else f"{at_least:g}"
         if at_most is not None:
             what = (
                 f"a number in ({lo}, {at_most:g}]"
-                if positive
+                if positive and at_least is None and not tiny
                 else f"a number in [{lo}, {at_most:g}]"
             )
+        elif tiny:
+            what = f"a number >= {lo}"
         elif at_least is not None:
             what = f"a number >= {at_least:g}"
         else:

@@ -7,15 +7,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..errors import PlanError
 from . import _fields as f
+from . import limits as lim
+from .bounded_yaml import parse_yaml
 from .memory import check_feasible
 from .model import DeviceType, Plan
 from .presets import _device_presets, _model_presets
 from .replicas import parse_groups, parse_replicas
 from .sections import (
+    decode_utf8,
     parse_collectives,
     parse_device_type,
     parse_model,
@@ -38,62 +39,56 @@ REQUIRED_TOP_KEYS = ("name", "model", "training", "device_groups", "replicas")
 OPTIONAL_SECTIONS = ("device_types", "network", "collectives")
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate mapping keys instead of keeping the last silently."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
-    seen: dict[Any, yaml.Node] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if isinstance(key, list | dict):
-            continue  # unhashable keys fail in the base constructor with its own message
-        if key in seen:
-            mark = key_node.start_mark
-            raise PlanError(
-                "",
-                f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: "
-                f"duplicate key {key!r} (first at line {seen[key].start_mark.line + 1})",
-            )
-        seen[key] = key_node
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    _construct_mapping,  # type: ignore[arg-type]
-)
-
-
-def parse_yaml(text: str, source: str = "<text>") -> Any:
-    """YAML text -> Python data; YAML errors become PlanError with a 1-based line and column."""
+def read_plan_file(path: str | os.PathLike[str], *, stored: bool = False) -> str:
+    """The text of a plan file: a regular file of at most MAX_PLAN_BYTES of UTF-8
+    (MAX_STORED_PLAN_BYTES for a ``plan.yaml`` xsim wrote beside a trace: ``stored``)."""
+    max_bytes = lim.MAX_STORED_PLAN_BYTES if stored else lim.MAX_PLAN_BYTES
+    p = Path(path)
+    if p.is_dir():
+        raise PlanError(
+            "", f"{f.text(str(p))} is a directory, not a plan file (expected a .yaml "
+            "file; a trace directory is read by xsim run, compare and export)"
+        )
+    if not p.exists():
+        raise PlanError("", f"plan file not found: {f.text(str(p))}")
+    if not p.is_file():
+        raise PlanError("", f"{f.text(str(p))}: not a regular file (expected a plan .yaml)")
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = e.problem or e.context or "malformed"
-        raise PlanError("", f"invalid YAML{where} in {source}: {problem}") from None
-    except yaml.YAMLError as e:
-        raise PlanError("", f"invalid YAML in {source}: {e}") from None
+        with open(p, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as e:
+        raise PlanError("", f"cannot read plan file {p}: {e.strerror or e}") from None
+    if len(data) > max_bytes:
+        raise PlanError(
+            "", f"{p}: the plan is larger than {max_bytes:,} bytes "
+            "(MAX_PLAN_BYTES, docs/plan.md#limits)"
+        )
+    return decode_utf8(data, str(p), "", "plan file")
 
 
-def load_plan(path_or_text: str | os.PathLike[str], *, feasibility: bool = True) -> Plan:
+def load_plan(
+    path_or_text: str | os.PathLike[str], *, feasibility: bool = True, stored: bool = False
+) -> Plan:
     """Read a plan from a ``.yaml``/``.yml`` file path or from YAML text; validate fully.
 
     Relative ``profile:`` paths resolve against the file's directory (the working directory for
-    text). Runs :func:`check_feasible` unless ``feasibility`` is false.
+    text). Runs :func:`check_feasible` unless ``feasibility`` is false. ``stored``: the file is
+    a ``plan.yaml`` xsim wrote beside a trace (larger size limits, see :mod:`.limits`).
     """
-    # A one-line string is a path if it names a file or looks like one; YAML text otherwise.
+    # A one-line string is a path if it names something on disk or looks like a file name
+    # (a .yaml/.yml suffix, or no ':' as every one-line YAML mapping has); YAML text otherwise.
     is_path = isinstance(path_or_text, os.PathLike) or (
         "\n" not in path_or_text
-        and (path_or_text.strip().endswith((".yaml", ".yml")) or os.path.isfile(path_or_text))
+        and path_or_text.strip() != ""
+        and (
+            path_or_text.strip().endswith((".yaml", ".yml"))
+            or ":" not in path_or_text
+            or os.path.exists(path_or_text)
+        )
     )
     if is_path:
         p = Path(path_or_text)
-        if not p.is_file():
-            raise PlanError("", f"plan file not found: {p}")
-        data = parse_yaml(p.read_text(), str(p))
+        data = parse_yaml(read_plan_file(p, stored=stored), str(p), stored=stored)
         base_dir: str | None = str(p.resolve().parent)
     else:
         data = parse_yaml(str(path_or_text))
@@ -119,7 +114,7 @@ def plan_from_dict(d: Any, base_dir: str | None = None, *, feasibility: bool = T
     f.check_keys(d, "", TOP_KEYS, REQUIRED_TOP_KEYS)
     # An optional section written with nothing under it (`network:`) means all defaults.
     d = {k: ({} if v is None and k in OPTIONAL_SECTIONS else v) for k, v in d.items()}
-    name = f.get_str(d, "name", "")
+    name = f.check_name(d["name"], "name", "plan name")
     seed = f.get_int(d, "seed", "", 0, minimum=0)
     model = parse_model(d["model"], "model", _model_presets())
     training = parse_training(d["training"], "training")
@@ -144,6 +139,7 @@ def plan_from_dict(d: Any, base_dir: str | None = None, *, feasibility: bool = T
         collectives=collectives,
         seed=seed,
     )
+    lim.check_size(plan)
     if feasibility:
         check_feasible(plan)
     return plan
@@ -154,8 +150,7 @@ def _parse_device_types(value: Any, base_dir: str | None) -> dict[str, DeviceTyp
     presets = _device_presets()
     out = {}
     for name, entry in m.items():
-        path = f.join("device_types", str(name))
-        if not isinstance(name, str) or not name:
-            raise PlanError(path, f"expected a device type name that is a string (got {name!r})")
+        path = f.join("device_types", name)
+        f.check_name(name, path, "device type name")
         out[name] = parse_device_type(entry, path, name, presets.get(name), base_dir)
     return out

@@ -11,11 +11,15 @@ Model (bytes per device of a stage's TP group, P = the stage's parameters / tp):
     tensor parallel only:   s*b*h*(10 + 24/t) + 5*a*s^2*b/t
     with sequence parallel: s*b*h*34/t        + 5*a*s^2*b/t
   ``training.flash_attention`` (the default) drops the ``5*a*s^2*b/t`` score/softmax term: fused
-  attention kernels keep only O(s) statistics for backward. With full ``recompute`` a layer
+  attention kernels keep only O(s) statistics for backward. ``recompute: selective`` drops the
+  same term (Korthikanti et al. Sec. 5: the attention core is recomputed, so its s^2 tensors are
+  not kept; with flash attention on it saves nothing more). With ``recompute: full`` a layer
   keeps only its 2*s*b*h input, plus one layer's full activations while it is recomputed.
   The last stage adds the output layer, 4*s*b*(h + v)/t (norm, logits and cross entropy).
-- micro-batches in flight on stage i of a pp-stage pipeline running m micro-batches:
-  1F1B ``min(pp - i, m)``, GPipe ``m``.
+- micro-batches in flight on stage i of a pp-stage pipeline running m micro-batches
+  (:func:`in_flight_micro_batches`): 1F1B ``min(pp - i, m)``, GPipe ``m``, ZB-H1 ``min(pp, m)``
+  (deferred W passes keep their inputs), interleaved the peak count of chunk forwards not yet
+  backwarded in the stage's order divided by v (a chunk holds 1/v of the stage's layers).
 Capacity is the device type's ``hbm_GB`` (1 GB = 1e9 bytes); no allowance for the CUDA
 context or fragmentation is made, so treat a headroom of a few GB as tight.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from ..errors import InfeasiblePlanError
@@ -76,8 +81,31 @@ def activation_bytes_per_layer(plan: Plan, tp: int) -> float:
     s, b, h, a = m.seq_len, t.micro_batch, m.hidden, m.heads
     sbh = s * b * h
     linear = sbh * 34 / tp if t.sequence_parallel else sbh * (10 + 24 / tp)
-    scores = 0.0 if t.flash_attention else 5 * a * s * s * b / tp
+    kept_scores = not t.flash_attention and t.recompute != "selective"
+    scores = 5 * a * s * s * b / tp if kept_scores else 0.0
     return linear + scores
+
+
+def in_flight_micro_batches(schedule: str, stage: int, pp: int, m: int, v: int = 1) -> float:
+    """Peak activations held on ``stage``, in micro-batches of the whole stage's activations.
+
+    ``gpipe`` m; ``1f1b`` min(pp - stage, m); ``zb_h1`` min(pp, m): stage s holds pp - s
+    micro-batches through B plus up to s whose W is deferred (W keeps the GEMM inputs, the
+    larger part; Qi et al. 2023 give ZB-H1 the memory of 1F1B's first stage). ``interleaved``:
+    the peak number of chunk forwards done and not yet backwarded in the stage's order, over v
+    (for stage 0 with m > pp that is pp*(1 + (pp - 1)/(pp*v)) as in Narayanan et al. SC21).
+    """
+    if schedule == "gpipe":
+        return m
+    if schedule == "1f1b" or (schedule == "interleaved" and pp == 1):
+        return min(pp - stage, m)
+    if schedule == "zb_h1":
+        return min(pp, m)
+    from ..workload.schedule import FWD, stage_order  # lazy: workload imports this module
+
+    order = stage_order(schedule, stage, pp, m, v)
+    live = np.cumsum(np.where(order[:, 0] == FWD, 1, -1))
+    return float(live.max()) / v
 
 
 @dataclass(frozen=True)
@@ -91,7 +119,7 @@ class StageMemory:
     device_type: str
     tp: int
     layers: tuple[int, int]
-    in_flight: int  # micro-batches whose activations are held at the peak
+    in_flight: float  # micro-batches whose activations are held at the peak (whole stage)
     params_per_device: float
     weights: float
     gradients: float
@@ -126,10 +154,10 @@ def stage_memory(plan: Plan, replica: int, stage: int) -> StageMemory:
     optim = p * OPTIMIZER_BYTES_PER_PARAM / (dp if z >= 1 else 1)
 
     m = rep.micro_batches
-    in_flight = min(rep.pp - stage, m) if tr.schedule == "1f1b" else m
+    in_flight = in_flight_micro_batches(tr.schedule, stage, rep.pp, m, tr.virtual_stages)
     full_layer = activation_bytes_per_layer(plan, st.tp)
     s, b, h = model.seq_len, tr.micro_batch, model.hidden
-    if tr.recompute:
+    if tr.recompute == "full":
         acts = in_flight * st.num_layers * 2 * s * b * h + full_layer
     else:
         acts = in_flight * st.num_layers * full_layer

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Schedule = Literal["gpipe", "1f1b"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "zb_h1"]
+Recompute = Literal["none", "selective", "full"]
 Resharding = Literal["lcm", "gather_p2p_scatter", "direct"]
 Granularity = Literal["step", "chunked"]
 RingOrder = Literal["hetero_aware", "natural"]
@@ -51,6 +52,15 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class OverlapSpec:
+    """Which communication overlaps compute (Megatron-Core's switches; see docs/plan.md)."""
+
+    tp_comm: bool = False  # TP reduce-scatter / all-gather pipelined with the GEMM blocks
+    dp_grad_reduce: bool = True  # DP gradient sync per bucket as soon as its backward is done
+    param_gather: bool = True  # ZeRO all-gather of updated parameters overlaps the next forward
+
+
+@dataclass(frozen=True)
 class TrainingSpec:
     """Batching, pipeline schedule and memory-saving options."""
 
@@ -59,12 +69,21 @@ class TrainingSpec:
     schedule: Schedule = "1f1b"
     optimizer: str = "adam"
     zero_stage: int = 0  # 0..3 (ZeRO-1 shards optimizer state over the DP owners, ...)
-    recompute: bool = False  # full activation recompute: one extra forward before each backward
+    # Activation recompute: "full" runs every layer's forward again before its backward,
+    # "selective" only the attention core (Megatron's selective recompute), "none" neither.
+    recompute: Recompute = "none"
     sequence_parallel: bool = False  # TP all-reduce -> reduce-scatter + all-gather
     causal_attention_halving: bool = False  # count only half of the s^2 attention FLOPs
     # FlashAttention-style kernels keep no s^2 attention scores for backward (memory estimate:
     # the 5*a*s/h term of Korthikanti et al. drops out). Added by the plan engineer.
     flash_attention: bool = True
+    virtual_stages: int = 1  # model chunks per pipeline stage (schedule "interleaved": >= 2)
+    overlap: OverlapSpec = field(default_factory=OverlapSpec)
+
+    def __post_init__(self) -> None:
+        # Older plans and callers say recompute: true / false; they mean full / none.
+        if isinstance(self.recompute, bool):
+            object.__setattr__(self, "recompute", "full" if self.recompute else "none")
 
     @property
     def total_micro_batches(self) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import PlanError
 from . import _fields as f
+from . import limits as lim
 from .layout import apportion, even_split, ranges_from_counts, stage_speed
 from .model import DeviceGroup, DeviceType, ModelSpec, Replica, ScaleUp, Stage, TrainingSpec
 
@@ -34,10 +35,19 @@ def parse_groups(
     if not m:
         raise PlanError(path, "expected at least one device group (got {})")
     groups = []
+    folded: dict[str, str] = {}  # lower-case name -> name: group files must differ on any disk
+    devices = 0
     for name, entry in m.items():
-        gpath = f.join(path, str(name))
-        if not isinstance(name, str) or not name:
-            raise PlanError(gpath, f"expected a group name that is a string (got {name!r})")
+        gpath = f.join(path, name)
+        f.check_name(name, gpath, "device group name")
+        if name.lower() in folded:
+            raise PlanError(
+                gpath,
+                f"expected a group name that differs from {folded[name.lower()]} in more than "
+                f"letter case (each group is one file, and some file systems ignore case) "
+                f"(got {f.got(name)})",
+            )
+        folded[name.lower()] = name
         g = f.expect_mapping(entry, gpath)
         f.check_keys(g, gpath, GROUP_KEYS + GROUP_OPTIONAL_KEYS, GROUP_KEYS)
         typ = g["type"]
@@ -47,15 +57,24 @@ def parse_groups(
                 f"unknown device type; expected one of {', '.join(sorted(known_types))} "
                 f"(got {f.got(typ)})",
             )
-        groups.append(
-            DeviceGroup(
-                name=name,
-                type=typ,
-                nodes=f.get_int(g, "nodes", gpath),
-                gpus_per_node=f.get_int(g, "gpus_per_node", gpath),
-                nic_gbps=(f.get_number(g, "nic_gbps", gpath) if "nic_gbps" in g else None),
-            )
+        limit = "MAX_DEVICES, docs/plan.md#limits"
+        group = DeviceGroup(
+            name=name,
+            type=typ,
+            nodes=f.get_int(g, "nodes", gpath, maximum=lim.MAX_DEVICES, limit=limit),
+            gpus_per_node=f.get_int(g, "gpus_per_node", gpath, maximum=lim.MAX_DEVICES,
+                                    limit=limit),
+            nic_gbps=(f.get_number(g, "nic_gbps", gpath) if "nic_gbps" in g else None),
         )
+        devices += group.num_devices
+        if devices > lim.MAX_DEVICES:
+            raise PlanError(
+                gpath,
+                f"expected at most {lim.MAX_DEVICES:,} devices in all groups together "
+                f"(MAX_DEVICES, docs/plan.md#limits); this group brings the total to "
+                f"{devices:,} (got nodes {group.nodes} x gpus_per_node {group.gpus_per_node})",
+            )
+        groups.append(group)
     return tuple(groups)
 
 
@@ -123,6 +142,8 @@ def parse_replicas(
             _auto_layers(rep, ctx)
         _check_layers(rep, ctx.model)
     counts = _split_batch(raw, ctx, path)
+    if training.schedule == "interleaved":
+        _check_interleaving(raw, counts, training.virtual_stages)
     return tuple(
         Replica(
             stages=tuple(Stage(s.group, s.devices, s.tp, s.layers) for s in rep.stages),  # type: ignore[arg-type]
@@ -175,10 +196,15 @@ def _replica_batch_fields(m: Mapping[str, Any], path: str) -> tuple[float | None
     if "batch_share" in m and "micro_batches" in m:
         raise PlanError(
             f.join(path, "micro_batches"),
-            f"expected either batch_share or micro_batches, not both (got {m['micro_batches']!r})",
+            "expected either batch_share or micro_batches, not both "
+            f"(got {f.got(m['micro_batches'])})",
         )
     share = f.get_number(m, "batch_share", path, at_most=1.0) if "batch_share" in m else None
-    mbs = f.get_int(m, "micro_batches", path) if "micro_batches" in m else None
+    mbs = (
+        f.get_int(m, "micro_batches", path, maximum=lim.MAX_BATCH, limit="MAX_BATCH")
+        if "micro_batches" in m
+        else None
+    )
     return share, mbs
 
 
@@ -289,7 +315,7 @@ def _auto_layers(rep: _Replica, ctx: _Context) -> None:
         raise PlanError(
             f.join(rep.path, "auto_layers"),
             f"needs at least one layer per stage, but {len(rep.stages)} stages share the "
-            f"model's {n} layers (got {rep.auto_layers!r})",
+            f"model's {n} layers (got {f.got(rep.auto_layers)})",
         )
     speeds = [stage_speed(ctx.types[ctx.groups[s.group].type], s.tp) for s in rep.stages]
     for st, rng in zip(rep.stages, ranges_from_counts(apportion(n, speeds)), strict=True):
@@ -328,6 +354,35 @@ def _check_layers(rep: _Replica, model: ModelSpec) -> None:
             f"the last stage must end at the model's {model.layers} layers "
             f"(got [{prev.layers[0]}, {prev.layers[1]}])",
         )
+
+
+def _check_interleaving(raw: Sequence[_Replica], counts: Sequence[int], v: int) -> None:
+    """Megatron's interleaved schedule: m a multiple of pp, at least v layers per stage.
+
+    Replicas of one stage have no pipeline to interleave and run as plain 1F1B.
+    """
+    for rep, m in zip(raw, counts, strict=True):
+        pp = len(rep.stages)
+        if pp < 2:
+            continue
+        if m % pp:
+            explicit = rep.micro_batches is not None
+            where = f.join(rep.path, "micro_batches") if explicit else rep.path
+            how = "" if explicit else "the batch split gave it "
+            raise PlanError(
+                where,
+                f"expected micro-batches a multiple of the replica's {pp} pipeline stages with "
+                f"training.schedule interleaved (Megatron requires it) (got {how}{m})",
+            )
+        for st in rep.stages:
+            assert st.layers is not None
+            n = st.layers[1] - st.layers[0]
+            if n < v:
+                raise PlanError(
+                    st.fp("layers"),
+                    f"expected at least training.virtual_stages = {v} layers per stage, one per "
+                    f"model chunk (got {n} in [{st.layers[0]}, {st.layers[1]}))",
+                )
 
 
 def _split_batch(raw: Sequence[_Replica], ctx: _Context, path: str) -> list[int]:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import os
 from collections.abc import Mapping
 from typing import Any, get_args
 
 from ..errors import PlanError
 from . import _fields as f
+from . import limits as lim
 from .model import (
     DTYPE_BYTES,
     CollectivesSpec,
@@ -25,6 +27,8 @@ from .model import (
     LinkEventKind,
     ModelSpec,
     NetworkSpec,
+    OverlapSpec,
+    Recompute,
     Resharding,
     RingOrder,
     ScaleOut,
@@ -41,6 +45,17 @@ DEVICE_KEYS = (*DEVICE_NUMBER_KEYS, "efficiency", "profile", "source")
 PROFILE_COLUMNS = ("tp", "micro_batch", "seq_len", "fwd_layer_us", "bwd_layer_us")
 TRAINING_KEYS = tuple(x.name for x in dataclasses.fields(TrainingSpec))
 OPTIMIZERS = ("adam",)
+# Upper bounds of the model's integers, with the reason shown when one is exceeded.
+MODEL_MAXIMA = {
+    "layers": (lim.MAX_LAYERS, "the trace's int16 layer columns"),
+    "hidden": (lim.MAX_HIDDEN, "MAX_HIDDEN, docs/plan.md#limits"),
+    "ffn_hidden": (lim.MAX_FFN_HIDDEN, "MAX_FFN_HIDDEN, docs/plan.md#limits"),
+    "heads": (lim.MAX_HIDDEN, "MAX_HIDDEN, docs/plan.md#limits"),
+    "kv_heads": (lim.MAX_HIDDEN, "MAX_HIDDEN, docs/plan.md#limits"),
+    "seq_len": (lim.MAX_SEQ_LEN, "MAX_SEQ_LEN, docs/plan.md#limits"),
+    "vocab": (lim.MAX_VOCAB, "MAX_VOCAB, docs/plan.md#limits"),
+}
+_BATCH = "MAX_BATCH, docs/plan.md#limits"
 
 
 # ---------------------------------------------------------------- model
@@ -66,7 +81,8 @@ def parse_model(
         values["name"] = f.get_str(m, "name", path)
     for key in MODEL_SHAPE_KEYS:
         if key in m:
-            values[key] = f.get_int(m, key, path)
+            values[key] = f.get_int(m, key, path, maximum=MODEL_MAXIMA[key][0],
+                                    limit=MODEL_MAXIMA[key][1])
     values.setdefault("kv_heads", values["heads"])  # no GQA unless asked for
     if "dtype" in m:
         values["dtype"] = f.get_enum(m, "dtype", path, DTYPE_BYTES)
@@ -99,22 +115,25 @@ def _model_preset(name: Any, path: str, presets: Mapping[str, ModelSpec]) -> Mod
 
 
 def parse_training(value: Any, path: str) -> TrainingSpec:
-    """The ``training:`` section -> TrainingSpec (batch divisibility checked here)."""
+    """The ``training:`` section -> TrainingSpec (batch divisibility and schedule checked here)."""
     m = f.expect_mapping(value, path)
     f.check_keys(m, path, TRAINING_KEYS, ("global_batch", "micro_batch"))
     d = TrainingSpec(global_batch=1, micro_batch=1)  # defaults
+    schedule = f.get_enum(m, "schedule", path, get_args(Schedule), d.schedule)
     spec = TrainingSpec(
-        global_batch=f.get_int(m, "global_batch", path),
-        micro_batch=f.get_int(m, "micro_batch", path),
-        schedule=f.get_enum(m, "schedule", path, get_args(Schedule), d.schedule),  # type: ignore[arg-type]
+        global_batch=f.get_int(m, "global_batch", path, maximum=lim.MAX_BATCH, limit=_BATCH),
+        micro_batch=f.get_int(m, "micro_batch", path, maximum=lim.MAX_BATCH, limit=_BATCH),
+        schedule=schedule,  # type: ignore[arg-type]
         optimizer=f.get_enum(m, "optimizer", path, OPTIMIZERS, d.optimizer),
         zero_stage=f.get_int_in(m, "zero_stage", path, range(4), d.zero_stage),
-        recompute=f.get_bool(m, "recompute", path, d.recompute),
+        recompute=_recompute(m, path, d.recompute),
         sequence_parallel=f.get_bool(m, "sequence_parallel", path, d.sequence_parallel),
         causal_attention_halving=f.get_bool(
             m, "causal_attention_halving", path, d.causal_attention_halving
         ),
         flash_attention=f.get_bool(m, "flash_attention", path, d.flash_attention),
+        virtual_stages=_virtual_stages(m, path, schedule),
+        overlap=_parse_overlap(m.get("overlap", {}), f.join(path, "overlap")),
     )
     if spec.global_batch % spec.micro_batch:
         raise PlanError(
@@ -122,7 +141,55 @@ def parse_training(value: Any, path: str) -> TrainingSpec:
             f"must be divisible by training.micro_batch {spec.micro_batch} "
             f"(got {spec.global_batch})",
         )
+    if spec.overlap.tp_comm and not spec.sequence_parallel:
+        raise PlanError(
+            f.join(f.join(path, "overlap"), "tp_comm"),
+            "needs training.sequence_parallel: true (Megatron-Core overlaps only the "
+            "sequence-parallel all-gather / reduce-scatter with the GEMMs) (got true)",
+        )
     return spec
+
+
+def _recompute(m: Mapping[str, Any], path: str, default: Recompute) -> Recompute:
+    """``recompute``: none | selective | full; the booleans of older plans mean full / none."""
+    if "recompute" not in m:
+        return default
+    v = m["recompute"]
+    if isinstance(v, bool):
+        return "full" if v else "none"
+    return f.get_enum(m, "recompute", path, get_args(Recompute))  # type: ignore[return-value]
+
+
+def _virtual_stages(m: Mapping[str, Any], path: str, schedule: str) -> int:
+    """Model chunks per stage: required (>= 2) with ``interleaved``, else absent or 1."""
+    key = f.join(path, "virtual_stages")
+    if schedule == "interleaved":
+        if "virtual_stages" not in m:
+            raise PlanError(key, "required with training.schedule interleaved (got nothing)")
+        v = f.get_int(m, "virtual_stages", path)
+        if v < 2:
+            raise PlanError(
+                key, f"must be at least 2 with training.schedule interleaved (got {v})"
+            )
+        return v
+    v = f.get_int(m, "virtual_stages", path, 1)
+    if v != 1:
+        raise PlanError(
+            key,
+            f"must be 1 unless training.schedule is interleaved (schedule {schedule}) (got {v})",
+        )
+    return v
+
+
+def _parse_overlap(value: Any, path: str) -> OverlapSpec:
+    om = f.expect_mapping(value, path)
+    d = OverlapSpec()
+    f.check_keys(om, path, [x.name for x in dataclasses.fields(OverlapSpec)])
+    return OverlapSpec(
+        tp_comm=f.get_bool(om, "tp_comm", path, d.tp_comm),
+        dp_grad_reduce=f.get_bool(om, "dp_grad_reduce", path, d.dp_grad_reduce),
+        param_gather=f.get_bool(om, "param_gather", path, d.param_gather),
+    )
 
 
 # ---------------------------------------------------------------- device types
@@ -137,7 +204,9 @@ def parse_device_type(
     values: dict[str, Any] = dataclasses.asdict(base) if base else {"name": name}
     for key in DEVICE_NUMBER_KEYS:
         if key in m:
-            values[key] = f.get_number(m, key, path)
+            values[key] = f.get_number(
+                m, key, path, at_least=lim.MIN_RATE, at_most=lim.MAX_RATE
+            )
     if "efficiency" in m:
         values["efficiency"] = f.get_number(m, "efficiency", path, at_most=1.0)
     if "source" in m:
@@ -149,43 +218,99 @@ def parse_device_type(
     return DeviceType(**values)
 
 
+MAX_PROFILE_BYTES = 1 << 20  # a profile CSV is a few hundred rows at most
+# Upper bounds of profile cells: tp and micro_batch as in a plan, times as plan times.
+_PROFILE_MAXIMA = {
+    "tp": lim.MAX_DEVICES,
+    "micro_batch": lim.MAX_BATCH,
+    "seq_len": lim.MAX_SEQ_LEN,
+    "fwd_layer_us": lim.MAX_TIME_US,
+    "bwd_layer_us": lim.MAX_TIME_US,
+}
+
+
 def check_profile(given: str, path: str, base_dir: str | None) -> str:
-    """Resolve a profile CSV against ``base_dir``, check its columns and values; absolute path."""
+    """Resolve a profile CSV against ``base_dir``, check its columns and values; absolute path.
+
+    Errors name the file, the line and the column, never the file's content (a profile path
+    may point at any readable file).
+    """
     resolved = os.path.abspath(os.path.join(base_dir or os.getcwd(), given))
     if not os.path.isfile(resolved):
-        raise PlanError(path, f"profile file not found at {resolved} (got {given!r})")
-    with open(resolved, newline="") as fh:
-        reader = csv.DictReader(fh)
+        what = "is a directory, not a CSV file" if os.path.isdir(resolved) else "not found"
+        raise PlanError(path, f"profile file {what} at {f.text(resolved)} (got {f.got(given)})")
+    text = read_text_file(resolved, path, "profile CSV", MAX_PROFILE_BYTES)
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
         header = [c.strip() for c in (reader.fieldnames or [])]
         missing = [c for c in PROFILE_COLUMNS if c not in header]
         if missing:
             raise PlanError(
                 path,
-                f"expected CSV columns {', '.join(PROFILE_COLUMNS)}; {', '.join(missing)} "
-                f"missing in {resolved} (got {', '.join(header) or 'no header'})",
+                f"expected CSV columns {', '.join(PROFILE_COLUMNS)} in the header line of "
+                f"{resolved}; missing {', '.join(missing)}",
             )
         rows = 0
         for row in reader:
             rows += 1
-            line = reader.line_num
             for col in PROFILE_COLUMNS:
-                _check_profile_cell(row, col, line, path)
+                _check_profile_cell(row, col, reader.line_num, path, resolved)
+    except csv.Error as e:
+        raise PlanError(path, f"{resolved}: not a readable CSV file ({e})") from None
     if rows == 0:
         raise PlanError(path, f"expected at least one row of measurements in {resolved} (got none)")
     return resolved
 
 
-def _check_profile_cell(row: Mapping[str, str], col: str, line: int, path: str) -> None:
-    raw = (row.get(col) or "").strip()
+def read_text_file(file: str, path: str, what: str, max_bytes: int) -> str:
+    """The UTF-8 text of ``file``, at most ``max_bytes``; PlanError at ``path`` otherwise.
+
+    A file that is not UTF-8 (e.g. UTF-16, or binary) gets one line naming the file and the
+    offset of the first byte that does not decode.
+    """
+    try:
+        with open(file, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as e:
+        raise PlanError(path, f"cannot read {what} {file}: {e.strerror or e}") from None
+    if len(data) > max_bytes:
+        raise PlanError(path, f"{what} {file} is larger than the {max_bytes:,}-byte limit")
+    return decode_utf8(data, file, path, what)
+
+
+def decode_utf8(data: bytes, file: str, path: str, what: str) -> str:
+    """``data`` decoded as UTF-8 (a BOM is dropped); PlanError naming the bad byte offset."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise PlanError(
+            path, f"{what} {file} is UTF-16 (byte-order mark at byte offset 0); save it as UTF-8"
+        )
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise PlanError(
+            path,
+            f"{what} {file} is not UTF-8 text: byte offset {e.start} (0x{data[e.start]:02x}) "
+            "does not decode; save it as UTF-8",
+        ) from None
+
+
+def _check_profile_cell(
+    row: Mapping[str, str | None], col: str, line: int, path: str, file: str
+) -> None:
+    raw = row.get(col)
+    raw = raw.strip() if isinstance(raw, str) else ""
     integer = col in ("tp", "micro_batch", "seq_len")
     try:
         v = int(raw) if integer else float(raw)
-        ok = v > 0 and v == v and v != float("inf")
-    except ValueError:
+        ok = 0 < v <= _PROFILE_MAXIMA[col]
+    except (ValueError, OverflowError):
         ok = False
     if not ok:
         what = "a positive integer" if integer else "a positive number"
-        raise PlanError(path, f"line {line}, column {col}: expected {what} (got {raw!r})")
+        raise PlanError(
+            path,
+            f"{file}, line {line}, column {col}: expected {what} <= {_PROFILE_MAXIMA[col]:g}",
+        )
 
 
 # ---------------------------------------------------------------- network
@@ -212,19 +337,37 @@ def _parse_scale_out(value: Any, path: str) -> ScaleOut:
     m = f.expect_mapping(value, path)
     d = ScaleOut()
     f.check_keys(m, path, [x.name for x in dataclasses.fields(ScaleOut)])
-    k = f.get_int(m, "fat_tree_k", path, d.fat_tree_k, minimum=0)
+    k = f.get_int(m, "fat_tree_k", path, d.fat_tree_k, minimum=0, maximum=lim.MAX_FAT_TREE_K,
+                  limit="MAX_FAT_TREE_K, docs/plan.md#limits")
     if k % 2:
         raise PlanError(f.join(path, "fat_tree_k"), f"expected an even radix, or 0 (got {k})")
     return ScaleOut(
         topology=f.get_enum(m, "topology", path, get_args(ScaleOutTopology), d.topology),  # type: ignore[arg-type]
-        link_gbps=f.get_number(m, "link_gbps", path, d.link_gbps),
-        latency_us=f.get_number(m, "latency_us", path, d.latency_us, positive=False),
-        oversubscription=f.get_number(m, "oversubscription", path, d.oversubscription, at_least=1),
+        link_gbps=_rate(m, "link_gbps", path, d.link_gbps),
+        latency_us=_time(m, "latency_us", path, d.latency_us),
+        oversubscription=f.get_number(
+            m, "oversubscription", path, d.oversubscription, at_least=1, at_most=lim.MAX_RATE
+        ),
         rail_optimized=f.get_bool(m, "rail_optimized", path, d.rail_optimized),
-        nodes_per_leaf=f.get_int(m, "nodes_per_leaf", path, d.nodes_per_leaf),
-        spines=f.get_int(m, "spines", path, d.spines, minimum=0),
+        nodes_per_leaf=f.get_int(m, "nodes_per_leaf", path, d.nodes_per_leaf,
+                                 maximum=lim.MAX_DEVICES, limit=_DEVICES),
+        spines=f.get_int(m, "spines", path, d.spines, minimum=0, maximum=lim.MAX_DEVICES,
+                         limit=_DEVICES),
         fat_tree_k=k,
     )
+
+
+_DEVICES = "MAX_DEVICES, docs/plan.md#limits"
+
+
+def _rate(m: Mapping[str, Any], key: str, path: str, default: Any = f.MISSING) -> float:
+    """A bandwidth (Gb/s or GB/s) in [MIN_RATE, MAX_RATE]."""
+    return f.get_number(m, key, path, default, at_least=lim.MIN_RATE, at_most=lim.MAX_RATE)
+
+
+def _time(m: Mapping[str, Any], key: str, path: str, default: Any = f.MISSING) -> float:
+    """A non-negative time in microseconds, at most MAX_TIME_US."""
+    return f.get_number(m, key, path, default, positive=False, at_most=lim.MAX_TIME_US)
 
 
 def _parse_scale_up(value: Any, path: str) -> ScaleUp:
@@ -232,7 +375,7 @@ def _parse_scale_up(value: Any, path: str) -> ScaleUp:
     d = ScaleUp()
     f.check_keys(m, path, [x.name for x in dataclasses.fields(ScaleUp)])
     return ScaleUp(
-        latency_us=f.get_number(m, "latency_us", path, d.latency_us, positive=False),
+        latency_us=_time(m, "latency_us", path, d.latency_us),
         tp_across_nodes=f.get_bool(m, "tp_across_nodes", path, d.tp_across_nodes),
     )
 
@@ -242,12 +385,12 @@ def _parse_link(value: Any, path: str) -> ExplicitLink:
     f.check_keys(m, path, ("src", "dst", "gbps", "latency_us"), ("src", "dst", "gbps"))
     src, dst = f.get_str(m, "src", path), f.get_str(m, "dst", path)
     if src == dst:
-        raise PlanError(f.join(path, "dst"), f"expected a node other than src (got {dst!r})")
+        raise PlanError(f.join(path, "dst"), f"expected a node other than src (got {f.got(dst)})")
     return ExplicitLink(
         src=src,
         dst=dst,
-        gbps=f.get_number(m, "gbps", path),
-        latency_us=f.get_number(m, "latency_us", path, 1.0, positive=False),
+        gbps=_rate(m, "gbps", path),
+        latency_us=_time(m, "latency_us", path, 1.0),
     )
 
 
@@ -262,14 +405,14 @@ def _parse_event(value: Any, path: str) -> LinkEvent:
         if factor != 0.0:
             raise PlanError(
                 f.join(path, "factor"),
-                f"expected 0 or nothing for a fail event (got {m['factor']!r})",
+                f"expected 0 or nothing for a fail event (got {f.got(m['factor'])})",
             )
     elif kind == "degrade":
         factor = f.get_number(m, "factor", path, at_most=1.0)
     else:  # restore: back to nominal unless told otherwise
         factor = f.get_number(m, "factor", path, 1.0, at_most=1.0)
     return LinkEvent(
-        at_us=f.get_number(m, "at_us", path, positive=False),
+        at_us=_time(m, "at_us", path),
         kind=kind,  # type: ignore[arg-type]
         src=f.get_str(m, "src", path),
         dst=f.get_str(m, "dst", path),
@@ -287,10 +430,13 @@ def parse_collectives(value: Any, path: str) -> CollectivesSpec:
     f.check_keys(m, path, [x.name for x in dataclasses.fields(CollectivesSpec)])
     return CollectivesSpec(
         resharding=f.get_enum(m, "resharding", path, get_args(Resharding), d.resharding),  # type: ignore[arg-type]
-        channels=f.get_int(m, "channels", path, d.channels),
+        channels=f.get_int(m, "channels", path, d.channels, maximum=lim.MAX_CHANNELS,
+                           limit="MAX_CHANNELS, docs/plan.md#limits"),
         granularity=f.get_enum(m, "granularity", path, get_args(Granularity), d.granularity),  # type: ignore[arg-type]
-        chunks=f.get_int(m, "chunks", path, d.chunks),
+        chunks=f.get_int(m, "chunks", path, d.chunks, maximum=lim.MAX_CHUNKS,
+                         limit="MAX_CHUNKS, docs/plan.md#limits"),
         ring_order=f.get_enum(m, "ring_order", path, get_args(RingOrder), d.ring_order),  # type: ignore[arg-type]
-        dp_bucket_layers=f.get_int(m, "dp_bucket_layers", path, d.dp_bucket_layers),
+        dp_bucket_layers=f.get_int(m, "dp_bucket_layers", path, d.dp_bucket_layers,
+                                   maximum=lim.MAX_LAYERS, limit="the model's layers at most"),
         nccl_cost=f.get_bool(m, "nccl_cost", path, d.nccl_cost),
     )

@@ -25,6 +25,7 @@ from ..trace.schema import COMM_PHASES, COMPUTE_PHASES, KIND_COMPUTE, KIND_FLOW,
 MAX_RANK_ROWS = 64
 PHASE_COLORS = {
     "fwd": "#4C72B0", "bwd": "#DD8452", "recompute": "#8172B3", "optim": "#937860",
+    "wgrad": "#E5AE38",
     "tp": "#55A868", "pp": "#C44E52", "reshard": "#DA8BC3", "dp": "#8C8C8C",
 }
 

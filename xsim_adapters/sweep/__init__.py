@@ -13,7 +13,15 @@ from __future__ import annotations
 
 from .api import run_spec, spec_for, sweep
 from .expand import OverrideError, Variant, apply_override, expand, product
-from .results import TIMING_COLUMNS, build_frame, write_sweep
+from .results import (
+    ROWS_FILE,
+    TIMING_COLUMNS,
+    RowLog,
+    build_frame,
+    read_rows,
+    variant_digest,
+    write_sweep,
+)
 from .runner import (
     Executor,
     LocalExecutor,
@@ -37,7 +45,9 @@ __all__ = [
     "TIMING_COLUMNS",
     "Executor",
     "LocalExecutor",
+    "ROWS_FILE",
     "OverrideError",
+    "RowLog",
     "RayExecutor",
     "SweepError",
     "SweepSpec",
@@ -53,10 +63,12 @@ __all__ = [
     "parse_values",
     "product",
     "read_plan_data",
+    "read_rows",
     "run_spec",
     "run_variant",
     "spec_for",
     "summary_row",
     "sweep",
+    "variant_digest",
     "write_sweep",
 ]

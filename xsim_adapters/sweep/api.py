@@ -5,6 +5,7 @@ Reference: ``docs/sweep.md``.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from .expand import Variant, expand
-from .results import build_frame
+from .results import RowLog, build_frame, variant_digest
 from .runner import Executor, LocalExecutor, make_executor, run_variant
 from .spec import SweepError, SweepSpec, read_plan_data
 
 if TYPE_CHECKING:
     from ..plan.model import Plan
-    from .runner import Progress
+    from .runner import Progress, Row
 
 
 def spec_for(plan_or_path: Plan | Mapping[str, Any] | str | os.PathLike[str],
@@ -48,25 +49,48 @@ def spec_for(plan_or_path: Plan | Mapping[str, Any] | str | os.PathLike[str],
 
 
 def run_spec(spec: SweepSpec, executor: Executor | None = None,
-             progress: Progress | None = None) -> tuple[list[Variant], pd.DataFrame]:
+             progress: Progress | None = None, rows_log: RowLog | None = None,
+             done: Mapping[str, dict[str, Any]] | None = None,
+             ) -> tuple[list[Variant], pd.DataFrame]:
     """Expand ``spec`` and run every variant that could be built; (variants, result frame).
 
     The backend and its options are checked once before any work (an unknown or unavailable
     backend, an unknown option or a bad value fails the whole sweep); a variant whose
-    overrides or plan fail records its error in its row.
+    overrides or plan fail, or which crashes, records its error in its row. ``rows_log`` gets
+    each row as soon as its variant finishes; ``done`` (digest -> row, from an earlier run's
+    rows file) supplies the rows of variants not run again.
     """
     from ..backends.registry import check_backend_options, get_backend
 
     get_backend(spec.backend)
     check_backend_options(spec.backend, spec.options)
     executor = executor or LocalExecutor(1)
+    done = done or {}
     variants = expand(spec.base, spec.axes, spec.base_dir)
     runnable = [v for v in variants if v.plan is not None]
     tasks = [{"plan": v.plan, "base_dir": spec.base_dir, "backend": spec.backend,
               "options": spec.options} for v in runnable]
-    if progress:
-        progress(len(variants) - len(runnable))  # the failed overrides are done already
-    results = iter(executor.map(run_variant, tasks, progress))
+    digests = [variant_digest(t) for t in tasks]
+    todo = [k for k, d in enumerate(digests) if d not in done]
+    if progress:  # the failed overrides and the resumed variants are done already
+        progress(len(variants) - len(todo))
+
+    def saved(i: int, row: Row) -> None:
+        k = todo[i]
+        if rows_log is not None:
+            rows_log.append(digests[k], runnable[k].index, runnable[k].overrides, row)
+
+    todo_tasks = [tasks[k] for k in todo]
+    if rows_log is not None and "on_result" in inspect.signature(executor.map).parameters:
+        new = executor.map(run_variant, todo_tasks, progress,
+                           on_result=saved)  # type: ignore[call-arg]  # checked just above
+    else:  # an executor without on_result: rows are saved when it returns
+        new = executor.map(run_variant, todo_tasks, progress)
+        for i, row in enumerate(new):
+            saved(i, row)
+    by_task = dict(zip(todo, new, strict=True))
+    results = iter([by_task[k] if k in by_task else dict(done[digests[k]])
+                    for k in range(len(tasks))])
     rows = [next(results) if v.plan is not None else {"error": v.error, "wall_s": 0.0, "cpu_s": 0.0}
             for v in variants]
     return variants, build_frame(variants, rows)

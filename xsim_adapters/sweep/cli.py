@@ -16,6 +16,7 @@ import yaml
 
 from ..options import parse_option_items
 from .expand import Variant
+from .results import ROWS_FILE, RowLog, variant_digest
 from .spec import SweepError, SweepSpec, check_axes, load_sweep_file, parse_set
 
 DEFAULT_SWEEP_OUT = "xsim-sweep"
@@ -55,6 +56,13 @@ def add_sweep_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("-o", "--output", default=DEFAULT_SWEEP_OUT, metavar="OUT",
                     help=f"The output directory (default: {DEFAULT_SWEEP_OUT}); gets "
                          "sweep.csv, sweep.parquet and sweep.yaml.")
+    sp.add_argument("--resume", action="store_true",
+                    help="Keep OUT and its finished rows (OUT/sweep.rows.jsonl) and run only "
+                         "the variants without a successful row there; says how many it "
+                         "skipped.")
+    sp.add_argument("--force", action="store_true",
+                    help="Replace an earlier xsim output of another kind at OUT (never files "
+                         "xsim did not write; see docs/outputs.md).")
     sp.add_argument("--allow-failures", action="store_true",
                     help="Exit 0 even if some variants failed (their rows carry the error).")
     sp.add_argument("--progress", action="store_true", default=None,
@@ -93,6 +101,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
 
 def run_sweep_command(args: argparse.Namespace) -> int:
     """Run the sweep, write OUT/, print a short report; returns the exit status."""
+    from .._outdir import writer_lock
     from ..report.progress import ProgressBar
     from .api import run_spec
     from .expand import product
@@ -102,10 +111,18 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     executor = make_executor(args.executor, args.jobs, args.ray_address)
     total = len(product(spec.axes))
-    with ProgressBar(total, "xsim sweep", force=args.progress) as bar:
-        variants, frame = run_spec(spec, executor, lambda n: bar.advance(n))
-    out = Path(args.output)
-    write_sweep(out, frame, spec.to_yaml())
+    out, done = open_sweep_dir(Path(args.output), args.resume, args.force)
+    if args.resume:
+        print(f"resuming in {args.output}: {len(done)} finished variants on record in "
+              f"{ROWS_FILE}")
+    with writer_lock(out):  # one sweep at a time fills OUT
+        with ProgressBar(total, "xsim sweep", force=args.progress) as bar, \
+                RowLog(out / ROWS_FILE) as log:
+            variants, frame = run_spec(spec, executor, lambda n: bar.advance(n), log, done)
+        write_sweep(out, frame, spec.to_yaml())
+    if args.resume:
+        skipped = sum(variant_digest(t) in done for t in _tasks(spec, variants))
+        print(f"skipped {skipped} variants already finished in {args.output}/{ROWS_FILE}")
     failed = frame[frame["error"] != ""]
     print(f"{len(frame)} variants of {spec.source} on {spec.backend}: "
           f"{len(frame) - len(failed)} ran, {len(failed)} failed")
@@ -115,8 +132,28 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         print(f"  variant {v.index} ({show_overrides(v.overrides)}): {frame['error'].iloc[i]}")
     if len(failed) > MAX_ERRORS_PRINTED:
         print(f"  ... {len(failed) - MAX_ERRORS_PRINTED} more failures in sweep.csv")
-    print(f"wrote {out}/: sweep.csv, sweep.parquet, sweep.yaml")
+    print(f"wrote {args.output}/: sweep.csv, sweep.parquet, sweep.yaml, {ROWS_FILE}")
     return 1 if len(failed) and not args.allow_failures else 0
+
+
+def open_sweep_dir(out: Path, resume: bool, force: bool) -> tuple[Path, dict[str, Any]]:
+    """The sweep directory, ready for rows (stamped as a sweep output), and the finished rows
+    to reuse (``resume``). Without ``resume`` an earlier sweep there is replaced at once; the
+    directory then fills row by row (it is not swapped in whole: rows must survive a kill)."""
+    from .._outdir import SWEEP_STAMP_FILES, check_output, inspect_output, output_dir
+    from .results import read_rows
+
+    target = check_output(out, "sweep", force)
+    if resume and inspect_output(target)[0] == "sweep":
+        return target, read_rows(target / ROWS_FILE)
+    with output_dir(target, "sweep", force, expect=SWEEP_STAMP_FILES):
+        pass  # an empty stamped directory replaces whatever earlier output was there
+    return target, {}
+
+
+def _tasks(spec: SweepSpec, variants: list[Variant]) -> list[dict[str, Any]]:
+    return [{"plan": v.plan, "backend": spec.backend, "options": spec.options}
+            for v in variants if v.plan is not None]
 
 
 def show_overrides(overrides: dict[str, Any]) -> str:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pandas as pd
 import yaml
@@ -14,6 +17,8 @@ from .expand import Variant
 # Columns that are the same for every --jobs / executor; the rest are wall-clock times.
 TIMING_COLUMNS = ("wall_s", "cpu_s")
 INT_COLUMNS = ("ranks", "num_ops")
+ROWS_FILE = "sweep.rows.jsonl"  # one JSON line per finished variant, appended and flushed
+SWEEP_FILES = ("sweep.csv", "sweep.parquet", "sweep.yaml", ROWS_FILE)
 
 
 def _cell(value: Any) -> Any:
@@ -70,4 +75,59 @@ def write_sweep(out: str | Path, frame: pd.DataFrame, spec_text: str | None = No
     write_atomic(out / "sweep.parquet", lambda tmp: frame.to_parquet(tmp, index=False))
     if spec_text is not None:
         write_text_atomic(out / "sweep.yaml", spec_text)
+    return out
+
+
+def variant_digest(task: Mapping[str, Any]) -> str:
+    """sha256 (hex) of what decides a variant's result: its plan (plain data), backend and
+    options. ``--resume`` skips a variant whose digest already has a successful row."""
+    key = {k: task.get(k) for k in ("plan", "backend", "options")}
+    text = json.dumps(key, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class RowLog:
+    """``OUT/sweep.rows.jsonl``: each finished variant appended as one line, flushed and
+    fsynced, so a crash or kill of the sweep keeps every row finished before it."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._fh: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def append(self, digest: str, variant: int, overrides: Mapping[str, Any],
+               row: Mapping[str, Any]) -> None:
+        """One line ``{"digest", "variant", "overrides", "row"}``, on disk before returning."""
+        line = json.dumps({"digest": digest, "variant": variant,
+                           "overrides": {k: _cell(v) for k, v in overrides.items()},
+                           "row": dict(row)}, default=str)
+        self._fh.write(line + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> RowLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_rows(path: str | Path) -> dict[str, dict[str, Any]]:
+    """digest -> row of every successful variant in a rows file (the last one wins; a line cut
+    short by a kill is ignored). An absent file gives {}."""
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return out
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            digest, row = rec["digest"], rec["row"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if isinstance(digest, str) and isinstance(row, dict) and row.get("error") == "":
+            out[digest] = row
     return out

@@ -7,11 +7,14 @@ in task order whatever order they finish in, so a sweep's frame does not depend 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
+import os
 import time
+import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Protocol
 
@@ -20,6 +23,7 @@ from ..errors import BackendUnavailable, XsimError
 Task = dict[str, Any]
 Row = dict[str, Any]
 Progress = Callable[[int], None]
+OnResult = Callable[[int, Row], None]  # (task index, row), called as each task finishes
 
 RAY_HINT = 'pip install "xsim-adapters[ray]"'
 
@@ -46,6 +50,10 @@ def run_variant(task: Task) -> Row:
         row["error"] = ""
     except XsimError as e:  # the plan or the backend said no: record it, keep sweeping
         row = {"error": f"{type(e).__name__}: {e}"}
+    except Exception as e:  # a crash in one variant must not lose the others' results
+        where = traceback.extract_tb(e.__traceback__)[-1:]
+        at = f" (at {where[0].filename}:{where[0].lineno})" if where else ""
+        row = {"error": f"crash: {type(e).__name__}: {e}{at}"}
     row["wall_s"] = time.perf_counter() - t0
     row["cpu_s"] = time.process_time() - c0  # wall_s >> cpu_s: the worker waited for a core
     return row
@@ -84,15 +92,33 @@ def _num(v: Any) -> float:
 
 
 class Executor(Protocol):
-    """Runs ``fn`` on every task and returns the results in task order."""
+    """Runs ``fn`` on every task and returns the results in task order.
+
+    An executor may also accept ``on_result(index, row)``, called in the parent as each task
+    finishes (any order), so results can be saved before the whole sweep ends.
+    """
 
     def map(self, fn: Callable[[Task], Row], tasks: Sequence[Task],
             progress: Progress | None = None) -> list[Row]: ...
 
 
+def _worker_init(parent_pid: int) -> None:
+    """Pool worker start-up: die with the parent (a SIGKILLed sweep leaves no workers)."""
+    from .._proc import die_with_parent
+
+    die_with_parent(parent_pid)
+
+
+def _dead_worker_row(exc: BaseException) -> Row:
+    return {"error": "crash: the worker process running this variant died (out of memory, a "
+                     f"crash in native code, or killed): {type(exc).__name__}; run it alone "
+                     "with `xsim run` to see why", "wall_s": math.nan, "cpu_s": math.nan}
+
+
 class LocalExecutor:
     """``jobs`` worker processes (spawned: no state inherited from the parent, the same on
-    every OS); ``jobs=1`` runs in this process with no pool at all."""
+    every OS); ``jobs=1`` runs in this process with no pool at all. Workers die with the
+    parent (Linux parent-death signal)."""
 
     def __init__(self, jobs: int = 1) -> None:
         if jobs < 1:
@@ -100,34 +126,61 @@ class LocalExecutor:
         self.jobs = jobs
 
     def map(self, fn: Callable[[Task], Row], tasks: Sequence[Task],
-            progress: Progress | None = None) -> list[Row]:
-        workers = min(self.jobs, len(tasks))
-        if workers <= 1:
-            out = []
-            for t in tasks:
-                out.append(fn(t))
-                if progress:
-                    progress(1)
-            return out
+            progress: Progress | None = None, on_result: OnResult | None = None) -> list[Row]:
+        results: dict[int, Row] = {}
+
+        def done(i: int, row: Row) -> None:
+            results[i] = row
+            if on_result:
+                on_result(i, row)
+            if progress:
+                progress(1)
+
+        if min(self.jobs, len(tasks)) <= 1:
+            for i, t in enumerate(tasks):
+                done(i, fn(t))
+            return [results[i] for i in range(len(tasks))]
+        pending = list(range(len(tasks)))
+        alone = False  # after a pool broke: one worker per task, so the culprit is known
+        while pending:
+            workers = 1 if alone else min(self.jobs, len(pending))
+            batch = pending[:1] if alone else pending
+            broken = self._pool_run(fn, tasks, batch, workers, done)
+            pending = [i for i in pending if i not in results]
+            if broken is not None:
+                if alone:  # this single task killed its worker: record it, go on
+                    done(batch[0], _dead_worker_row(broken))
+                    pending = pending[1:]
+                alone = True
+        return [results[i] for i in range(len(tasks))]
+
+    @staticmethod
+    def _pool_run(fn: Callable[[Task], Row], tasks: Sequence[Task], batch: list[int],
+                  workers: int, done: OnResult) -> BaseException | None:
+        """Run ``batch`` in a fresh pool; return the BrokenProcessPool if a worker died."""
         ctx = multiprocessing.get_context("spawn")
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
+                                   initializer=_worker_init, initargs=(os.getpid(),))
         try:
-            futures = [pool.submit(fn, t) for t in tasks]
-            results: list[Row] = []
-            for i, f in enumerate(futures):  # in task order; progress counts each collected
-                try:
-                    results.append(f.result())
-                except BrokenProcessPool:
-                    raise XsimError(
-                        f"a sweep worker process died while running variant task {i} (out of "
-                        "memory, or killed); run that variant alone with `xsim run` to see why"
-                    ) from None
-                if progress:
-                    progress(1)
+            futures: dict[Future, int] = {pool.submit(fn, tasks[i]): i for i in batch}
+            waiting = set(futures)
+            while waiting:
+                finished, waiting = wait(waiting, return_when=FIRST_COMPLETED)
+                for f in sorted(finished, key=futures.__getitem__):
+                    try:
+                        row = f.result()
+                    except BrokenProcessPool as e:
+                        pool.shutdown(wait=True, cancel_futures=True)
+                        return e
+                    done(futures[f], row)
             pool.shutdown()
-            return results
+            return None
         except BaseException:
-            # Ctrl-C or a dead worker: drop the variants not started instead of running them all.
+            # Ctrl-C or SIGTERM: stop now. Kill the running workers (otherwise the pool's exit
+            # handler waits for their variants to finish) and drop the ones not started.
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                with contextlib.suppress(Exception):
+                    proc.kill()
             pool.shutdown(wait=False, cancel_futures=True)
             raise
 
@@ -156,7 +209,7 @@ class RayExecutor:
         self._ray = ray_module if ray_module is not None else import_ray()
 
     def map(self, fn: Callable[[Task], Row], tasks: Sequence[Task],
-            progress: Progress | None = None) -> list[Row]:
+            progress: Progress | None = None, on_result: OnResult | None = None) -> list[Row]:
         ray = self._ray
         if not tasks:
             return []
@@ -165,11 +218,25 @@ class RayExecutor:
         remote = ray.remote(num_cpus=self.num_cpus)(fn)
         refs = [remote.remote(t) for t in tasks]
         pending = list(refs)
-        while pending:  # wait only to report progress; results are taken in task order
+        index = {_ref_key(r): i for i, r in enumerate(refs)}
+        while pending:  # results are returned in task order; saved as each one finishes
             done, pending = ray.wait(pending, num_returns=1)
+            if on_result:
+                for ref in done:
+                    on_result(index[_ref_key(ref)], ray.get([ref])[0])
             if progress:
                 progress(len(done))
         return list(ray.get(refs))
+
+
+def _ref_key(ref: Any) -> Any:
+    """A dict key for a Ray ObjectRef: the ref itself (``ray.wait`` may return new ref objects
+    equal to the submitted ones), or its identity when it cannot be hashed."""
+    try:
+        hash(ref)
+    except TypeError:
+        return ("id", id(ref))
+    return ref
 
 
 EXECUTORS = ("local", "ray")

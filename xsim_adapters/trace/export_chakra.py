@@ -20,6 +20,7 @@ from typing import Any
 from .._atomic import write_text_atomic
 from .export_goal import RankProgram, num_ranks_of, rank_programs
 from .schema import Trace
+from .validate import validate_trace
 
 SCHEMA = "chakra-et-json (xsim-adapters) 1"
 _TYPES = {"calc": "COMP_NODE", "send": "COMM_SEND_NODE", "recv": "COMM_RECV_NODE"}
@@ -63,6 +64,7 @@ def export_chakra(
     trace: Trace, directory: str | os.PathLike[str], prefix: str = "et"
 ) -> list[Path]:
     """Write ``<directory>/<prefix>.<rank>.json`` for every rank; returns the paths."""
+    validate_trace(trace)  # a cyclic or out-of-range trace is not exported
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     paths = []

@@ -36,6 +36,7 @@ from .schema import (
     SCHEMA_VERSION,
     Trace,
 )
+from .validate import check_manifest, validate_trace
 
 SUPPORTED_SCHEMA_VERSIONS = (SCHEMA_VERSION,)
 MANIFEST = "manifest.json"
@@ -76,6 +77,7 @@ def write_trace(
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         (tmp / "groups").mkdir()
+        check_manifest(trace.manifest, "trace manifest")  # group names become file names
         names, gidx = _group_of_ops(trace)
         for gi, name in enumerate(names):
             part = trace.ops[gidx == gi].reset_index(drop=True)
@@ -106,13 +108,27 @@ def write_trace(
     return target
 
 
-def _read_parquet(path: Path, columns: dict[str, Any], what: str) -> pd.DataFrame:
+# Parquet compresses a column of zeros ~1000x: the row count in the file's metadata is
+# checked against the manifest before a file is decompressed (a small file cannot hold a bomb).
+MAX_EDGES_PER_OP = 64
+
+
+def _read_parquet(
+    path: Path, columns: dict[str, Any], what: str, max_rows: int | None = None
+) -> pd.DataFrame:
     if not path.is_file():
         raise TraceError(f"{path}: missing ({what}); the trace directory is incomplete")
     try:
+        if max_rows is not None:
+            rows = pq.ParquetFile(str(path)).metadata.num_rows
+            if rows > max_rows:
+                raise TraceError(f"{path}: {rows:,} rows, more than the {max_rows:,} the "
+                                 "manifest allows (num_ops)")
         df = pq.read_table(str(path)).to_pandas()
-    except (OSError, pa.ArrowException) as e:
-        raise TraceError(f"{path}: cannot read Parquet ({e})") from e
+    except (OSError, ValueError, pa.ArrowException) as e:
+        if isinstance(e, TraceError):
+            raise
+        raise TraceError(f"{path}: cannot read Parquet ({str(e)[:200]})") from None
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise TraceError(f"{path}: missing columns {', '.join(missing)}")
@@ -128,45 +144,68 @@ def _read_parquet(path: Path, columns: dict[str, Any], what: str) -> pd.DataFram
     return df[list(columns)]
 
 
-def read_trace(directory: str | os.PathLike[str]) -> Trace:
-    """Read and validate a trace directory written by :func:`write_trace`."""
-    root = Path(directory)
+MAX_MANIFEST_BYTES = 1 << 28  # 256 MiB; a 65,536-rank manifest is about 7 MB
+
+
+def _read_manifest(root: Path) -> dict[str, Any]:
     mpath = root / MANIFEST
     if not mpath.is_file():
         raise TraceError(f"{root}: not a trace directory (no {MANIFEST})")
     try:
-        manifest = json.loads(mpath.read_text())
-    except ValueError as e:
-        raise TraceError(f"{mpath}: not valid JSON ({e})") from e
+        with open(mpath, "rb") as fh:
+            data = fh.read(MAX_MANIFEST_BYTES + 1)
+    except OSError as e:
+        raise TraceError(f"{mpath}: cannot read ({e.strerror or e})") from None
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise TraceError(f"{mpath}: larger than {MAX_MANIFEST_BYTES:,} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{mpath}: not UTF-8 text (byte offset {e.start})") from None
+    try:
+        manifest = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise TraceError(f"{mpath}: not valid JSON ({str(e)[:80]})") from None
+    if not isinstance(manifest, dict):
+        raise TraceError(f"{mpath}: expected a JSON object (got a {type(manifest).__name__})")
     version = manifest.get("schema_version")
     if version not in SUPPORTED_SCHEMA_VERSIONS:
         readable = ", ".join(map(str, SUPPORTED_SCHEMA_VERSIONS))
+        shown = repr(version) if len(repr(version)) <= 40 else repr(version)[:37] + "..."
         raise TraceError(
-            f"{root}: trace schema_version {version!r} is not supported; this xsim reads"
+            f"{root}: trace schema_version {shown} is not supported; this xsim reads"
             f" schema_version {readable}. Regenerate the trace with `xsim trace PLAN -o {root}`"
             " or upgrade xsim-adapters to a version that reads it."
         )
-    for key in ("groups", "ranks", "num_ops"):
-        if key not in manifest:
-            raise TraceError(f"{mpath}: manifest has no {key!r}")
-    parts = [
-        _read_parquet(root / "groups" / f"{g}.parquet", OP_COLUMNS, f"ops of group {g}")
-        for g in manifest["groups"]
-    ]
+    check_manifest(manifest, str(mpath))
+    return manifest
+
+
+def read_trace(directory: str | os.PathLike[str]) -> Trace:
+    """Read a trace directory written by :func:`write_trace` and validate it in full
+    (:func:`xsim_adapters.trace.validate.validate_trace`); TraceError naming file and field."""
+    root = Path(directory)
+    manifest = _read_manifest(root)
+    names = manifest["groups"]
+    rank_group = np.array([names.index(r["group"]) for r in manifest["ranks"]], dtype=np.int64)
+    parts = []
+    for gi, g in enumerate(names):
+        gpath = root / "groups" / f"{g}.parquet"  # g is a checked name: no separators
+        part = _read_parquet(gpath, OP_COLUMNS, f"ops of group {g}", manifest["num_ops"])
+        r = part["rank"].to_numpy().astype(np.int64)
+        inside = (r >= 0) & (r < len(rank_group))
+        wrong = inside & (rank_group[np.where(inside, r, 0)] != gi)
+        if wrong.any():
+            bad = int(r[np.flatnonzero(wrong)[0]])
+            raise TraceError(f"{gpath}: column rank: rank {bad} belongs to group "
+                             f"{names[rank_group[bad]]}, not {g}")
+        parts.append(part)
     ops = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(OP_COLUMNS))
-    ops = ops.sort_values("op_id", kind="stable").reset_index(drop=True)
-    ids = ops["op_id"].to_numpy()
-    if len(ops) != manifest["num_ops"] or not np.array_equal(ids, np.arange(len(ops))):
-        raise TraceError(
-            f"{root}: op ids are not dense 0..{manifest['num_ops'] - 1}"
-            f" ({len(ops)} ops across {len(parts)} group files)"
-        )
-    deps = _read_parquet(root / "deps.parquet", DEP_COLUMNS, "dependency edges")
-    if len(deps) and (
-        deps["pred"].min() < 0
-        or deps["succ"].min() < 0
-        or max(deps["pred"].max(), deps["succ"].max()) >= len(ops)
-    ):
-        raise TraceError(f"{root}/deps.parquet: an edge names an op id outside 0..{len(ops) - 1}")
-    colls = _read_parquet(root / "collectives.parquet", COLLECTIVE_COLUMNS, "collectives")
-    return Trace(ops=ops, deps=deps, collectives=colls, manifest=manifest)
+    ops = ops.astype(OP_COLUMNS).sort_values("op_id", kind="stable").reset_index(drop=True)
+    deps = _read_parquet(root / "deps.parquet", DEP_COLUMNS, "dependency edges",
+                         MAX_EDGES_PER_OP * max(len(ops), 1))
+    colls = _read_parquet(root / "collectives.parquet", COLLECTIVE_COLUMNS, "collectives",
+                          max(len(ops), 1))
+    trace = Trace(ops=ops, deps=deps, collectives=colls, manifest=manifest)
+    validate_trace(trace, str(root))
+    return trace

@@ -66,9 +66,10 @@ KIND_FLOW = 1
 KIND_BARRIER = 2
 KINDS = ("compute", "flow", "barrier")
 
-PHASES = ("fwd", "bwd", "recompute", "tp", "pp", "reshard", "dp", "optim")
+# "wgrad" (weight-gradient pass W of a zero-bubble schedule) is last so older indices hold.
+PHASES = ("fwd", "bwd", "recompute", "tp", "pp", "reshard", "dp", "optim", "wgrad")
 PHASE_INDEX = {p: i for i, p in enumerate(PHASES)}
-COMPUTE_PHASES = ("fwd", "bwd", "recompute", "optim")
+COMPUTE_PHASES = ("fwd", "bwd", "recompute", "optim", "wgrad")
 COMM_PHASES = ("tp", "pp", "reshard", "dp")
 
 LAYER_EMBEDDING = -2  # layer_start value for the embedding lookup

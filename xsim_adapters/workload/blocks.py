@@ -23,6 +23,14 @@ from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, LAYER_EMBEDDIN
 from .builder import BulkBuilder, Template
 from .collectives import RingFlows, ring_flows
 from .compute import embedding_cost, head_cost, layer_costs
+from .passes import (
+    GEMM_WGRAD_SHARE,
+    attention_core_flops,
+    attention_wgrad_share,
+    gemm_shares,
+    selective_recompute_ns,
+    split_ns,
+)
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,8 @@ class Unit:
     flops: float
     kinds: tuple[str, ...]
     mark: object = None  # key under which the compute ids are remembered (DP readiness)
+    # (first, last) GEMM shares of the duration, for TP overlap (None: the unit is not split)
+    gemms: tuple[float, float] | None = None
 
 
 @dataclass
@@ -65,78 +75,174 @@ def tp_kinds(plan: Plan) -> tuple[str, ...]:
     return ("reduce_scatter", "all_gather") if plan.training.sequence_parallel else ("all_reduce",)
 
 
-def stage_units(plan: Plan, stage: Stage, device: DeviceType, first: bool, last: bool):
-    """(forward units, backward units) of one stage for one micro-batch."""
+def stage_units(
+    plan: Plan,
+    stage: Stage,
+    device: DeviceType,
+    first: bool,
+    last: bool,
+    layers: tuple[int, int] | None = None,
+    split_w: bool = False,
+) -> list[list[Unit]]:
+    """Units of one model chunk of a stage for one micro-batch: [forward, backward], or with
+    ``split_w`` (zero-bubble) [forward, B, W] (see :mod:`.passes`).
+
+    ``layers`` is the chunk's layer range (default: the stage's); ``first``/``last``: the chunk
+    holds the embedding / the output head. Forward units carry marks ``("fwd", layer)`` and
+    ``("fwd", "embedding")`` (where a parameter all-gather must have arrived); the unit after
+    which a layer's weight gradient is complete carries the mark ``layer`` (``"embedding"``).
+    """
     model, training = plan.model, plan.training
     n = stage.tp
     costs = layer_costs(model, training, device, n)
+    core = attention_core_flops(model, training, n)
     tpk = tp_kinds(plan)
-    a, b = stage.layers
+    a, b = stage.layers if layers is None else layers
     fwd: list[Unit] = []
     bwd: list[Unit] = []
+    wgr: list[Unit] = []
+    grads = wgr if split_w else bwd  # where weight gradients are complete
+    attn_b, attn_w = split_ns(costs.attn_bwd_ns, attention_wgrad_share(costs.attn_flops, core))
+    mlp_b, mlp_w = split_ns(costs.mlp_bwd_ns, GEMM_WGRAD_SHARE)
+    attn_wfl = max(0.0, costs.attn_flops - core)  # weight-gradient GEMM FLOPs
+    shares = gemm_shares(model, training, n)
+    ga, gm = shares["attention"], shares["mlp"]
+    ra, rm = ga[::-1], gm[::-1]  # backward runs a block's GEMMs in reverse
     if first:
         ns, fl = embedding_cost(model, training, device)
-        fwd.append(Unit("fwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, tpk))
+        emb = Unit("fwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, tpk, ("fwd", "embedding"))
+        fwd.append(emb)
     for layer in range(a, b):
-        fwd.append(Unit("fwd", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk))
-        fwd.append(Unit("fwd", layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk))
+        fwd.append(
+            Unit("fwd", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk, ("fwd", layer),
+                 ga)
+        )
+        fwd.append(Unit("fwd", layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk, None, gm))
     if last:
         ns, fl = head_cost(model, training, device, n)
         fwd.append(Unit("fwd", model.layers, model.layers + 1, ns, fl, ()))
-    if training.recompute:
+    if training.recompute == "full":
         for layer in range(a, b):
             bwd.append(
-                Unit("recompute", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk)
+                Unit("recompute", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk,
+                     None, ga)
             )
-            bwd.append(Unit("recompute", layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk))
+            bwd.append(
+                Unit("recompute", layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk,
+                     None, gm)
+            )
     if last:
         ns, fl = head_cost(model, training, device, n)
-        bwd.append(Unit("bwd", model.layers, model.layers + 1, 2 * ns, 2 * fl, tpk))
+        if split_w:
+            hb, hw = split_ns(2 * ns, GEMM_WGRAD_SHARE)
+            bwd.append(Unit("bwd", model.layers, model.layers + 1, hb, fl, tpk))
+            wgr.append(Unit("wgrad", model.layers, model.layers + 1, hw, fl, ()))
+        else:
+            bwd.append(Unit("bwd", model.layers, model.layers + 1, 2 * ns, 2 * fl, tpk))
+    sel_ns = selective_recompute_ns(costs.attn_fwd_ns, costs.attn_flops, core)
     for layer in range(b - 1, a - 1, -1):
-        bwd.append(Unit("bwd", layer, layer + 1, costs.mlp_bwd_ns, 2 * costs.mlp_flops, tpk))
+        if split_w:
+            bwd.append(Unit("bwd", layer, layer + 1, mlp_b, costs.mlp_flops, tpk, None, rm))
+            if training.recompute == "selective":
+                bwd.append(Unit("recompute", layer, layer + 1, sel_ns, core, ()))
+            bwd.append(
+                Unit("bwd", layer, layer + 1, attn_b, costs.attn_flops + core, tpk, None, ra)
+            )
+            wgr.append(
+                Unit("wgrad", layer, layer + 1, mlp_w + attn_w, costs.mlp_flops + attn_wfl, (),
+                     mark=layer)
+            )
+            continue
         bwd.append(
-            Unit("bwd", layer, layer + 1, costs.attn_bwd_ns, 2 * costs.attn_flops, tpk, mark=layer)
+            Unit("bwd", layer, layer + 1, costs.mlp_bwd_ns, 2 * costs.mlp_flops, tpk, None, rm)
+        )
+        if training.recompute == "selective":
+            bwd.append(Unit("recompute", layer, layer + 1, sel_ns, core, ()))
+        bwd.append(
+            Unit("bwd", layer, layer + 1, costs.attn_bwd_ns, 2 * costs.attn_flops, tpk, layer, ra)
         )
     if first:
         ns, fl = embedding_cost(model, training, device)
-        bwd.append(Unit("bwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, (), mark="embedding"))
-    return fwd, bwd
+        grads.append(
+            Unit("wgrad" if split_w else "bwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, (),
+                 mark="embedding")
+        )
+    return [fwd, bwd, wgr] if split_w else [fwd, bwd]
+
+
+def _pieces(u: Unit, split: bool) -> list[tuple[int, float]]:
+    """(ns, FLOPs) of the compute ops of ``u``: one, or with ``split`` its first GEMM, the middle
+    and its last GEMM (durations by the unit's GEMM shares; they add up to the unit's)."""
+    if not split or u.gemms is None:
+        return [(u.duration_ns, u.flops)]
+    a, z = u.gemms
+    d1, d3 = int(round(u.duration_ns * a)), int(round(u.duration_ns * z))
+    return [
+        (d1, u.flops * a),
+        (u.duration_ns - d1 - d3, u.flops * (1.0 - a - z)),
+        (d3, u.flops * z),
+    ]
 
 
 def build_block(
-    units: list[Unit], n: int, ring: RingSpec, tp_bytes: int, granularity: str, chunks: int
+    units: list[Unit],
+    n: int,
+    ring: RingSpec,
+    tp_bytes: int,
+    granularity: str,
+    chunks: int,
+    overlap_tp: bool = False,
 ) -> Block:
-    """Lower ``units`` on a TP group of ``n`` local ranks into a block template."""
+    """Lower ``units`` on a TP group of ``n`` local ranks into a block template.
+
+    ``overlap_tp`` (``training.overlap.tp_comm``, sequence parallel): a unit with GEMM shares
+    becomes three compute ops per rank, its first GEMM, the middle and its last GEMM. Its
+    reduce-scatter starts after the middle, so it runs beside the last GEMM that produces it;
+    the all-gather that follows runs beside the next unit's first GEMM, which waits only for
+    the reduce-scatter; the next unit's middle waits for the all-gather (Megatron-Core's
+    GEMM + reduce-scatter and all-gather + GEMM overlap, the chunk pipelining not resolved).
+    """
     tb = BulkBuilder()
     local = np.arange(n, dtype=np.int64)
     perm = np.asarray(ring.perm, dtype=np.int64)[None]  # (1, C, n)
     sizes = np.asarray(ring.sizes, dtype=np.int64)[None]
-    head = last = tails = None
+    head = last = None
+    prev_tails: np.ndarray | None = None  # (n, k) last flows of the previous unit's collectives
+    prev_early: np.ndarray | None = None  # the same for all but its last collective
     marks: dict[object, np.ndarray] = {}
     tp_phase = PHASE_INDEX["tp"]
     lowered: dict[str, RingFlows] = {}  # every unit's collective of a kind has the same shape
     for u in units:
-        ids = tb.add_ops(
-            n,
-            kind=KIND_COMPUTE,
-            rank=local,
-            duration_ns=u.duration_ns,
-            flops=u.flops,
-            phase=PHASE_INDEX[u.phase],
-            layer_start=u.layer_start,
-            layer_stop=u.layer_stop,
-        )
+        split = overlap_tp and n > 1 and u.gemms is not None and bool(u.kinds)
+        pieces: list[np.ndarray] = []
+        for ns, flops in _pieces(u, split):
+            ids = tb.add_ops(
+                n,
+                kind=KIND_COMPUTE,
+                rank=local,
+                duration_ns=ns,
+                flops=flops,
+                phase=PHASE_INDEX[u.phase],
+                layer_start=u.layer_start,
+                layer_stop=u.layer_stop,
+            )
+            if last is not None:
+                tb.add_edges(last, ids)  # run order on each rank
+            if not pieces and prev_tails is not None:  # data from the previous unit
+                wait = prev_early if split and prev_early is not None else prev_tails
+                tb.add_edges(wait, ids[:, None])
+            if len(pieces) == 1 and split and prev_early is not None:
+                assert prev_tails is not None
+                tb.add_edges(prev_tails, ids[:, None])  # the middle needs the all-gather
+            pieces.append(ids)
+            last = ids
         if head is None:
-            head = ids
-        else:
-            assert last is not None
-            tb.add_edges(last, ids)  # run order on each rank
-            if tails is not None and tails.shape[1] and not np.array_equal(tails[:, 0], last):
-                tb.add_edges(tails, ids[:, None])
-        if u.mark is not None:
-            marks[u.mark] = ids
-        last = ids
-        tails = ids[:, None]
+            head = pieces[0]
+        if u.mark is not None:  # forward marks: where inputs must have arrived; others: done
+            fwd_mark = isinstance(u.mark, tuple) and u.mark[0] == "fwd"
+            marks[u.mark] = pieces[0] if fwd_mark else pieces[-1]
+        tails = (pieces[1] if split else pieces[-1])[:, None]  # where the collectives start
+        prev_tails = prev_early = None
         for kind in u.kinds if n > 1 else ():
             if kind not in lowered:
                 lowered[kind] = ring_flows(local[None], perm, sizes, kind, granularity, chunks)
@@ -177,6 +283,9 @@ def build_block(
                 tb.add_edges(dl[:, None], start.T)
             else:
                 tb.add_edges(tails[:, :, None], start.T[:, None, :])
+            prev_early = prev_tails
             tails = (rf.tails[0] + base).transpose(1, 0, 2).reshape(n, -1)  # (n, 2C)
-    assert head is not None and last is not None and tails is not None
+            prev_tails = tails
+    assert head is not None and last is not None
+    tails = prev_tails if prev_tails is not None else last[:, None]
     return Block(template=tb.freeze(), head=head, last=last, tails=tails, marks=marks)

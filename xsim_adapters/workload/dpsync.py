@@ -1,8 +1,9 @@
 """Data-parallel gradient sync, layer-aware: the sweep line over every replica's stage boundaries.
 
 Replicas may split the layers differently. :func:`sweep_segments` collects every stage boundary
-of every replica, sorts them and sweeps: each maximal layer segment whose owning stage is the
-same in every replica is one *sync group*. A segment is cut into buckets of
+of every replica (with ``interleaved`` every model chunk's, see
+:func:`.schedule.replica_chunks`), sorts them and sweeps: each maximal layer segment whose
+owning stage is the same in every replica is one *sync group*. A segment is cut into buckets of
 ``collectives.dp_bucket_layers`` layers (the default 1 is one bucket per layer: a Llama layer is
 tens of MB to GB of gradients, already at or above the 25-40 MB buckets of PyTorch DDP /
 Megatron, and per-layer buckets let the sync of late layers overlap the backward of early
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 from ..plan.model import Plan
 from .compute import embedding_params, head_params, layer_params
+from .schedule import replica_chunks
 
 
 @dataclass(frozen=True)
@@ -35,13 +37,15 @@ class Segment:
 def sweep_segments(plan: Plan) -> list[Segment]:
     """The sync groups of ``plan``: maximal layer segments with one owning stage per replica."""
     bounds = {0, plan.model.layers}
-    for rep in plan.replicas:
-        for st in rep.stages:
-            bounds.update(st.layers)
+    chunks = [replica_chunks(plan, r) for r in range(plan.dp)]
+    for rep_chunks in chunks:
+        for stage_chunks in rep_chunks:
+            for rng in stage_chunks:
+                bounds.update(rng)
     points = sorted(bounds)
     segs: list[Segment] = []
     for lo, hi in zip(points[:-1], points[1:], strict=True):
-        owners = tuple((r, _owner(plan, r, lo)) for r in range(plan.dp))
+        owners = tuple((r, _owner(chunks[r], r, lo)) for r in range(plan.dp))
         if segs and segs[-1].owners == owners and segs[-1].stop == lo:
             segs[-1] = Segment(segs[-1].start, hi, owners)  # same owners: extend (maximal)
         else:
@@ -49,9 +53,9 @@ def sweep_segments(plan: Plan) -> list[Segment]:
     return segs
 
 
-def _owner(plan: Plan, replica: int, layer: int) -> int:
-    for i, st in enumerate(plan.replicas[replica].stages):
-        if st.layers[0] <= layer < st.layers[1]:
+def _owner(chunks: list[list[tuple[int, int]]], replica: int, layer: int) -> int:
+    for i, stage_chunks in enumerate(chunks):
+        if any(a <= layer < b for a, b in stage_chunks):
             return i
     raise ValueError(f"replicas[{replica}]: no stage holds layer {layer}")
 

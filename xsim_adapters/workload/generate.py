@@ -51,7 +51,7 @@ from .rings import (
     ring_order,
     split_bytes,
 )
-from .schedule import stage_order
+from .schedule import BWD, WGRAD, replica_chunks, stage_order
 
 GENERATOR_VERSION = "1"
 
@@ -84,7 +84,7 @@ class _Generator:
         self.plan = plan
         self.tb = BulkBuilder()
         self.info = RankInfo(plan)
-        self.blocks: dict[tuple, tuple[Block, Block]] = {}
+        self.blocks: dict[tuple, tuple[Block, ...]] = {}
         n = plan.num_ranks
         self.rank_replica = np.full(n, -1, dtype=np.int64)
         self.rank_stage = np.full(n, -1, dtype=np.int64)
@@ -99,8 +99,9 @@ class _Generator:
         self.algorithm = f"ring:{c.ring_order}:{c.granularity}" + (
             f"({c.chunks})" if c.granularity == "chunked" else ""
         )
-        # (replica, stage) -> (forward ops, backward ops)
-        self.stage_ops: dict[tuple[int, int], tuple[_StageOps, _StageOps]] = {}
+        # (replica, stage, chunk) -> (forward, backward[, weight-gradient]) ops
+        self.stage_ops: dict[tuple[int, int, int], tuple[_StageOps, ...]] = {}
+        self.chunks = [replica_chunks(plan, r) for r in range(plan.dp)]
 
     # ---- rings ---------------------------------------------------------------------------
     def _ring(self, ranks: list[int], nbytes: int) -> tuple[list[list[int]], list[int]]:
@@ -124,25 +125,39 @@ class _Generator:
                         delays)
 
     # ---- stages ------------------------------------------------------------------------
-    def _blocks(self, stage: Stage, first: bool, last: bool, ring: RingSpec) -> tuple[Block, Block]:
+    def _blocks(
+        self, stage: Stage, layers: tuple[int, int], first: bool, last: bool, ring: RingSpec
+    ) -> tuple[Block, ...]:
         dev = self.plan.device_types[self.plan.group(stage.group).type]
-        key = (stage.tp, stage.layers, first, last, dev.name, ring)
+        key = (stage.tp, layers, first, last, dev.name, ring)
         if key not in self.blocks:
-            c = self.plan.collectives
-            fwd, bwd = stage_units(self.plan, stage, dev, first, last)
-            self.blocks[key] = tuple(  # type: ignore[assignment]
-                build_block(u, stage.tp, ring, self.act_bytes, c.granularity, c.chunks)
-                for u in (fwd, bwd)
+            c, t = self.plan.collectives, self.plan.training
+            units = stage_units(
+                self.plan, stage, dev, first, last, layers, split_w=t.schedule == "zb_h1"
+            )
+            self.blocks[key] = tuple(
+                build_block(
+                    u, stage.tp, ring, self.act_bytes, c.granularity, c.chunks, t.overlap.tp_comm
+                )
+                for u in units
             )
         return self.blocks[key]
+
+    def order(self, replica: int, stage: int) -> np.ndarray:
+        """Run order of a stage: rows (kind, chunk, micro-batch), see :mod:`.schedule`."""
+        rep = self.plan.replicas[replica]
+        t = self.plan.training
+        nv = len(self.chunks[replica][0])
+        return stage_order(t.schedule, stage, rep.pp, rep.micro_batches, nv)
 
     def add_stages(self) -> None:
         plan = self.plan
         for r, rep in enumerate(plan.replicas):
             m = rep.micro_batches
+            chunks = self.chunks[r]
+            nv = len(chunks[0])
             for i, st in enumerate(rep.stages):
                 ring = self._stage_ring(st)
-                fblk, bblk = self._blocks(st, i == 0, i == rep.pp - 1, ring)
                 ranks = np.asarray(plan.stage_ranks(st), dtype=np.int64)
                 label = {ring.label: ",".join(str(ranks[int(x)]) for x in ring.label.split(","))}
                 per_copy = {
@@ -150,36 +165,50 @@ class _Generator:
                     "replica": np.full(m, r),
                     "stage": np.full(m, i),
                 }
-                ops = []
-                for blk in (fblk, bblk):
-                    base = self.tb.add_tiled(blk.template, m, ranks, per_copy, label)
-                    ops.append(_StageOps(base, blk))
-                self.stage_ops[(r, i)] = (ops[0], ops[1])
-                self._chain(stage_order(plan.training.schedule, i, rep.pp, m), ops[0], ops[1])
+                for k, layers in enumerate(chunks[i]):
+                    first = i == 0 and k == 0
+                    last = i == rep.pp - 1 and k == nv - 1
+                    ops = []
+                    for blk in self._blocks(st, layers, first, last, ring):
+                        base = self.tb.add_tiled(blk.template, m, ranks, per_copy, label)
+                        ops.append(_StageOps(base, blk))
+                    self.stage_ops[(r, i, k)] = tuple(ops)
+                self._chain(r, i, self.order(r, i))
 
-    def _chain(self, order: np.ndarray, fwd: _StageOps, bwd: _StageOps) -> None:
+    def _chain(self, r: int, i: int, order: np.ndarray) -> None:
         """Edges from each block's ends to the next block's head, in schedule order."""
         x, y = order[:-1], order[1:]
-        for xb, xops in ((0, fwd), (1, bwd)):
-            for yb, yops in ((0, fwd), (1, bwd)):
-                sel = (x[:, 0] == xb) & (y[:, 0] == yb)
-                if sel.any():
-                    ends = xops.ends[x[sel, 1]]  # (s, n, k)
-                    heads = yops.head[y[sel, 1]]  # (s, n)
-                    self.tb.add_edges(ends, heads[:, :, None])
+        nv = int(order[:, 1].max()) + 1
+        xkey = x[:, 0] * nv + x[:, 1]
+        ykey = y[:, 0] * nv + y[:, 1]
+        pair = xkey * (3 * nv) + ykey
+        for p in np.unique(pair):
+            sel = pair == p
+            xk, yk = int(xkey[sel][0]), int(ykey[sel][0])
+            xops = self.stage_ops[(r, i, xk % nv)][xk // nv]
+            yops = self.stage_ops[(r, i, yk % nv)][yk // nv]
+            ends = xops.ends[x[sel, 2]]  # (s, n, k)
+            heads = yops.head[y[sel, 2]]  # (s, n)
+            self.tb.add_edges(ends, heads[:, :, None])
 
     # ---- pipeline transfers --------------------------------------------------------------
     def add_transfers(self) -> None:
+        """Pipeline sends between consecutive virtual stages j -> j + 1 (j = chunk * pp + stage):
+        the forward activation after the block of j, the activation gradient back after the
+        backward (B) block of j + 1. With interleaving the last stage sends chunk k's output
+        to the first stage's chunk k + 1."""
         plan = self.plan
         method = plan.collectives.resharding
         for r, rep in enumerate(plan.replicas):
-            for i in range(rep.pp - 1):
-                s0, s1 = rep.stages[i], rep.stages[i + 1]
-                f0, b0 = self.stage_ops[(r, i)]
-                f1, b1 = self.stage_ops[(r, i + 1)]
-                boundary = s0.layers[1]
-                self._transfer(r, (i, i + 1), (s0, s1), f0.ends, f1.head, method, boundary)
-                self._transfer(r, (i + 1, i), (s1, s0), b1.ends, b0.head, method, boundary)
+            chunks = self.chunks[r]
+            for j in range(rep.pp * len(chunks[0]) - 1):
+                (i0, k0), (i1, k1) = divmod(j, rep.pp)[::-1], divmod(j + 1, rep.pp)[::-1]
+                s0, s1 = rep.stages[i0], rep.stages[i1]
+                f0, b0 = self.stage_ops[(r, i0, k0)][:2]
+                f1, b1 = self.stage_ops[(r, i1, k1)][:2]
+                boundary = chunks[i0][k0][1]
+                self._transfer(r, (i0, i1), (s0, s1), f0.ends, f1.head, method, boundary)
+                self._transfer(r, (i1, i0), (s1, s0), b1.ends, b0.head, method, boundary)
 
     def _transfer(
         self,
@@ -246,7 +275,9 @@ class _Generator:
 
         ZeRO (``training.zero_stage`` >= 1, dp > 1): the DP sync is a reduce-scatter, the
         optimizer steps over 1/dp of the stage's parameters, and an all-gather of the updated
-        parameters on the same rings follows it; otherwise an all-reduce before a full step.
+        parameters on the same rings follows: with ``overlap.param_gather`` at the start of the
+        iteration ahead of the forward that needs it (see :meth:`_param_gather`), otherwise after
+        the optimizer step. Without ZeRO an all-reduce precedes a full step.
         """
         plan = self.plan
         tb = self.tb
@@ -256,9 +287,8 @@ class _Generator:
         last_ends: list[tuple[np.ndarray, np.ndarray, Stage, int, int]] = []
         for r, rep in enumerate(plan.replicas):
             for i, st in enumerate(rep.stages):
-                order = stage_order(plan.training.schedule, i, rep.pp, rep.micro_batches)
-                blk = self.stage_ops[(r, i)][int(order[-1, 0])]
-                mb = int(order[-1, 1])
+                kind, k, mb = (int(x) for x in self.order(r, i)[-1])
+                blk = self.stage_ops[(r, i, k)][kind]
                 ranks = np.asarray(plan.stage_ranks(st), dtype=np.int64)
                 last_ends.append((blk.ends[mb], blk.last[mb], st, r, i))
                 if plan.dp > 1:
@@ -274,7 +304,8 @@ class _Generator:
                     tb.add_edges(blk.ends[mb], ids[:, None])
         dp = self._dp_setup() if plan.dp > 1 else None
         if dp is not None:
-            tails = self._dp_rings(dp, "reduce_scatter" if zero else "all_reduce", dp["ready"])
+            sync = "reduce_scatter" if zero else "all_reduce"
+            tails, _ = self._dp_rings(dp, sync, dp["ready"])
             tb.add_edges(tails, barrier_of[dp["members"]][:, None, :, None])
         for ends, last, st, r, i in last_ends:
             ranks = np.asarray(plan.stage_ranks(st), dtype=np.int64)
@@ -298,10 +329,43 @@ class _Generator:
             else:
                 tb.add_edges(ends, ids[:, None])
         if dp is not None and zero:
-            self._dp_rings(dp, "all_gather", optim_of[dp["members"]])
+            if plan.training.overlap.param_gather:
+                self._param_gather(dp)
+            else:
+                self._dp_rings(dp, "all_gather", optim_of[dp["members"]])
+
+    def _param_gather(self, dp: dict[str, Any]) -> None:
+        """ZeRO all-gather overlapped with the forward (Megatron-Core ``overlap_param_gather``).
+
+        One simulated iteration stands for the steady state: it begins with the all-gather of
+        the parameters the previous iteration's optimizer updated (one all-gather per iteration,
+        as without overlap). Each rank issues its buckets' all-gathers in forward (layer) order,
+        the next when the previous has arrived (Megatron dispatches bucket k + 1 when bucket k's
+        forward pre-hook waits on k); the first forward of a bucket's first layer (or of the
+        embedding) waits for that bucket's all-gather on its rank.
+        """
+        tails, starts = self._dp_rings(dp, "all_gather", None)
+        members = dp["members"]  # (I, n); member j belongs to replica j
+        prev = np.full(members.shape, -1, dtype=np.int64)
+        seen: dict[int, int] = {}
+        for i in range(members.shape[0]):  # rings are in bucket (layer) order
+            for j, rank in enumerate(members[i]):
+                prev[i, j] = seen.get(int(rank), -1)
+                seen[int(rank)] = i
+        ii, jj = np.nonzero(prev >= 0)
+        if len(ii):
+            pred = tails[prev[ii, jj], :, jj, :].reshape(len(ii), 1, -1)
+            self.tb.add_edges(pred, starts[ii, :, jj][:, :, None])
+        need = dp["first_fwd"]  # (I, n)
+        self.tb.add_edges(tails.transpose(0, 2, 1, 3).reshape(*need.shape, -1), need[:, :, None])
 
     def _dp_setup(self) -> dict[str, Any] | None:
-        """Rings of the DP sync (members, orders, bytes) and each member's readiness op."""
+        """Rings of the DP sync (members, orders, bytes) and each member's readiness op.
+
+        Readiness: with ``overlap.dp_grad_reduce``, the member's last weight-gradient pass of the
+        bucket's first layer (or the embedding); otherwise the stage's last compute op of the
+        iteration (every bucket after the whole backward, as Megatron without overlap).
+        """
         plan = self.plan
         segs = sweep_segments(plan)
         bks = buckets(plan, segs)
@@ -326,19 +390,32 @@ class _Generator:
                                       for kd in dp_kinds)
                 for kd, d in zip(dp_kinds, seen[key], strict=True):
                     delays[kd].append(d)
-        # Readiness: each member's backward of the bucket's layers on its last micro-batch.
-        ready = np.zeros(members.shape, dtype=np.int64)
-        last_bwd = {}  # (replica, stage) -> micro-batch of its last backward
+        grad_kind = WGRAD if plan.training.schedule == "zb_h1" else BWD
+        last_op: dict[tuple[int, int], np.ndarray] = {}  # (r, s) -> last compute ids (n,)
+        last_grad: dict[tuple[int, int, int], int] = {}  # (r, s, chunk) -> last grad micro-batch
         for r, rep in enumerate(plan.replicas):
             for s in range(rep.pp):
-                order = stage_order(plan.training.schedule, s, rep.pp, rep.micro_batches)
-                last_bwd[(r, s)] = int(order[order[:, 0] == 1][-1, 1])
+                order = self.order(r, s)
+                kind, c, mb = (int(x) for x in order[-1])
+                last_op[(r, s)] = self.stage_ops[(r, s, c)][kind].last[mb]
+                for row in order[order[:, 0] == grad_kind]:  # in run order: the last one wins
+                    last_grad[(r, s, int(row[1]))] = int(row[2])
+        overlap_grads = plan.training.overlap.dp_grad_reduce
+        ready = np.zeros(members.shape, dtype=np.int64)
+        first_fwd = np.zeros(members.shape, dtype=np.int64)
         for k, cr in enumerate(rings):
             bk = bks[cr.bucket]
             mark = "embedding" if bk.has_embedding else bk.start
+            fmark = ("fwd", mark)
             for j, (r, s) in enumerate(segs[bk.segment].owners):
-                bwd = self.stage_ops[(r, s)][1]
-                ready[k, j] = bwd.marks[mark][last_bwd[(r, s)], cr.member_local[j]]
+                local = cr.member_local[j]
+                c = self._chunk_of(r, s, bk.start)
+                ops = self.stage_ops[(r, s, c)]
+                if overlap_grads:
+                    ready[k, j] = ops[grad_kind].marks[mark][last_grad[(r, s, c)], local]
+                else:
+                    ready[k, j] = last_op[(r, s)][local]
+                first_fwd[k, j] = ops[0].marks[fmark][0, local]
         bk_of = np.array([cr.bucket for cr in rings], dtype=np.int64)
         return {
             "members": members,
@@ -352,11 +429,24 @@ class _Generator:
             "layer_start": np.array([bks[b].start for b in bk_of], dtype=np.int64),
             "layer_stop": np.array([bks[b].stop for b in bk_of], dtype=np.int64),
             "ready": ready,
+            "first_fwd": first_fwd,
         }
 
-    def _dp_rings(self, dp: dict[str, Any], kind: str, start_after: np.ndarray) -> np.ndarray:
+    def _chunk_of(self, replica: int, stage: int, layer: int) -> int:
+        chunks = self.chunks[replica][stage]
+        if len(chunks) == 1:
+            return 0
+        for c, (a, b) in enumerate(chunks):
+            if a <= layer < b:
+                return c
+        raise ValueError(f"replicas[{replica}].stages[{stage}] holds no layer {layer}")
+
+    def _dp_rings(
+        self, dp: dict[str, Any], kind: str, start_after: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Emit one ``kind`` collective per DP ring; member j of ring i starts after
-        ``start_after[i, j]``. Returns the global tails (I, C, n, 2)."""
+        ``start_after[i, j]`` (None: no predecessor). Returns the global tails (I, C, n, 2) and
+        first flows (I, C, n), or with an NCCL delay the delay barriers (I, 1, n)."""
         tb, c = self.tb, self.plan.collectives
         rf = ring_flows(dp["members"], dp["perm"], dp["sizes"], kind, c.granularity, c.chunks)
         coll = tb.add_collectives(
@@ -389,6 +479,7 @@ class _Generator:
         )
         base = int(ids[0]) if len(ids) else 0
         tb.add_edges(rf.pred + base, rf.succ + base)
+        starts = rf.start + base
         delay = dp.get("delays", {}).get(kind)
         if delay is not None and len(ids) and (delay > 0).any():
             # NCCL latency and protocol cost: a timed barrier per member before its first send
@@ -404,12 +495,12 @@ class _Generator:
                 layer_start=np.repeat(dp["layer_start"], n),
                 layer_stop=np.repeat(dp["layer_stop"], n),
                 collective=np.repeat(coll, n),
-            ).reshape(num_i, n)
-            tb.add_edges(start_after, dl)
-            tb.add_edges(dl[:, None, :], rf.start + base)
-        else:
-            tb.add_edges(start_after[:, None, :], rf.start + base)
-        return rf.tails + base
+            ).reshape(num_i, 1, n)
+            tb.add_edges(dl, starts)
+            starts = dl  # (I, 1, n): what waits before the ring waits before the delay
+        if start_after is not None:
+            tb.add_edges(start_after[:, None, :], starts)
+        return rf.tails + base, starts
 
     # ---- output -------------------------------------------------------------------------
     def manifest(
@@ -447,6 +538,8 @@ class _Generator:
                 "dp_bucket_layers": c.dp_bucket_layers,
                 "sequence_parallel": t.sequence_parallel,
                 "recompute": t.recompute,
+                "virtual_stages": t.virtual_stages,
+                "overlap": asdict(t.overlap),
                 "adam_bytes_per_param": ADAM_BYTES_PER_PARAM,
                 "zero_stage": t.zero_stage,
             },
@@ -482,6 +575,7 @@ class _Generator:
                         "tp": [st.tp for st in rep.stages],
                         "micro_batches": rep.micro_batches,
                         "layers": [list(st.layers) for st in rep.stages],
+                        "chunks": [[list(c) for c in sc] for sc in self.chunks[r]],
                     }
                     for r, rep in enumerate(plan.replicas)
                 ],

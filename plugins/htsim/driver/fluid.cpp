@@ -53,7 +53,10 @@ void FluidGroup::doNextEvent() {
 }
 
 // Progressive filling (max-min fairness) over the links this group's active flows use, then
-// one timer at the earliest last byte.
+// one timer at the earliest last byte. The same algorithm as the ns-3 engine's FluidResolve
+// (plugins/ns3/xsim_ns3/engine.cpp) and the flow backend's reference
+// (xsim_adapters/backends/flow/maxmin.py); the copies are cross-tested on the same traces in
+// tests/test_fluid_engines.py (within one clock tick per rate change).
 void FluidGroup::resolve() {
     _recomputes++;
     if (_armed) {

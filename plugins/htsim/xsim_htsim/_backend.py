@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from xsim_adapters._proc import owned_tempdir
 from xsim_adapters.backends.base import Backend
 from xsim_adapters.errors import BackendError, BackendUnavailable
 from xsim_adapters.options import PROGRESS, SEED, Option, check_options
@@ -83,7 +83,8 @@ class HtsimBackend(Backend):
 
         t0 = time.perf_counter()
         work = opts["work_dir"]
-        with tempfile.TemporaryDirectory(prefix="xsim-htsim-") as tmp:
+        # Named with this pid and stamped: one left by a SIGKILLed run is removed next time.
+        with owned_tempdir("xsim-htsim-") as tmp:
             d = Path(work) if work else Path(tmp)
             d.mkdir(parents=True, exist_ok=True)
             info = write_input(trace, topology, d / "input.txt")

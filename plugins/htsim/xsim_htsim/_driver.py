@@ -8,6 +8,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from xsim_adapters._proc import child_preexec
 from xsim_adapters.errors import BackendError
 
 ENV_VAR = "XSIM_HTSIM_DRIVER"
@@ -58,9 +59,11 @@ def find_driver(explicit: str | os.PathLike | None = None) -> tuple[Path | None,
 def run_driver(argv: list[str], wall_limit_s: float | None) -> None:
     """Run the driver; raise BackendError with its own stderr if it fails, crashes or overruns."""
     try:
+        # subprocess.run kills the driver on timeout, Ctrl-C and SIGTERM (Terminated);
+        # child_preexec makes the kernel kill it if this process is SIGKILLed.
         proc = subprocess.run(
             argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=wall_limit_s,
-            check=False,
+            check=False, preexec_fn=child_preexec(),
         )
     except subprocess.TimeoutExpired as e:
         err = (e.stderr or b"").decode(errors="replace").strip()

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from xsim_adapters._proc import child_preexec, owned_tempdir
 from xsim_adapters.backends.base import Backend
 from xsim_adapters.errors import BackendError, BackendUnavailable
 from xsim_adapters.topology.model import Topology
@@ -29,6 +29,7 @@ from ._prepare import prepare
 INSTALL_HINT = "install the official ns-3 wheel with `pip install ns3` (ns-3 3.44 or later)"
 # Lines cppyy prints on every import of the wheel; they are not errors.
 _NOISE = ("[runStaticInitializersOnce]",)
+TMP_PREFIX = "xsim-ns3-"  # temporary directories: <tmp>/xsim-ns3-<pid>-XXXXXXXX
 _STDERR_TAIL = 2000  # characters of the worker's stderr carried into an error message
 
 
@@ -83,6 +84,15 @@ def describe_ops(trace: Trace, op_ids: np.ndarray, limit: int = 5) -> str:
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the worker's process group and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
 class Ns3Backend(Backend):
     """Packet-level replay on the official ns-3 wheel (options: ``_options.OPTIONS``, listed by
     ``xsim backends``; see docs/ns3.md)."""
@@ -108,8 +118,8 @@ class Ns3Backend(Backend):
         t0 = time.perf_counter()
         rin = prepare(trace, topology, opts)
         prepare_s = time.perf_counter() - t0
-        with tempfile.TemporaryDirectory(prefix="xsim-ns3-") as tmp:
-            work = Path(tmp)
+        # Named with this pid and stamped: one left by a SIGKILLed run is removed next time.
+        with owned_tempdir(TMP_PREFIX) as work:
             (work / "in").mkdir()
             (work / "out").mkdir()
             (work / "cwd").mkdir()  # clean directory for the wheel's *.so glob
@@ -160,19 +170,23 @@ class Ns3Backend(Backend):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
         cmd = [sys.executable, "-m", "xsim_ns3.worker", str(work / "in"), str(work / "out")]
         with open(err_path, "wb") as err, open(work / "stdout.txt", "wb") as out:
+            # Own process group (killed whole on timeout) and SIGKILL when this process dies.
             proc = subprocess.Popen(
-                cmd, cwd=work / "cwd", stdout=out, stderr=err, env=env, start_new_session=True
+                cmd, cwd=work / "cwd", stdout=out, stderr=err, env=env, start_new_session=True,
+                preexec_fn=child_preexec(),
             )
             try:
                 rc = proc.wait(timeout=wall_limit_s)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                _kill_group(proc)
                 raise BackendError(
                     f"ns3: replay exceeded wall_limit_s={wall_limit_s:g} s and was stopped; no"
                     " partial timeline is returned (raise wall_limit_s, use transport=udp or"
                     " scale_up=fluid to make it cheaper)"
                 ) from None
+            except BaseException:  # Ctrl-C, SIGTERM: the worker must not run on
+                _kill_group(proc)
+                raise
         if rc != 0:
             how = f"exited with status {rc}"
             if rc < 0:

@@ -298,7 +298,12 @@ class Engine {
         ++fluidRecomputes;
         if (fluidEv.IsPending()) fluidEv.Cancel();
         if (active.empty()) return;
-        // Progressive filling over the links the active flows use.
+        // Progressive filling over the links the active flows use. The same algorithm as the
+        // htsim driver's FluidGroup::resolve (plugins/htsim/driver/fluid.cpp) and the flow
+        // backend's reference (xsim_adapters/backends/flow/maxmin.py); not one shared header,
+        // since cppyy compiles this file from the installed package at run time. Both C++ copies
+        // are cross-tested against the reference on the same traces in
+        // tests/test_fluid_engines.py (within one clock tick per rate change).
         std::vector<int64_t> used;
         std::vector<double> resid(fcap.size(), -1.0);
         std::vector<int64_t> cnt(fcap.size(), 0);

@@ -5,10 +5,13 @@ same rate until some link is full; the flows on the full links freeze at that ra
 The result is the unique max-min fair allocation: no flow can get more without taking from a
 flow that has no more.
 
-Two implementations with the same result: a plain-Python one for the small systems that make up
-almost every recomputation (a ring step on NVSwitch links touches a handful of links), and a
-numpy one for big systems (thousands of flows on a shared fabric), where per-entry Python
-costs more than the fixed cost of numpy calls.
+One algorithm, in two forms chosen by size (and tested to agree to 1e-12 on random systems in
+tests/test_flow_backend.py): plain Python for the small systems that make up almost every
+recomputation (a ring step on NVSwitch links touches a handful of links: 8 flows on 7 links
+take ~67 us in Python and ~820 us through numpy's fixed per-call costs, measured on the CI
+machine), and numpy for big systems (thousands of flows on a shared fabric), where per-entry
+Python costs more. This module is the reference the C++ fluid engines of the ns-3 and htsim
+backends are cross-tested against (tests/test_fluid_engines.py).
 """
 
 from __future__ import annotations
