@@ -102,8 +102,11 @@ def estimate_ops(plan: Plan) -> int:
             n_layers = st.layers[1] - st.layers[0]
             units = 4 * n_layers * (1.5 if t.recompute == "full" else 1.0) + 4 * v
             # TP ring flows of one unit: steps x ranks x channels, per collective kind
+            # (+ st.tp NCCL-delay barriers per collective with collectives.nccl_cost)
             flows = sum(
-                num_steps(k, st.tp, c.granularity, c.chunks) * st.tp * c.channels for k in kinds
+                num_steps(k, st.tp, c.granularity, c.chunks) * st.tp * c.channels
+                + (st.tp if c.nccl_cost and st.tp > 1 else 0)
+                for k in kinds
             )
             per_mb = units * (per_unit * st.tp + flows)
             per_mb += (per_layer * n_layers + (2 * v if zb else 0)) * st.tp
@@ -115,7 +118,8 @@ def estimate_ops(plan: Plan) -> int:
     big_l = math.lcm(*(st.tp for rep in plan.replicas for st in rep.stages))
     buckets = math.ceil(plan.model.layers / max(1, c.dp_bucket_layers)) + len(boundaries)
     steps = num_steps("all_reduce", dp, c.granularity, c.chunks)
-    total += buckets * big_l * steps * dp * c.channels
+    # (+ dp NCCL-delay barriers per ring, and ZeRO's all-gather rings as many again)
+    total += 2 * buckets * big_l * (steps * c.channels + int(c.nccl_cost)) * dp
     return total + 4 * plan.num_ranks
 
 

@@ -137,6 +137,7 @@ class DeviceGroup:
     type: str  # key into Plan.device_types
     nodes: int
     gpus_per_node: int
+    nic_gbps: float | None = None  # this group's NIC Gb/s per GPU (None: the device type's)
 
     @property
     def num_devices(self) -> int:
@@ -229,6 +230,7 @@ class CollectivesSpec:
     chunks: int = 4  # pipelined chunks per ring step when granularity == "chunked"
     ring_order: RingOrder = "hetero_aware"
     dp_bucket_layers: int = 1  # DP sync granularity along a segment (layers per bucket)
+    nccl_cost: bool = True  # NCCL latency + protocol efficiency as a delay before each ring
 
 
 @dataclass(frozen=True)

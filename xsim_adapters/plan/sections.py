@@ -482,4 +482,5 @@ def parse_collectives(value: Any, path: str) -> CollectivesSpec:
         ring_order=f.get_enum(m, "ring_order", path, get_args(RingOrder), d.ring_order),  # type: ignore[arg-type]
         dp_bucket_layers=f.get_int(m, "dp_bucket_layers", path, d.dp_bucket_layers,
                                    maximum=lim.MAX_LAYERS, limit="the model's layers at most"),
+        nccl_cost=f.get_bool(m, "nccl_cost", path, d.nccl_cost),
     )

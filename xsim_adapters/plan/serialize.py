@@ -54,7 +54,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "training": _plain(plan.training),
         "device_types": types,
         "device_groups": {
-            g.name: {"type": g.type, "nodes": g.nodes, "gpus_per_node": g.gpus_per_node}
+            g.name: {"type": g.type, "nodes": g.nodes, "gpus_per_node": g.gpus_per_node,
+                     **({} if g.nic_gbps is None else {"nic_gbps": g.nic_gbps})}
             for g in plan.device_groups
         },
         "network": network,
