@@ -100,6 +100,10 @@ class TrainingSpec:
         return self.global_batch // self.micro_batch
 
 
+ProfileRow = tuple[int, int, int, float, float]
+"""One measured row of a profile CSV: tp, micro_batch, seq_len, fwd_layer_us, bwd_layer_us."""
+
+
 @dataclass(frozen=True)
 class DeviceType:
     """A GPU model: peaks per precision, memory, links and the compute-model constants.
@@ -126,6 +130,9 @@ class DeviceType:
     # Optional measured per-layer times: absolute path of a CSV with columns
     # tp, micro_batch, seq_len, fwd_layer_us, bwd_layer_us (see docs/plan.md).
     profile: str | None = None
+    # The profile's rows, parsed and checked once by the plan loader (the generator does no
+    # file I/O): (tp, micro_batch, seq_len, fwd_layer_us, bwd_layer_us), in file order.
+    profile_rows: tuple[ProfileRow, ...] = ()
     source: str = ""  # where the numbers come from
 
 

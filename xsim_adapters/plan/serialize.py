@@ -34,6 +34,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     for name, dt in plan.device_types.items():
         entry = _plain(dt)
         del entry["name"]
+        del entry["profile_rows"]  # read again from ``profile`` when the plan is loaded
         for key in ("profile", "source"):  # unset: leave out rather than write null / ""
             if not entry[key]:
                 del entry[key]
