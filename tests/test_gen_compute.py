@@ -10,6 +10,7 @@ from test_gen_helpers import H100, TINY, make_plan
 
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan.model import ModelSpec, TrainingSpec
+from xsim_adapters.plan.sections import read_profile
 from xsim_adapters.trace.schema import KIND_COMPUTE, PHASE_INDEX
 from xsim_adapters.workload import generate
 from xsim_adapters.workload.compute import (
@@ -65,7 +66,9 @@ def test_memory_bound_ops_use_hbm_bandwidth() -> None:
 def test_profile_row_wins_and_is_split_by_flops(tmp_path) -> None:
     csv = tmp_path / "h100.csv"
     csv.write_text("tp,micro_batch,seq_len,fwd_layer_us,bwd_layer_us\n1,1,4096,1000,2500\n")
-    dev = replace(H100, profile=str(csv))
+    path, rows = read_profile(str(csv), "device_types.H100.profile", None)
+    assert rows == ((1, 1, 4096, 1000.0, 2500.0),)
+    dev = replace(H100, profile=path, profile_rows=rows)
     tr = TrainingSpec(global_batch=8, micro_batch=1)
     c = layer_costs(LLAMA7B, tr, dev, tp=1)
     share = 824_633_720_832 / (824_633_720_832 + 1_108_101_562_368)
@@ -75,10 +78,13 @@ def test_profile_row_wins_and_is_split_by_flops(tmp_path) -> None:
     assert c.attn_bwd_ns + c.mlp_bwd_ns == 2_500_000
     # no matching row (tp 2): the analytic model
     assert not layer_costs(LLAMA7B, tr, dev, tp=2).profiled
+    # the generator reads no file: the parsed rows are used even once the file is gone
+    csv.unlink()
+    assert layer_costs(LLAMA7B, tr, dev, tp=1).profiled
     bad = tmp_path / "bad.csv"
     bad.write_text("tp,fwd_layer_us\n1,3\n")
     with pytest.raises(PlanError, match=r"device_types.H100.profile: .*missing micro_batch"):
-        layer_costs(LLAMA7B, tr, replace(H100, profile=str(bad)), tp=1)
+        read_profile(str(bad), "device_types.H100.profile", None)
 
 
 def test_1f1b_and_gpipe_orders() -> None:

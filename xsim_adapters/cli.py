@@ -420,6 +420,13 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--field", default="efficiency", choices=("efficiency", "hbm_efficiency"),
                      help="The constant to fit (default: efficiency).")
 
+    from .bench_collective import add_arguments, cmd_bench_collective
+
+    add_arguments(add("bench-collective", "Sweep one collective over a device group from 1 KiB "
+                                          "to 8 GiB as nccl-tests does (algbw and busbw "
+                                          "columns, optional CSV and plot).",
+                      cmd_bench_collective))
+
     b = add("backends", "List every installed backend with its availability and, if it "
                         "cannot run here, the reason.", cmd_backends)
     b.add_argument("--options", action="store_true",

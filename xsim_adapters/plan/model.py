@@ -100,6 +100,10 @@ class TrainingSpec:
         return self.global_batch // self.micro_batch
 
 
+ProfileRow = tuple[int, int, int, float, float]
+"""One measured row of a profile CSV: tp, micro_batch, seq_len, fwd_layer_us, bwd_layer_us."""
+
+
 @dataclass(frozen=True)
 class DeviceType:
     """A GPU model: peaks per precision, memory, links and the compute-model constants.
@@ -126,6 +130,9 @@ class DeviceType:
     # Optional measured per-layer times: absolute path of a CSV with columns
     # tp, micro_batch, seq_len, fwd_layer_us, bwd_layer_us (see docs/plan.md).
     profile: str | None = None
+    # The profile's rows, parsed and checked once by the plan loader (the generator does no
+    # file I/O): (tp, micro_batch, seq_len, fwd_layer_us, bwd_layer_us), in file order.
+    profile_rows: tuple[ProfileRow, ...] = ()
     source: str = ""  # where the numbers come from
 
 
@@ -137,6 +144,7 @@ class DeviceGroup:
     type: str  # key into Plan.device_types
     nodes: int
     gpus_per_node: int
+    nic_gbps: float | None = None  # this group's NIC Gb/s per GPU (None: the device type's)
 
     @property
     def num_devices(self) -> int:
@@ -229,6 +237,7 @@ class CollectivesSpec:
     chunks: int = 4  # pipelined chunks per ring step when granularity == "chunked"
     ring_order: RingOrder = "hetero_aware"
     dp_bucket_layers: int = 1  # DP sync granularity along a segment (layers per bucket)
+    nccl_cost: bool = True  # NCCL latency + protocol efficiency as a delay before each ring
 
 
 @dataclass(frozen=True)

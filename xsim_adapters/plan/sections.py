@@ -29,6 +29,7 @@ from .model import (
     NetworkSpec,
     OverlapSpec,
     Precision,
+    ProfileRow,
     Recompute,
     Resharding,
     RingOrder,
@@ -234,7 +235,7 @@ def parse_device_type(
     if "source" in m:
         values["source"] = f.get_str(m, "source", path)
     if "profile" in m:
-        values["profile"] = check_profile(
+        values["profile"], values["profile_rows"] = read_profile(
             f.get_str(m, "profile", path), f.join(path, "profile"), base_dir
         )
     return DeviceType(**values)
@@ -273,8 +274,12 @@ _PROFILE_MAXIMA = {
 }
 
 
-def check_profile(given: str, path: str, base_dir: str | None) -> str:
-    """Resolve a profile CSV against ``base_dir``, check its columns and values; absolute path.
+def read_profile(
+    given: str, path: str, base_dir: str | None
+) -> tuple[str, tuple[ProfileRow, ...]]:
+    """Resolve a profile CSV against ``base_dir``, check and parse it: (absolute path, rows).
+
+    This is the one place a profile file is read; the generator uses the parsed rows.
 
     Errors name the file, the line and the column, never the file's content (a profile path
     may point at any readable file).
@@ -294,16 +299,18 @@ def check_profile(given: str, path: str, base_dir: str | None) -> str:
                 f"expected CSV columns {', '.join(PROFILE_COLUMNS)} in the header line of "
                 f"{resolved}; missing {', '.join(missing)}",
             )
-        rows = 0
+        rows: list[ProfileRow] = []
         for row in reader:
-            rows += 1
-            for col in PROFILE_COLUMNS:
+            tp, mb, seq, fwd, bwd = (
                 _check_profile_cell(row, col, reader.line_num, path, resolved)
+                for col in PROFILE_COLUMNS
+            )
+            rows.append((int(tp), int(mb), int(seq), float(fwd), float(bwd)))
     except csv.Error as e:
         raise PlanError(path, f"{resolved}: not a readable CSV file ({e})") from None
-    if rows == 0:
+    if not rows:
         raise PlanError(path, f"expected at least one row of measurements in {resolved} (got none)")
-    return resolved
+    return resolved, tuple(rows)
 
 
 def read_text_file(file: str, path: str, what: str, max_bytes: int) -> str:
@@ -340,7 +347,8 @@ def decode_utf8(data: bytes, file: str, path: str, what: str) -> str:
 
 def _check_profile_cell(
     row: Mapping[str, str | None], col: str, line: int, path: str, file: str
-) -> None:
+) -> float:
+    """The cell's value (int for tp, micro_batch, seq_len), checked against its range."""
     raw = row.get(col)
     raw = raw.strip() if isinstance(raw, str) else ""
     integer = col in ("tp", "micro_batch", "seq_len")
@@ -355,6 +363,7 @@ def _check_profile_cell(
             path,
             f"{file}, line {line}, column {col}: expected {what} <= {_PROFILE_MAXIMA[col]:g}",
         )
+    return v
 
 
 # ---------------------------------------------------------------- network
@@ -482,4 +491,5 @@ def parse_collectives(value: Any, path: str) -> CollectivesSpec:
         ring_order=f.get_enum(m, "ring_order", path, get_args(RingOrder), d.ring_order),  # type: ignore[arg-type]
         dp_bucket_layers=f.get_int(m, "dp_bucket_layers", path, d.dp_bucket_layers,
                                    maximum=lim.MAX_LAYERS, limit="the model's layers at most"),
+        nccl_cost=f.get_bool(m, "nccl_cost", path, d.nccl_cost),
     )

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..plan.model import DeviceType, Plan, Stage
-from ..trace.schema import KIND_COMPUTE, KIND_FLOW, LAYER_EMBEDDING, PHASE_INDEX
+from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, LAYER_EMBEDDING, PHASE_INDEX
 from .builder import BulkBuilder, Template
 from .collectives import RingFlows, ring_flows
 from .compute import embedding_cost, head_cost, layer_costs
@@ -68,9 +68,11 @@ class RingSpec:
     sizes: tuple[int, ...]  # (C,)
     label: str  # channel-0 order, local indices, comma-joined
     algorithm: str
+    delays: tuple[tuple[str, int], ...] = ()  # (collective kind, NCCL delay ns before a ring)
 
 
-def _tp_kinds(plan: Plan) -> tuple[str, ...]:
+def tp_kinds(plan: Plan) -> tuple[str, ...]:
+    """The collective kinds of a stage's TP ring."""
     return ("reduce_scatter", "all_gather") if plan.training.sequence_parallel else ("all_reduce",)
 
 
@@ -95,7 +97,7 @@ def stage_units(
     n = stage.tp
     costs = layer_costs(model, training, device, n)
     core = attention_core_flops(model, training, n)
-    tpk = _tp_kinds(plan)
+    tpk = tp_kinds(plan)
     a, b = stage.layers if layers is None else layers
     fwd: list[Unit] = []
     bwd: list[Unit] = []
@@ -282,7 +284,15 @@ def build_block(
             base = fl[0]
             tb.add_edges(rf.pred + base, rf.succ + base)
             start = rf.start[0] + base  # (C, n): first send of member m on channel c
-            tb.add_edges(tails[:, :, None], start.T[:, None, :])
+            delay = dict(ring.delays).get(kind, 0)
+            if delay > 0:  # NCCL latency and protocol cost: a timed barrier per member
+                dl = tb.add_ops(n, kind=KIND_BARRIER, rank=local, duration_ns=delay,
+                                phase=tp_phase, layer_start=u.layer_start,
+                                layer_stop=u.layer_stop, collective=coll[0])
+                tb.add_edges(tails, dl[:, None])
+                tb.add_edges(dl[:, None], start.T)
+            else:
+                tb.add_edges(tails[:, :, None], start.T[:, None, :])
             prev_early = prev_tails
             tails = (rf.tails[0] + base).transpose(1, 0, 2).reshape(n, -1)  # (n, 2C)
             prev_tails = tails

@@ -22,11 +22,7 @@ memory model, the optimizer step and the DP gradient bytes agree.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
-import pandas as pd
-
-from ..errors import PlanError
 from ..plan.memory import embedding_params, head_params, layer_params
 from ..plan.model import DeviceType, ModelSpec, TrainingSpec
 from .kernels import (
@@ -46,7 +42,6 @@ ADAM_BYTES_PER_PARAM = 32
 # fp16 loss scaling adds one more read for the inf/nan check before the step.
 GRAD_NORM_BYTES_PER_PARAM = 4
 FP16_INF_CHECK_BYTES_PER_PARAM = 4
-PROFILE_COLUMNS = ("tp", "micro_batch", "seq_len", "fwd_layer_us", "bwd_layer_us")
 
 
 def attention_params(model: ModelSpec) -> int:
@@ -95,34 +90,18 @@ def _ns(seconds: float) -> int:
     return int(round(seconds * 1e9))
 
 
-@lru_cache(maxsize=32)
-def _read_profile(path: str) -> pd.DataFrame:
-    return pd.read_csv(path)
-
-
 def profile_layer_us(
     device: DeviceType, tp: int, micro_batch: int, seq_len: int
 ) -> tuple[float, float] | None:
-    """(fwd_layer_us, bwd_layer_us) from the device type's profile CSV, or None if no row."""
-    if not device.profile:
-        return None
-    where = f"device_types.{device.name}.profile"
-    try:
-        df = _read_profile(device.profile)
-    except (OSError, ValueError) as e:
-        raise PlanError(where, f"cannot read profile CSV {device.profile!r} ({e})") from e
-    missing = [c for c in PROFILE_COLUMNS if c not in df.columns]
-    if missing:
-        raise PlanError(
-            where,
-            f"profile CSV {device.profile!r} must have columns {', '.join(PROFILE_COLUMNS)}"
-            f" (missing {', '.join(missing)})",
-        )
-    hit = df[(df.tp == tp) & (df.micro_batch == micro_batch) & (df.seq_len == seq_len)]
-    if hit.empty:
-        return None
-    row = hit.iloc[0]
-    return float(row.fwd_layer_us), float(row.bwd_layer_us)
+    """(fwd_layer_us, bwd_layer_us) from the device type's profile rows, or None if no row.
+
+    The rows were read and checked by the plan loader (``DeviceType.profile_rows``); the first
+    row matching (tp, micro_batch, seq_len) wins.
+    """
+    for row_tp, row_mb, row_seq, fwd_us, bwd_us in device.profile_rows:
+        if (row_tp, row_mb, row_seq) == (tp, micro_batch, seq_len):
+            return fwd_us, bwd_us
+    return None
 
 
 @dataclass(frozen=True)
