@@ -16,6 +16,7 @@ from .model import DeviceType, Plan
 from .presets import _device_presets, _model_presets
 from .replicas import parse_groups, parse_replicas
 from .sections import (
+    check_precision,
     decode_utf8,
     parse_collectives,
     parse_device_type,
@@ -124,6 +125,7 @@ def plan_from_dict(d: Any, base_dir: str | None = None, *, feasibility: bool = T
     network = parse_network(d.get("network", {}), "network")
     collectives = parse_collectives(d.get("collectives", {}), "collectives")
     used = {g.type: known[g.type] for g in groups}
+    check_precision(training, used)
     device_types = {**used, **{k: v for k, v in defined.items() if k not in used}}
     replicas = parse_replicas(
         d["replicas"], "replicas", model, training, groups, known, network.scale_up

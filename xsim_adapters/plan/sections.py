@@ -28,6 +28,7 @@ from .model import (
     ModelSpec,
     NetworkSpec,
     OverlapSpec,
+    Precision,
     Recompute,
     Resharding,
     RingOrder,
@@ -41,7 +42,18 @@ from .model import (
 MODEL_SHAPE_KEYS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "seq_len", "vocab")
 MODEL_KEYS = ("preset", "name", *MODEL_SHAPE_KEYS, "dtype", "gated_mlp")
 DEVICE_NUMBER_KEYS = ("peak_tflops", "hbm_GB", "hbm_GBps", "scaleup_GBps", "nic_gbps")
-DEVICE_KEYS = (*DEVICE_NUMBER_KEYS, "efficiency", "profile", "source")
+# Optional per-precision peaks (TFLOP/s, 0 = the part has no such unit) and model constants.
+DEVICE_PEAK_KEYS = ("fp32_tflops", "tf32_tflops", "fp8_tflops")
+DEVICE_KEYS = (
+    *DEVICE_NUMBER_KEYS,
+    *DEVICE_PEAK_KEYS,
+    "efficiency",
+    "hbm_efficiency",
+    "bf16",
+    "sm_count",
+    "profile",
+    "source",
+)
 PROFILE_COLUMNS = ("tp", "micro_batch", "seq_len", "fwd_layer_us", "bwd_layer_us")
 TRAINING_KEYS = tuple(x.name for x in dataclasses.fields(TrainingSpec))
 OPTIMIZERS = ("adam",)
@@ -134,6 +146,8 @@ def parse_training(value: Any, path: str) -> TrainingSpec:
         flash_attention=f.get_bool(m, "flash_attention", path, d.flash_attention),
         virtual_stages=_virtual_stages(m, path, schedule),
         overlap=_parse_overlap(m.get("overlap", {}), f.join(path, "overlap")),
+        precision=f.get_enum(m, "precision", path, get_args(Precision), d.precision),  # type: ignore[arg-type]
+        dropout=f.get_bool(m, "dropout", path, d.dropout),
     )
     if spec.global_batch % spec.micro_batch:
         raise PlanError(
@@ -207,8 +221,16 @@ def parse_device_type(
             values[key] = f.get_number(
                 m, key, path, at_least=lim.MIN_RATE, at_most=lim.MAX_RATE
             )
-    if "efficiency" in m:
-        values["efficiency"] = f.get_number(m, "efficiency", path, at_most=1.0)
+    for key in DEVICE_PEAK_KEYS:  # 0: the part has no such unit
+        if key in m:
+            values[key] = f.get_number(m, key, path, positive=False, at_most=lim.MAX_RATE)
+    for key in ("efficiency", "hbm_efficiency"):
+        if key in m:
+            values[key] = f.get_number(m, key, path, at_most=1.0)
+    if "bf16" in m:
+        values["bf16"] = f.get_bool(m, "bf16", path)
+    if "sm_count" in m:
+        values["sm_count"] = f.get_int(m, "sm_count", path, minimum=0)
     if "source" in m:
         values["source"] = f.get_str(m, "source", path)
     if "profile" in m:
@@ -216,6 +238,28 @@ def parse_device_type(
             f.get_str(m, "profile", path), f.join(path, "profile"), base_dir
         )
     return DeviceType(**values)
+
+
+def check_precision(training: TrainingSpec, used: Mapping[str, DeviceType]) -> None:
+    """Every device type the groups use must have a unit for ``training.precision``.
+
+    fp8 needs ``fp8_tflops``; fp32 needs ``fp32_tflops``; tf32 needs ``tf32_tflops`` or
+    ``fp32_tflops`` (parts without tf32 run it at the fp32 rate). bf16 on a part without bf16
+    tensor cores runs as fp16 mixed precision (what frameworks do on V100/T4), so it is accepted.
+    """
+    need = {
+        "fp8": ("fp8_tflops",),
+        "fp32": ("fp32_tflops",),
+        "tf32": ("tf32_tflops", "fp32_tflops"),
+    }
+    keys = need.get(training.precision, ())
+    for name, dt in sorted(used.items()):
+        if keys and not any(getattr(dt, k) > 0 for k in keys):
+            raise PlanError(
+                "training.precision",
+                f"{training.precision} needs device_types.{name}.{keys[0]} > 0 "
+                f"(device type {name} has none; got {training.precision!r})",
+            )
 
 
 MAX_PROFILE_BYTES = 1 << 20  # a profile CSV is a few hundred rows at most

@@ -14,7 +14,7 @@ the last flows of the previous unit's collective that touch its rank.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, LAYER_EMBEDDIN
 from .builder import BulkBuilder, Template
 from .collectives import RingFlows, ring_flows
 from .compute import embedding_cost, head_cost, layer_costs
+from .kernels import microbatch_overhead_seconds
 from .passes import (
     GEMM_WGRAD_SHARE,
     attention_core_flops,
@@ -132,13 +133,13 @@ def stage_units(
                      None, gm)
             )
     if last:
-        ns, fl = head_cost(model, training, device, n)
+        ns, fl = head_cost(model, training, device, n, bwd=True)  # fl: backward (2x) FLOPs
         if split_w:
-            hb, hw = split_ns(2 * ns, GEMM_WGRAD_SHARE)
-            bwd.append(Unit("bwd", model.layers, model.layers + 1, hb, fl, tpk))
-            wgr.append(Unit("wgrad", model.layers, model.layers + 1, hw, fl, ()))
+            hb, hw = split_ns(ns, GEMM_WGRAD_SHARE)
+            bwd.append(Unit("bwd", model.layers, model.layers + 1, hb, fl / 2, tpk))
+            wgr.append(Unit("wgrad", model.layers, model.layers + 1, hw, fl / 2, ()))
         else:
-            bwd.append(Unit("bwd", model.layers, model.layers + 1, 2 * ns, 2 * fl, tpk))
+            bwd.append(Unit("bwd", model.layers, model.layers + 1, ns, fl, tpk))
     sel_ns = selective_recompute_ns(costs.attn_fwd_ns, costs.attn_flops, core)
     for layer in range(b - 1, a - 1, -1):
         if split_w:
@@ -162,11 +163,20 @@ def stage_units(
             Unit("bwd", layer, layer + 1, costs.attn_bwd_ns, 2 * costs.attn_flops, tpk, layer, ra)
         )
     if first:
-        ns, fl = embedding_cost(model, training, device)
+        ns, fl = embedding_cost(model, training, device, bwd=True)
         grads.append(
             Unit("wgrad" if split_w else "bwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, (),
                  mark="embedding")
         )
+    # Framework overhead per micro-batch pass, on the pass's first layer op. With interleaving
+    # every model chunk is its own forward/backward step call (Megatron's forward_step per chunk
+    # and micro-batch), so each chunk pays it.
+    # (On its first transformer-layer op, so a stage's embedding or head op stays its own.)
+    extra = int(round(microbatch_overhead_seconds() * 1e9))
+    for units in (fwd, bwd):
+        k = next((i for i, u in enumerate(units) if 0 <= u.layer_start < model.layers), None)
+        if k is not None:
+            units[k] = replace(units[k], duration_ns=units[k].duration_ns + extra)
     return [fwd, bwd, wgr] if split_w else [fwd, bwd]
 
 
