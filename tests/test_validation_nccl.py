@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "validation"))
-from nccl_allreduce import MEASURED, compare  # noqa: E402
-
+sys.path.insert(0, str(ROOT))
+from validation.nccl_allreduce import MEASURED, compare  # noqa: E402
 from xsim_adapters.bench_collective import bench, bench_plan  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not MEASURED.exists(), reason=f"{MEASURED} not present")

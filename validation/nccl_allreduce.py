@@ -7,6 +7,8 @@ one server of 8, the generator's ring lowering and NCCL cost model; nothing fitt
 
     python validation/nccl_allreduce.py [--measured CSV] [-o OUT]
 
+Also a source of the validation suite (``python -m validation``: SOURCE ``nccl-allreduce``,
+one case per device and size, the A100 bandwidth and latency points in the fast subset). It
 writes OUT/nccl_allreduce.csv (size, device, measured, simulated, error) and
 OUT/nccl_allreduce.png, and prints the median and worst error per device and size band.
 The simulator lowers rings only: H100/H200 were measured with NVLS (NVLink SHARP) available,
@@ -22,7 +24,13 @@ import pandas as pd
 
 from xsim_adapters.bench_collective import bench, bench_plan
 
-MEASURED = Path("/work/shared/validation/nccl_allreduce_busbw_8gpu_azure.csv")
+try:  # as part of the validation package (python -m validation) or as a script
+    from validation.framework import DATA, Case
+except ImportError:  # pragma: no cover - run as a plain script from validation/
+    from framework import DATA, Case  # type: ignore[no-redef]
+
+SOURCE = "nccl-allreduce"
+MEASURED = DATA / "nccl_allreduce_busbw_8gpu_azure.csv"  # copy of the shared validation CSV
 DEVICES = {  # measured column -> device preset
     "A100_SXM4_80GB_ND_A100_v4_GBps": "A100-80GB",
     "H100_80GB_ND_H100_v5_GBps": "H100-80GB",
@@ -44,6 +52,30 @@ def compare(measured_csv: Path = MEASURED, devices: dict[str, str] | None = None
             rows.append({"device": dev, "size": int(r["bytes"]), "measured": r[col],
                          "simulated": s, "error": s / r[col] - 1.0})
     return pd.DataFrame(rows)
+
+
+FAST_SIZES = {1 << 10, 16 << 20, 256 << 20, 8 << 30}
+
+
+def _predict(device: str, size: int) -> float:
+    return float(bench(bench_plan(device, 1, 8), "all_reduce", [size])["busbw"].iloc[0])
+
+
+def cases() -> list[Case]:
+    """One case per device and size of the measured curves (busbw, GB/s); a few are fast."""
+    m = pd.read_csv(MEASURED)
+    out = []
+    for col, dev in DEVICES.items():
+        for r in m.itertuples():
+            size = int(r.bytes)
+            out.append(Case(
+                source=SOURCE, label=f"{dev} {r.size_label}", metric="busbw_GBps",
+                measured=float(getattr(r, col)),
+                predict=lambda d=dev, s=size: _predict(d, s),
+                fast=dev == "A100-80GB" and size in FAST_SIZES,
+                notes="ring only; measured with NVLS available" if dev != "A100-80GB" else "",
+            ))
+    return out
 
 
 def summary(frame: pd.DataFrame) -> pd.DataFrame:
