@@ -44,6 +44,7 @@ from xsim_adapters.trace.schema import (
     PHASE_INDEX,
     Trace,
 )
+from xsim_adapters.workload.collectives import ring_flows
 
 H100 = DeviceType("H100", 989.0, 80.0, 3350.0, scaleup_GBps=450.0, nic_gbps=400.0)
 
@@ -85,23 +86,20 @@ class _Ops:
         self.succ.append(s.ravel().astype(np.int64))
 
     def ring(self, ranks: np.ndarray, nbytes: int, phase: str, after: np.ndarray) -> np.ndarray:
-        """Ring all-reduce over rows of ``ranks`` (shape rings x n); returns last-recv per slot.
+        """Ring all-reduce over rows of ``ranks`` (shape rings x n), lowered by the generator's
+        ``ring_flows``; returns the last flow into each slot (rings x n).
 
         ``after`` (rings x n): op each rank waits for before its first send.
         """
         rings, n = ranks.shape
-        steps = 2 * (n - 1)
-        chunk = nbytes // n
-        src = np.tile(ranks, (steps, 1, 1))  # steps x rings x n
-        dst = np.roll(src, -1, axis=2)
-        ids = self.add(src.size, kind=KIND_FLOW, rank=src.ravel(), dst=dst.ravel(),
-                       bytes=chunk, phase=PHASE_INDEX[phase],
-                       step=np.repeat(np.arange(steps), rings * n)).reshape(steps, rings, n)
-        self.dep(after, ids[0])
-        # step k from slot i waits for step k-1 into slot i (from i-1) and its own step k-1
-        self.dep(np.roll(ids[:-1], 1, axis=2), ids[1:])
-        self.dep(ids[:-1], ids[1:])
-        return np.roll(ids[-1], 1, axis=1)
+        perm = np.broadcast_to(np.arange(n), (rings, 1, n))
+        rf = ring_flows(ranks, perm, np.full((rings, 1), nbytes), "all_reduce")
+        ids = self.add(rf.size, kind=KIND_FLOW, rank=rf.src, dst=rf.dst, bytes=rf.nbytes,
+                       phase=PHASE_INDEX[phase], step=rf.step)
+        base = int(ids[0])
+        self.dep(rf.pred + base, rf.succ + base)
+        self.dep(after, rf.start[:, 0, :] + base)
+        return rf.tails[:, 0, :, 0] + base
 
     def trace(self, num_ranks: int) -> Trace:
         ops = pd.DataFrame({c: np.concatenate(v) for c, v in self.cols.items()})

@@ -27,15 +27,7 @@ import pandas as pd
 
 from xsim_adapters.errors import XsimError
 from xsim_adapters.topology import Router, Topology
-from xsim_adapters.trace.schema import (
-    COLLECTIVE_COLUMNS,
-    DEP_COLUMNS,
-    KIND_BARRIER,
-    KIND_FLOW,
-    OP_COLUMNS,
-    PHASE_INDEX,
-    Trace,
-)
+from xsim_adapters.trace import KIND_FLOW, Trace, TraceBuilder, ring_all_reduce
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -70,25 +62,10 @@ def timed(name: str, trace, topo, opts: dict) -> tuple[float, float, str]:
 
 def ring_case(n: int, size_bytes: int, gbps: float = 400.0) -> tuple[Trace, Topology]:
     """A synthetic ring all-reduce over n GPUs on one switch (for scaling without plans)."""
-    rows, edges = [], []
-
-    def op(kind: int, rank: int = -1, dst: int = -1, nbytes: int = 0) -> int:
-        r = {c: -1 for c in OP_COLUMNS}
-        r.update(op_id=len(rows), kind=kind, rank=rank, dst=dst, bytes=nbytes, duration_ns=0,
-                 flops=0.0, phase=PHASE_INDEX["dp"])
-        rows.append(r)
-        return len(rows) - 1
-
-    start = op(KIND_BARRIER)
-    prev = [start] * n
-    for _ in range(2 * (n - 1)):
-        cur = [op(KIND_FLOW, i, (i + 1) % n, size_bytes // n) for i in range(n)]
-        edges += [(prev[i], cur[i]) for i in range(n)]
-        prev = [cur[(i - 1) % n] for i in range(n)]
-    ops = pd.DataFrame(rows, columns=list(OP_COLUMNS)).astype(OP_COLUMNS)
-    deps = pd.DataFrame(edges, columns=["pred", "succ"]).astype(DEP_COLUMNS)
-    coll = pd.DataFrame({c: pd.Series([], dtype=t) for c, t in COLLECTIVE_COLUMNS.items()})
-    trace = Trace(ops, deps, coll, {"ranks": [{"rank": r} for r in range(n)]})
+    tb = TraceBuilder(n)
+    start = tb.barrier()
+    tb.barrier(deps=ring_all_reduce(tb, list(range(n)), size_bytes, ready=start))
+    trace = tb.build()
     nodes = pd.DataFrame({"node_id": np.arange(n + 1, dtype=np.int32),
                           "kind": ["gpu"] * n + ["leaf"],
                           "name": [f"gpu{i}" for i in range(n)] + ["leaf0"],

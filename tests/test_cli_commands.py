@@ -12,7 +12,8 @@ from xsim_adapters import cli
 
 REPO = Path(__file__).resolve().parents[1]
 HETERO = REPO / "workloads" / "hetero-dp-h100-a100.yaml"
-SUBCOMMANDS = ("validate", "trace", "run", "compare", "sweep", "export", "backends")
+SUBCOMMANDS = ("validate", "trace", "run", "compare", "sweep", "export", "calibrate", "backends",
+               "bench-collective")
 
 
 def test_no_arguments_prints_help_and_exits_2(capsys) -> None:

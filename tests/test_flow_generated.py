@@ -12,26 +12,18 @@ from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.plan import load_plan
 from xsim_adapters.plan.model import ScaleOut
 from xsim_adapters.topology import build_topology
+from xsim_adapters.trace.handmade import ring_all_reduce
 from xsim_adapters.trace.schema import KIND_FLOW, PHASE_INDEX
 from xsim_adapters.workload import generate
-from xsim_adapters.workload.collectives import ring_flows
 
 WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"
 
 
 def generated_ring(ranks: list[int], size: int, num_ranks: int) -> tuple[TraceBuilder, int]:
-    """One all-reduce lowered by the generator's ``ring_flows``, ending in a barrier."""
-    n = len(ranks)
-    rf = ring_flows(np.array([ranks]), np.arange(n)[None, None, :], np.array([[size]]),
-                    "all_reduce")
+    """One all-reduce lowered by the generator's ``ring_flows`` (through the shared
+    ``handmade.ring_all_reduce``), ending in a barrier."""
     tb = TraceBuilder(num_ranks)
-    ids = [tb.flow(int(s), int(d), int(b), step=int(k), collective=0)
-           for s, d, b, k in zip(rf.src, rf.dst, rf.nbytes, rf.step, strict=True)]
-    for p, s in zip(rf.pred, rf.succ, strict=True):
-        tb.dep(ids[int(p)], ids[int(s)])
-    end = tb.barrier()
-    for local in np.unique(rf.tails.reshape(-1)):
-        tb.dep(ids[int(local)], end)
+    end = tb.barrier(deps=ring_all_reduce(tb, ranks, size, collective=0))
     return tb, end
 
 

@@ -10,6 +10,7 @@ from test_gen_helpers import H100, TINY, make_plan
 
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan.model import ModelSpec, TrainingSpec
+from xsim_adapters.plan.sections import read_profile
 from xsim_adapters.trace.schema import KIND_COMPUTE, PHASE_INDEX
 from xsim_adapters.workload import generate
 from xsim_adapters.workload.compute import (
@@ -36,26 +37,38 @@ def test_layer_flops_by_hand() -> None:
     assert gpt.attention == (2 * 4096 * 4096 * (4096 + 2 * 8 * 128) + 137_438_953_472 * 3) / 2
 
 
-def test_one_layer_on_h100_equals_hand_calculation() -> None:
+def test_one_layer_on_h100_is_its_kernels() -> None:
+    """The attention block is the sum of its kernels + launch overhead (no SM count: no waves)."""
+    from xsim_adapters.workload.kernels import KERNEL_LAUNCH_US, attention_kernels, make_ctx
+
     tr = TrainingSpec(global_batch=8, micro_batch=1)
     c = layer_costs(LLAMA7B, tr, H100, tp=1)
-    # compute-bound: FLOPs / (989 TFLOP/s * 0.5)
-    assert c.attn_fwd_ns == round(824_633_720_832 / 494.5e12 * 1e9) == 1_667_611
-    assert c.mlp_fwd_ns == round(1_108_101_562_368 / 494.5e12 * 1e9) == 2_240_853
-    assert c.attn_bwd_ns == round(2 * 824_633_720_832 / 494.5e12 * 1e9)
+    ks = attention_kernels(make_ctx(LLAMA7B, tr, H100, 1), False)
+    assert [k.name for k in ks] == ["norm", "qkv", "rotary", "flash_fwd", "proj", "residual"]
+    want = sum(k.seconds for k in ks) + len(ks) * KERNEL_LAUNCH_US * 1e-6
+    assert c.attn_fwd_ns == round(want * 1e9)
+    # the QKV GEMM by hand: 2*4096*4096*12288 FLOPs at 989e12 * 0.5 (compute-bound)
+    qkv = next(k for k in ks if k.name == "qkv")
+    assert qkv.seconds == pytest.approx(412_316_860_416 / 494.5e12)
+    # norm by hand: read + write 4096 x 4096 bf16 at 3350 GB/s * 0.8
+    norm = ks[0]
+    assert norm.seconds == pytest.approx(2 * 4096 * 4096 * 2 / (3350e9 * 0.8))
     assert not c.profiled
 
 
 def test_memory_bound_ops_use_hbm_bandwidth() -> None:
-    assert compute_time_ns(1e6, 3.35e9, H100) == 1_000_000  # 3.35 GB at 3,350 GB/s = 1 ms
-    # Adam: 32 bytes per parameter over HBM: 1e9 params on H100 = 32e9 / 3.35e12 s
-    assert optimizer_time_ns(1e9, H100) == round(32e9 / 3350e9 * 1e9)
+    # 3.35 GB at 3,350 GB/s x hbm_efficiency 0.8 = 1.25 ms
+    assert compute_time_ns(1e6, 3.35e9, H100) == 1_250_000
+    # Adam: 32 bytes per parameter + the 4-byte gradient-norm read, + one launch (0.5 us)
+    assert optimizer_time_ns(1e9, H100) == round(36e9 / (3350e9 * 0.8) * 1e9 + 500)
 
 
 def test_profile_row_wins_and_is_split_by_flops(tmp_path) -> None:
     csv = tmp_path / "h100.csv"
     csv.write_text("tp,micro_batch,seq_len,fwd_layer_us,bwd_layer_us\n1,1,4096,1000,2500\n")
-    dev = replace(H100, profile=str(csv))
+    path, rows = read_profile(str(csv), "device_types.H100.profile", None)
+    assert rows == ((1, 1, 4096, 1000.0, 2500.0),)
+    dev = replace(H100, profile=path, profile_rows=rows)
     tr = TrainingSpec(global_batch=8, micro_batch=1)
     c = layer_costs(LLAMA7B, tr, dev, tp=1)
     share = 824_633_720_832 / (824_633_720_832 + 1_108_101_562_368)
@@ -65,10 +78,13 @@ def test_profile_row_wins_and_is_split_by_flops(tmp_path) -> None:
     assert c.attn_bwd_ns + c.mlp_bwd_ns == 2_500_000
     # no matching row (tp 2): the analytic model
     assert not layer_costs(LLAMA7B, tr, dev, tp=2).profiled
+    # the generator reads no file: the parsed rows are used even once the file is gone
+    csv.unlink()
+    assert layer_costs(LLAMA7B, tr, dev, tp=1).profiled
     bad = tmp_path / "bad.csv"
     bad.write_text("tp,fwd_layer_us\n1,3\n")
     with pytest.raises(PlanError, match=r"device_types.H100.profile: .*missing micro_batch"):
-        layer_costs(LLAMA7B, tr, replace(H100, profile=str(bad)), tp=1)
+        read_profile(str(bad), "device_types.H100.profile", None)
 
 
 def test_1f1b_and_gpipe_orders() -> None:

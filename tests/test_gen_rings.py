@@ -117,7 +117,53 @@ def test_channel_orders_and_proportional_split() -> None:
     plan = make_plan([[("h100", 0, 1, 0, 4)]])
     info = RankInfo(plan)
     orders = channel_orders(info, list(range(16)), 3)
-    assert orders[1] == list(range(16))[::-1]
-    assert orders[2][0] == 8  # rotated by one server
+    # channel 0: server 0 as is, server 1 walked down from the rail it was left from (local 7)
+    assert orders[0] == list(range(8)) + list(range(15, 7, -1))
+    assert orders[1] == orders[0][::-1]
+    assert orders[2][:2] == [1, 2]  # the next channel pair starts server 0 one GPU later
+
+
+@pytest.mark.parametrize("servers", [2, 3, 4])
+def test_channels_leave_every_server_through_every_nic_on_one_rail(servers: int) -> None:
+    """16 channels over servers x 8 GPUs: each NIC sends for exactly two channels (one per
+    direction); every hop between servers stays on one rail except at most the wrap-around."""
+    plan = make_plan([[("h100", 0, 8, 0, 4)]], groups=[("h100", H100, servers, 8)])
+    info = RankInfo(plan)
+    n = 8 * servers
+    orders = channel_orders(info, list(range(n)), 16)
+    sends = np.zeros(n, dtype=int)
+    off_rail = 0
+    for o in orders:
+        assert sorted(o) == list(range(n))
+        hops = [(o[i], o[(i + 1) % n]) for i in range(n)]
+        cross = [(a, b) for a, b in hops if info.server[a] != info.server[b]]
+        assert len(cross) == servers  # the ring leaves each server once
+        for a, b in cross:
+            sends[a] += 1
+            off_rail += info.local[a] != info.local[b]
+    assert sends.tolist() == [2] * n
+    # odd servers are walked downwards: an even server count closes the ring on a rail
+    assert off_rail == (0 if servers % 2 == 0 else 16)
+
+
+def test_single_channel_ring_uses_one_rail_between_servers() -> None:
+    info = RankInfo(make_plan([[("h100", 0, 8, 0, 4)]]))
+    (order,) = channel_orders(info, list(range(16)), 1)
+    cross = [(order[i], order[(i + 1) % 16]) for i in range(16)
+             if info.server[order[i]] != info.server[order[(i + 1) % 16]]]
+    assert [(int(info.local[a]), int(info.local[b])) for a, b in cross] == [(7, 7), (0, 0)]
     assert split_bytes(10, [1.0, 3.0]) == [2, 8]
     assert sum(split_bytes(1001, [1.0, 1.0, 1.0])) == 1001
+
+
+@pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter", "all_gather"])
+@pytest.mark.parametrize("n", [3, 5, 24])
+def test_chunked_moves_every_byte_when_n_does_not_divide_s(kind: str, n: int) -> None:
+    s = 1_000_003  # prime: no n > 1 divides it
+    factor = 2 if kind == "all_reduce" else 1
+    step = _one(n, s, kind, "step")
+    chunked = _one(n, s, kind, "chunked", chunks=3)
+    assert int(chunked.nbytes.sum()) == factor * (n - 1) * s
+    # each rank sends exactly what it sends step by step
+    per_rank = [np.bincount(rf.src - 100, weights=rf.nbytes, minlength=n) for rf in (step, chunked)]
+    assert per_rank[0].tolist() == per_rank[1].tolist()

@@ -38,6 +38,7 @@ REL = 1e-6
 # (micro_batch x seq_len x hidden x 2 bytes of bf16).
 LLAMA2_7B_PARAMS = 6_738_415_616
 LLAMA2_70B_PARAMS = 68_976_648_192
+LLAMA2_7B_8_LAYERS_PARAMS = 8 * 202_383_360 + 2 * 131_072_000 + 4_096
 BF16_BYTES = 2
 HAND = {
     "hetero-dp-h100-a100": {"params": LLAMA2_7B_PARAMS, "dp": 2},
@@ -48,6 +49,11 @@ HAND = {
     # resharding boundary once forward and once backward
     "hetero-pipeline-reshard": {"params": LLAMA2_7B_PARAMS, "dp": 1,
                                 "reshard_bytes": 2 * 8 * (1 * 2048 * 4096 * BF16_BYTES)},
+    # the congested plans cut Llama-2-7B to its first 8 layers (same embedding and head)
+    "congested-ecmp-oversubscribed": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 4},
+    "congested-mixed-nic-leaf": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 4},
+    "congested-incast-slow-nic": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 1,
+                                  "reshard_bytes": 2 * 8 * (1 * 2048 * 4096 * BF16_BYTES)},
 }
 
 

@@ -35,20 +35,9 @@ class TraceBuilder(handmade.TraceBuilder):
 
 
 def ring_allreduce(tb: TraceBuilder, ranks: list[int], size_bytes: int) -> tuple[int, int]:
-    """Ring all-reduce lowered by hand: 2(n-1) steps of S/n bytes, rank i -> rank i+1."""
-    n = len(ranks)
-    chunk = size_bytes // n
+    """The generator's ring all-reduce DAG between two barriers: (start, end) barrier ids."""
     start, end = tb.barrier(), tb.barrier()
-    prev = [start] * n
-    for step in range(2 * (n - 1)):
-        cur = []
-        for i in range(n):
-            f = tb.flow(ranks[i], ranks[(i + 1) % n], chunk, step=step, collective=0)
-            tb.dep(prev[i], f)
-            cur.append(f)
-        prev = [cur[(i - 1) % n] for i in range(n)]
-    for f in prev:
-        tb.dep(f, end)
+    tb.dep(handmade.ring_all_reduce(tb, ranks, size_bytes, ready=start, collective=0), end)
     return start, end
 
 

@@ -153,7 +153,10 @@ def test_unbuildable_queue_is_a_backend_error(driver: str) -> None:
 # ---- shipped plans -------------------------------------------------------------------------
 
 def shipped_plans() -> list[str]:
-    return sorted(glob.glob(str(REPO / "workloads" / "*.yaml")))
+    """Shipped plans expected to agree with the flow backend (the ``congested-*`` ones are
+    built to differ and are compared in docs/congestion.md)."""
+    return sorted(p for p in glob.glob(str(REPO / "workloads" / "*.yaml"))
+                  if not Path(p).stem.startswith("congested-"))
 
 
 @pytest.mark.slow

@@ -104,18 +104,5 @@ class TraceBuilder(handmade.TraceBuilder):
         return super().barrier(deps=deps)
 
     def ring_all_reduce(self, ranks: list[int], nbytes: int, collective: int = 0) -> list[int]:
-        """2(n-1) steps; step k on rank i sends S/n to the next rank after step k-1 arrived."""
-        n = len(ranks)
-        chunk = nbytes // n
-        prev: dict[int, int] = {}
-        last = []
-        for step in range(2 * (n - 1)):
-            cur = {}
-            for i, r in enumerate(ranks):
-                # rank i's step-k send needs what its predecessor sent at step k-1
-                dep = (prev[ranks[(i - 1) % n]],) if step else ()
-                cur[r] = self.flow(r, ranks[(i + 1) % n], chunk, dep, collective=collective,
-                                   step=step, channel=0)
-            prev = cur
-        last = list(prev.values())
-        return last
+        """The generator's ring all-reduce DAG (``handmade.ring_all_reduce``): the last flows."""
+        return handmade.ring_all_reduce(self, ranks, nbytes, collective=collective)

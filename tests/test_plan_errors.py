@@ -13,7 +13,11 @@ from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import load_plan, plan_from_dict
 
 A100_STAGE0 = "replicas[1].stages[0]"
-TYPES = "A100-40GB, A100-80GB, B200, H100-80GB, H200, L40S, MI300X"
+TYPES = (
+    "A10, A100-40GB, A100-80GB, A100-80GB-PCIe, A30, B200, GH200, GH200-141GB, H100-80GB, "
+    "H100-PCIe, H200, L4, L40S, MI250X, MI300X, RTX-2080-Ti, RTX-3090, RTX-4090, T4, V100-16GB, "
+    "V100-32GB"
+)
 MODELS = "gpt3-1.3b, gpt3-175b, llama2-13b, llama2-70b, llama2-7b, llama3-70b, llama3-8b, tiny-gpt"
 
 
@@ -71,7 +75,7 @@ CASES = [
         _set(["training", "shedule"], "1f1b"),
         "training.shedule: unknown key; expected one of global_batch, micro_batch, schedule, "
         "optimizer, zero_stage, recompute, sequence_parallel, causal_attention_halving, "
-        "flash_attention, virtual_stages, overlap",
+        "flash_attention, virtual_stages, overlap, precision, dropout",
     ),
     (
         "unknown key in a stage",

@@ -22,12 +22,13 @@ def test_apportion_rules():
 
 def test_batch_split_by_speed_on_the_example():
     plan = plan_from_dict(example())
-    # H100 replica: 8 * 989 * 0.5 TFLOP/s over 32 layers; A100: slowest stage 4 * 312 * 0.6 / 18
-    fast, slow = 8 * 989 * 0.5 / 32, 4 * 312 * 0.6 / 18
+    # H100 replica: 8 * 989 * 0.803 TFLOP/s over 32 layers; A100: slowest stage 4*312*0.869 / 18
+    # (preset efficiencies = measured best-GEMM fractions, presets/devices.yaml)
+    fast, slow = 8 * 989 * 0.803 / 32, 4 * 312 * 0.869 / 18
     assert replica_speed(plan, 0) == pytest.approx(fast)
     assert replica_speed(plan, plan.replicas[1]) == pytest.approx(slow)
-    # 64 * fast / (fast + slow) = 47.89 -> 47 + the largest remainder -> 48; 16.11 -> 16
-    assert [r.micro_batches for r in plan.replicas] == [48, 16]
+    # 64 * fast / (fast + slow) = 49.10 -> 49; 14.90 -> 14 + the largest remainder -> 15
+    assert [r.micro_batches for r in plan.replicas] == [49, 15]
     assert all(r.batch_share is None for r in plan.replicas)
 
 
@@ -35,8 +36,8 @@ def test_efficiency_override_moves_the_split():
     d = example()
     d["device_types"] = {"H100-80GB": {"efficiency": 0.2}}
     plan = plan_from_dict(d)
-    # 8*989*0.2/32 = 49.45 vs 41.6: 64 * 49.45 / 91.05 = 34.76 -> 35, 29.24 -> 29
-    assert [r.micro_batches for r in plan.replicas] == [35, 29]
+    # 8*989*0.2/32 = 49.45 vs 60.25: 64 * 49.45 / 109.70 = 28.85 -> 29, 35.15 -> 35
+    assert [r.micro_batches for r in plan.replicas] == [29, 35]
     assert plan.device_types["H100-80GB"].efficiency == 0.2
     assert plan.device_types["H100-80GB"].hbm_GB == 80.0
 
@@ -76,10 +77,10 @@ def test_every_replica_gets_at_least_one_micro_batch():
 
 def test_auto_layers_by_compute():
     plan = load_plan(WORKLOADS / "hetero-pipeline-reshard.yaml")
-    # speeds 8*989*0.5 = 3956 and 4*312*0.6 = 748.8 TFLOP/s: 32 layers -> 26.9 / 5.1 -> 27 / 5
+    # speeds 8*989*0.803 = 6353.3 and 4*312*0.869 = 1084.5 TFLOP/s: 32 layers -> 27.3 / 4.7
     assert [s.layers for s in plan.replicas[0].stages] == [(0, 27), (27, 32)]
     types = device_presets()
-    assert stage_speed(types["H100-80GB"], 8) == 3956.0
+    assert stage_speed(types["H100-80GB"], 8) == pytest.approx(8 * 989 * 0.803)
 
 
 def test_auto_layers_gives_every_stage_a_layer():

@@ -62,7 +62,7 @@ def test_plan_to_dict_is_explicit():
     assert d["model"]["layers"] == 32 and d["model"]["name"] == "llama2-7b"
     assert set(d["device_types"]) == {"H100-80GB", "A100-40GB"}
     assert d["device_types"]["H100-80GB"]["peak_tflops"] == 989.0
-    assert [r["micro_batches"] for r in d["replicas"]] == [48, 16]
+    assert [r["micro_batches"] for r in d["replicas"]] == [49, 15]
     assert d["replicas"][1]["stages"][1] == {
         "group": "a100",
         "devices": [4, 8],

@@ -58,14 +58,15 @@ CASES = [
     ),
     (
         "batch split gives a bad count",
-        [_training(schedule="interleaved", virtual_stages=2, global_batch=60)],
+        # 66 split by speed (preset efficiencies): 51 / 15
+        [_training(schedule="interleaved", virtual_stages=2, global_batch=66)],
         "replicas[1]: expected micro-batches a multiple of the replica's 2 pipeline stages "
         "with training.schedule interleaved (Megatron requires it) (got the batch split gave "
         "it 15)",
     ),
     (
         "fewer layers than chunks",
-        [_training(schedule="interleaved", virtual_stages=16)],
+        [_training(schedule="interleaved", virtual_stages=16), _counts(48, 16)],
         "replicas[1].stages[1].layers: expected at least training.virtual_stages = 16 layers "
         "per stage, one per model chunk (got 14 in [18, 32))",
     ),
@@ -120,6 +121,7 @@ def test_new_fields_round_trip() -> None:
         schedule="interleaved", virtual_stages=2, recompute="selective", sequence_parallel=True,
         overlap={"tp_comm": True, "dp_grad_reduce": False, "param_gather": False},
     )
+    _counts(48, 16)(d)  # multiples of pp (the split by speed gives 49 / 15)
     plan = plan_from_dict(d)
     assert plan_from_dict(plan_to_dict(plan)) == plan
     assert plan.training.overlap == OverlapSpec(True, False, False)

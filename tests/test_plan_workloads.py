@@ -86,6 +86,6 @@ def test_presets_are_complete_and_sourced():
     assert {"A100-40GB", "A100-80GB", "H100-80GB", "H200", "B200", "L40S"} <= set(devices)
     assert all(d.source for d in devices.values())
     assert (devices["A100-40GB"].scaleup_GBps, devices["H100-80GB"].scaleup_GBps) == (300, 450)
-    assert (devices["B200"].scaleup_GBps, devices["L40S"].scaleup_GBps) == (900, 32)
+    assert (devices["B200"].scaleup_GBps, devices["L40S"].scaleup_GBps) == (900, 31.5)
     assert (devices["A100-80GB"].nic_gbps, devices["H200"].nic_gbps) == (200, 400)
     assert devices["H100-80GB"].peak_tflops == 989

@@ -98,7 +98,9 @@ def load_trace_and_plan(directory: str | Path) -> tuple[Trace, Plan]:
             " rebuilt; write traces with `xsim trace PLAN -o DIR` (which stores the plan) or"
             " pass the plan itself"
         )
-    plan = load_plan(plan_path)
+    from .plan import load_plan as _load_plan
+
+    plan = _load_plan(plan_path, stored=True)  # xsim wrote it: every stage is spelled out
     check_plan_digest(trace, plan, plan_path)
     return trace, plan
 

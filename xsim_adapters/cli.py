@@ -351,6 +351,32 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return run_sweep_command(args)
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """``xsim calibrate``: fit a device type's efficiency to measured iteration times."""
+    from .calibrate import fit
+    from .plan import load_plan
+
+    pairs = []
+    for item in args.measured:
+        path, sep, secs = item.rpartition("=")
+        try:
+            value = float(secs)
+        except ValueError:
+            value = float("nan")
+        if not sep or not path or not value > 0:
+            print(f"xsim: error: --measured: expected PLAN=SECONDS with SECONDS > 0 (got {item!r})",
+                  file=sys.stderr)
+            return 2
+        pairs.append((load_plan(path), value))
+    c = fit(pairs, args.device_type, args.field)
+    print(f"{c.device_type}.{c.field}: {c.before:g} -> {c.value:g}"
+          f" ({c.simulations} simulations{'; at the search bound' if c.at_bound else ''})")
+    for (plan, secs), e0, e1 in zip(pairs, c.errors_before, c.errors_after, strict=True):
+        print(f"  {plan.name}: measured {secs:g} s, error {100 * e0:+.1f}% -> {100 * e1:+.1f}%")
+    print(f"plan override:\n  device_types:\n    {c.device_type}: {{{c.field}: {c.value:g}}}")
+    return 0
+
+
 # ---------------------------------------------------------------- parser
 
 
@@ -432,6 +458,24 @@ def build_parser() -> argparse.ArgumentParser:
                                      "file) on one backend and write one result row per "
                                      "variant to OUT/sweep.csv and OUT/sweep.parquet.",
                             cmd_sweep))
+
+    cal = add("calibrate", "Fit one compute constant of a device type (efficiency or "
+                           "hbm_efficiency) to iteration times measured on your own cluster, "
+                           "by bisection on the flow backend, and print the plan override.",
+              cmd_calibrate)
+    cal.add_argument("--measured", action="append", required=True, metavar="PLAN=SECONDS",
+                     help="A plan you ran and its measured iteration time; repeat for several.")
+    cal.add_argument("--device-type", required=True, metavar="NAME",
+                     help="The device type whose constant is fitted (every plan must use it).")
+    cal.add_argument("--field", default="efficiency", choices=("efficiency", "hbm_efficiency"),
+                     help="The constant to fit (default: efficiency).")
+
+    from .bench_collective import add_arguments, cmd_bench_collective
+
+    add_arguments(add("bench-collective", "Sweep one collective over a device group from 1 KiB "
+                                          "to 8 GiB as nccl-tests does (algbw and busbw "
+                                          "columns, optional CSV and plot).",
+                      cmd_bench_collective))
 
     b = add("backends", "List every installed backend with its availability and, if it "
                         "cannot run here, the reason.", cmd_backends)

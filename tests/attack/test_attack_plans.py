@@ -248,3 +248,15 @@ def test_estimate_bounds_the_shipped_plans():
         plan = api.load_plan(ROOT / "workloads" / name)
         n, est = api.generate(plan).num_ops, estimate_ops(plan)
         assert n <= est <= 1.1 * n, (name, n, est)
+
+
+def test_a_stored_plan_yaml_gets_the_larger_limits():
+    """xsim's own plan.yaml beside a trace spells out every stage (a valid 4,096-stage plan has
+    ~60,000 values), so it is read with MAX_STORED_YAML_NODES; a user's plan is not."""
+    from xsim_adapters.errors import PlanError
+    from xsim_adapters.plan.bounded_yaml import parse_yaml
+
+    text = "stages:\n" + "- {group: h100, devices: [0, 1], tp: 1}\n" * 6_000  # 54,003 values
+    assert len(parse_yaml(text, stored=True)["stages"]) == 6_000
+    with pytest.raises(PlanError, match="MAX_YAML_NODES"):
+        parse_yaml(text)

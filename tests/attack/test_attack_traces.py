@@ -216,3 +216,20 @@ def test_cycle_checks_agree_with_a_depth_first_search():
         assert (acyclic_remainder(a, b, n) > 0) == cyclic
         assert (cyclic_ops(a, b, n) > 0) == cyclic
     assert 30 < cyclic_seen < 270  # both outcomes were exercised
+
+
+@pytest.mark.parametrize(("column", "value"), [("flops", -1e12), ("flops", np.nan),
+                                                ("bytes", -1), ("phase", 99)])
+def test_api_run_refuses_a_corrupt_trace_object(good_trace, column, value):
+    """A Trace handed to api.run (how plugins and scripts reach a backend) is validated too,
+    so NaN or negative FLOPs never reach the metrics (no negative MFU)."""
+    from xsim_adapters import api
+    from xsim_adapters.errors import TraceError
+
+    trace, plan = api.load_trace_and_plan(good_trace)
+    ops = trace.ops.copy()
+    row = ops.index[ops["kind"] == (0 if column == "flops" else 1)][0]
+    ops.loc[row, column] = np.array(value).astype(ops[column].dtype)
+    trace.ops = ops
+    with pytest.raises(TraceError, match=f"column {column}"):
+        api.run(trace, "flow", api.build_topology(plan))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..trace.schema import COMM_PHASES, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX, Trace
+from ..trace.schema import COMM_PHASES, KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX, Trace
 from ..trace.timeline import Timeline
 from .intervals import clip, sort_order, union_blocks, union_length
 from .straggler import straggler_by_rank, straggler_frame
@@ -31,15 +31,33 @@ SUMMABLE_COLUMNS = (
 )
 
 
-def _comm_arrays(flows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(rank, start, end, phase) with every flow twice: once for its sender, once its receiver."""
+def _comm_arrays(flows: pd.DataFrame, timed: pd.DataFrame
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(rank, start, end, phase) of every communication interval of a rank.
+
+    Every flow counts twice, once for its sender and once for its receiver; a timed barrier of
+    a communication phase (the NCCL latency and protocol cost a ring member pays before its
+    first send, ``workload/nccl.py``) counts once, for the member that owns it.
+    """
     src = flows["rank"].to_numpy(dtype=np.int64)
     dst = flows["dst"].to_numpy(dtype=np.int64)
     s = flows["start_ns"].to_numpy()
     e = flows["end_ns"].to_numpy()
     ph = flows["phase"].to_numpy()
-    return (np.concatenate([src, dst]), np.concatenate([s, s]), np.concatenate([e, e]),
-            np.concatenate([ph, ph]))
+    t_rank = timed["rank"].to_numpy(dtype=np.int64)
+    t_s = timed["start_ns"].to_numpy()
+    t_e = timed["end_ns"].to_numpy()
+    t_ph = timed["phase"].to_numpy()
+    return (np.concatenate([src, dst, t_rank]), np.concatenate([s, s, t_s]),
+            np.concatenate([e, e, t_e]), np.concatenate([ph, ph, t_ph]))
+
+
+def _timed_comm_barriers(tf: pd.DataFrame, kind: np.ndarray) -> pd.DataFrame:
+    """Barriers owned by a rank, with a duration, in a communication phase."""
+    comm_phase = np.isin(tf["phase"].to_numpy(), [PHASE_INDEX[p] for p in COMM_PHASES])
+    mask = ((kind == KIND_BARRIER) & (tf["rank"].to_numpy() >= 0)
+            & (tf["duration_ns"].to_numpy() > 0) & comm_phase)
+    return tf[mask]
 
 
 def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
@@ -53,7 +71,8 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     - ``iteration_time_ns``: end of the rank's last op (ops it owns and flows it receives);
       the iteration starts at 0.
     - ``compute_ns``: length of the union of its compute intervals.
-    - ``comm_ns`` / ``comm_<phase>_ns``: union of the intervals of flows it sends or receives.
+    - ``comm_ns`` / ``comm_<phase>_ns``: union of the intervals of flows it sends or receives
+      and of its timed communication barriers (the NCCL latency before a ring's first send).
     - ``exposed_comm_ns``: communication time not overlapped by its own compute.
     - ``bubble_ns``: inside [first fwd start, last bwd or wgrad end], time it neither computes
       nor takes part in a ``tp`` flow; ``bubble_fraction`` = bubble_ns / iteration_time_ns.
@@ -78,7 +97,7 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     c_rank = comp["rank"].to_numpy(dtype=np.int64)
     c_s = comp["start_ns"].to_numpy()
     c_e = comp["end_ns"].to_numpy()
-    f_rank, f_s, f_e, f_ph = _comm_arrays(flows)
+    f_rank, f_s, f_e, f_ph = _comm_arrays(flows, _timed_comm_barriers(tf, kind))
 
     # Iteration end per rank: owned ops and received flows.
     own = tf[tf["rank"] >= 0]

@@ -37,6 +37,7 @@ class _Bounded:
     peek_event: Any
 
     def _init_bounds(self) -> None:
+        self._max_nodes = lim.MAX_YAML_NODES
         self._depth = 0
         self._aliases = 0
         self._nodes = 0  # nodes so far, aliases expanded
@@ -77,10 +78,10 @@ class _Bounded:
 
     def _count(self, n: int, where: str | None) -> None:
         self._nodes += n
-        if self._nodes > lim.MAX_YAML_NODES:
+        if self._nodes > self._max_nodes:
             at = f" at {where}" if where else ""
             raise PlanError(
-                "", f"invalid YAML{at}: more than {lim.MAX_YAML_NODES:,} values with aliases "
+                "", f"invalid YAML{at}: more than {self._max_nodes:,} values with aliases "
                 "expanded (MAX_YAML_NODES, docs/plan.md#limits)"
             )
 
@@ -154,24 +155,37 @@ for _cls in (_StrictLoader, _FastLoader):
         _cls.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
-def parse_yaml(text: str, source: str = "<text>") -> Any:
+def _load(text: str, cls: Any, max_nodes: int) -> Any:
+    loader = cls(text)
+    loader._max_nodes = max_nodes
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def parse_yaml(text: str, source: str = "<text>", *, stored: bool = False) -> Any:
     """YAML text -> Python data; YAML errors become PlanError with a 1-based line and column.
 
-    The work is bounded (see :class:`_StrictLoader`); text over MAX_PLAN_BYTES is refused.
+    The work is bounded (see :class:`_Bounded`); text over MAX_PLAN_BYTES is refused.
+    ``stored``: the text is a ``plan.yaml`` xsim wrote beside a trace, where every replica is
+    written out, so the larger MAX_STORED_PLAN_BYTES and MAX_STORED_YAML_NODES apply.
     """
-    if len(text) > lim.MAX_PLAN_BYTES:
+    max_bytes = lim.MAX_STORED_PLAN_BYTES if stored else lim.MAX_PLAN_BYTES
+    max_nodes = lim.MAX_STORED_YAML_NODES if stored else lim.MAX_YAML_NODES
+    if len(text) > max_bytes:
         raise PlanError(
-            "", f"{source}: the plan is larger than {lim.MAX_PLAN_BYTES:,} bytes "
+            "", f"{source}: the plan is larger than {max_bytes:,} bytes "
             "(MAX_PLAN_BYTES, docs/plan.md#limits)"
         )
     try:
         try:
-            return yaml.load(text, Loader=_FastLoader or _StrictLoader)  # noqa: S506 - safe
+            return _load(text, _FastLoader or _StrictLoader, max_nodes)
         except yaml.MarkedYAMLError:
             if _FastLoader is None or len(text) > PYTHON_RETRY_CHARS:
                 raise
             # PyYAML's own words for the same error (what users and docs know)
-            return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+            return _load(text, _StrictLoader, max_nodes)
     except yaml.reader.ReaderError as e:
         raise PlanError(
             "", f"invalid YAML in {source}: character #x{e.character:04x} at position "

@@ -33,6 +33,10 @@ MAX_YAML_DEPTH = 32  # nesting of mappings and lists; the shipped plans nest 5 d
 MAX_YAML_ALIASES = 100  # uses of `*anchor`
 MAX_YAML_NODES = 50_000  # scalars, lists and mappings, aliases expanded (the 1,024-GPU plan: ~300)
 
+# a plan.yaml xsim wrote beside a trace lists every replica and stage: room for 65,536 stages
+MAX_STORED_PLAN_BYTES = 64 << 20
+MAX_STORED_YAML_NODES = 2_000_000
+
 # ---- field ranges (the trace's integer columns: schema.OP_COLUMNS)
 INT16_MAX = (1 << 15) - 1
 MAX_DEVICES = 65_536  # all device groups together: 4x the 16,384-GPU design target
@@ -98,8 +102,11 @@ def estimate_ops(plan: Plan) -> int:
             n_layers = st.layers[1] - st.layers[0]
             units = 4 * n_layers * (1.5 if t.recompute == "full" else 1.0) + 4 * v
             # TP ring flows of one unit: steps x ranks x channels, per collective kind
+            # (+ st.tp NCCL-delay barriers per collective with collectives.nccl_cost)
             flows = sum(
-                num_steps(k, st.tp, c.granularity, c.chunks) * st.tp * c.channels for k in kinds
+                num_steps(k, st.tp, c.granularity, c.chunks) * st.tp * c.channels
+                + (st.tp if c.nccl_cost and st.tp > 1 else 0)
+                for k in kinds
             )
             per_mb = units * (per_unit * st.tp + flows)
             per_mb += (per_layer * n_layers + (2 * v if zb else 0)) * st.tp
@@ -111,7 +118,8 @@ def estimate_ops(plan: Plan) -> int:
     big_l = math.lcm(*(st.tp for rep in plan.replicas for st in rep.stages))
     buckets = math.ceil(plan.model.layers / max(1, c.dp_bucket_layers)) + len(boundaries)
     steps = num_steps("all_reduce", dp, c.granularity, c.chunks)
-    total += buckets * big_l * steps * dp * c.channels
+    # (+ dp NCCL-delay barriers per ring, and ZeRO's all-gather rings as many again)
+    total += 2 * buckets * big_l * (steps * c.channels + int(c.nccl_cost)) * dp
     return total + 4 * plan.num_ranks
 
 
@@ -146,6 +154,7 @@ def check_size(plan: Plan) -> None:
 def _check_magnitudes(plan: Plan) -> None:
     """Every duration (ns) and byte count the generator computes stays below 2^53."""
     from ..workload.compute import (
+        embedding_cost,
         head_cost,
         layer_costs,
         optimizer_time_ns,
@@ -180,6 +189,7 @@ def _check_magnitudes(plan: Plan) -> None:
                 costs.attn_bwd_ns,
                 costs.mlp_bwd_ns,
                 2 * head_cost(m, t, dev, st.tp)[0],
+                embedding_cost(m, t, dev)[0],
                 optimizer_time_ns(stage_params(m, st.layers), dev),
             )
             if longest >= MAX_EXACT:

@@ -16,6 +16,7 @@ from .model import DeviceType, Plan
 from .presets import _device_presets, _model_presets
 from .replicas import parse_groups, parse_replicas
 from .sections import (
+    check_precision,
     decode_utf8,
     parse_collectives,
     parse_device_type,
@@ -39,8 +40,10 @@ REQUIRED_TOP_KEYS = ("name", "model", "training", "device_groups", "replicas")
 OPTIONAL_SECTIONS = ("device_types", "network", "collectives")
 
 
-def read_plan_file(path: str | os.PathLike[str]) -> str:
-    """The text of a plan file: a regular file of at most MAX_PLAN_BYTES of UTF-8."""
+def read_plan_file(path: str | os.PathLike[str], *, stored: bool = False) -> str:
+    """The text of a plan file: a regular file of at most MAX_PLAN_BYTES of UTF-8
+    (MAX_STORED_PLAN_BYTES for a ``plan.yaml`` xsim wrote beside a trace: ``stored``)."""
+    max_bytes = lim.MAX_STORED_PLAN_BYTES if stored else lim.MAX_PLAN_BYTES
     p = Path(path)
     if p.is_dir():
         raise PlanError(
@@ -53,22 +56,25 @@ def read_plan_file(path: str | os.PathLike[str]) -> str:
         raise PlanError("", f"{f.text(str(p))}: not a regular file (expected a plan .yaml)")
     try:
         with open(p, "rb") as fh:
-            data = fh.read(lim.MAX_PLAN_BYTES + 1)
+            data = fh.read(max_bytes + 1)
     except OSError as e:
         raise PlanError("", f"cannot read plan file {p}: {e.strerror or e}") from None
-    if len(data) > lim.MAX_PLAN_BYTES:
+    if len(data) > max_bytes:
         raise PlanError(
-            "", f"{p}: the plan is larger than {lim.MAX_PLAN_BYTES:,} bytes "
+            "", f"{p}: the plan is larger than {max_bytes:,} bytes "
             "(MAX_PLAN_BYTES, docs/plan.md#limits)"
         )
     return decode_utf8(data, str(p), "", "plan file")
 
 
-def load_plan(path_or_text: str | os.PathLike[str], *, feasibility: bool = True) -> Plan:
+def load_plan(
+    path_or_text: str | os.PathLike[str], *, feasibility: bool = True, stored: bool = False
+) -> Plan:
     """Read a plan from a ``.yaml``/``.yml`` file path or from YAML text; validate fully.
 
     Relative ``profile:`` paths resolve against the file's directory (the working directory for
-    text). Runs :func:`check_feasible` unless ``feasibility`` is false.
+    text). Runs :func:`check_feasible` unless ``feasibility`` is false. ``stored``: the file is
+    a ``plan.yaml`` xsim wrote beside a trace (larger size limits, see :mod:`.limits`).
     """
     # A one-line string is a path if it names something on disk or looks like a file name
     # (a .yaml/.yml suffix, or no ':' as every one-line YAML mapping has); YAML text otherwise.
@@ -83,7 +89,7 @@ def load_plan(path_or_text: str | os.PathLike[str], *, feasibility: bool = True)
     )
     if is_path:
         p = Path(path_or_text)
-        data = parse_yaml(read_plan_file(p), str(p))
+        data = parse_yaml(read_plan_file(p, stored=stored), str(p), stored=stored)
         base_dir: str | None = str(p.resolve().parent)
     else:
         data = parse_yaml(str(path_or_text))
@@ -119,6 +125,7 @@ def plan_from_dict(d: Any, base_dir: str | None = None, *, feasibility: bool = T
     network = parse_network(d.get("network", {}), "network")
     collectives = parse_collectives(d.get("collectives", {}), "collectives")
     used = {g.type: known[g.type] for g in groups}
+    check_precision(training, used)
     device_types = {**used, **{k: v for k, v in defined.items() if k not in used}}
     replicas = parse_replicas(
         d["replicas"], "replicas", model, training, groups, known, network.scale_up

@@ -18,6 +18,10 @@ from typing import Literal
 
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zb_h1"]
 Recompute = Literal["none", "selective", "full"]
+# Training precision: the number format of the GEMMs (see docs/compute.md). bf16/fp16: mixed
+# precision with fp32 master weights (16-bit tensor-core peak); fp8: fp8 GEMMs (Transformer
+# Engine), bf16 elsewhere; tf32: fp32 storage, tf32 tensor-core GEMMs; fp32: no tensor cores.
+Precision = Literal["bf16", "fp16", "fp8", "tf32", "fp32"]
 Resharding = Literal["lcm", "gather_p2p_scatter", "direct"]
 Granularity = Literal["step", "chunked"]
 RingOrder = Literal["hetero_aware", "natural"]
@@ -80,6 +84,12 @@ class TrainingSpec:
     virtual_stages: int = 1  # model chunks per pipeline stage (schedule "interleaved": >= 2)
     overlap: OverlapSpec = field(default_factory=OverlapSpec)
 
+    # Number format of the math; picks the device peak (see Precision above).
+    precision: Precision = "bf16"
+    # Dropout on the attention probabilities and the hidden states (GPT-style training): adds the
+    # dropout kernels and their mask traffic to the compute model. Llama-style training has none.
+    dropout: bool = False
+
     def __post_init__(self) -> None:
         # Older plans and callers say recompute: true / false; they mean full / none.
         if isinstance(self.recompute, bool):
@@ -90,20 +100,39 @@ class TrainingSpec:
         return self.global_batch // self.micro_batch
 
 
+ProfileRow = tuple[int, int, int, float, float]
+"""One measured row of a profile CSV: tp, micro_batch, seq_len, fwd_layer_us, bwd_layer_us."""
+
+
 @dataclass(frozen=True)
 class DeviceType:
-    """A GPU model. ``efficiency`` is the fraction of peak dense TFLOP/s reached by GEMMs."""
+    """A GPU model: peaks per precision, memory, links and the compute-model constants.
+
+    ``efficiency`` is the fraction of a precision's peak that the best-shaped large GEMM reaches
+    (maximum achievable matmul / spec); smaller or oddly shaped GEMMs reach less, by the tile and
+    wave model of :mod:`xsim_adapters.workload.gemm`. A precision peak of 0 means the part has
+    no such unit (see docs/compute.md for what a plan asking for it gets).
+    """
 
     name: str
-    peak_tflops: float  # dense bf16
+    peak_tflops: float  # dense 16-bit tensor peak, fp32 accumulate (bf16; fp16 on parts without)
     hbm_GB: float
     hbm_GBps: float
     scaleup_GBps: float  # NVLink (or PCIe) bandwidth per GPU, one direction
     nic_gbps: float  # scale-out NIC per GPU
-    efficiency: float = 0.5
+    efficiency: float = 0.7  # best-shape GEMM fraction of peak; median of sourced MAMF ratios
+    fp32_tflops: float = 0.0  # dense fp32 (non-tensor) peak; 0: unknown
+    tf32_tflops: float = 0.0  # dense tf32 tensor peak; 0: none (tf32 runs at the fp32 rate)
+    fp8_tflops: float = 0.0  # dense fp8 tensor peak; 0: none (precision fp8 is an error)
+    bf16: bool = True  # False: no bf16 tensor cores (V100, T4, RTX 20); bf16 runs as fp16
+    sm_count: int = 0  # SMs (NVIDIA) or CUs (AMD) a GEMM spreads over; 0: no wave model
+    hbm_efficiency: float = 0.8  # achieved fraction of hbm_GBps (median of measured copies)
     # Optional measured per-layer times: absolute path of a CSV with columns
     # tp, micro_batch, seq_len, fwd_layer_us, bwd_layer_us (see docs/plan.md).
     profile: str | None = None
+    # The profile's rows, parsed and checked once by the plan loader (the generator does no
+    # file I/O): (tp, micro_batch, seq_len, fwd_layer_us, bwd_layer_us), in file order.
+    profile_rows: tuple[ProfileRow, ...] = ()
     source: str = ""  # where the numbers come from
 
 
@@ -115,6 +144,7 @@ class DeviceGroup:
     type: str  # key into Plan.device_types
     nodes: int
     gpus_per_node: int
+    nic_gbps: float | None = None  # this group's NIC Gb/s per GPU (None: the device type's)
 
     @property
     def num_devices(self) -> int:
@@ -207,6 +237,7 @@ class CollectivesSpec:
     chunks: int = 4  # pipelined chunks per ring step when granularity == "chunked"
     ring_order: RingOrder = "hetero_aware"
     dp_bucket_layers: int = 1  # DP sync granularity along a segment (layers per bucket)
+    nccl_cost: bool = True  # NCCL latency + protocol efficiency as a delay before each ring
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from .layout import apportion, even_split, ranges_from_counts, stage_speed
 from .model import DeviceGroup, DeviceType, ModelSpec, Replica, ScaleUp, Stage, TrainingSpec
 
 GROUP_KEYS = ("type", "nodes", "gpus_per_node")
+GROUP_OPTIONAL_KEYS = ("nic_gbps",)
 STAGE_KEYS = ("group", "devices", "tp", "layers")
 REPLICA_KEYS = ("stages", "auto_layers", "batch_share", "micro_batches")
 UNIFORM_KEYS = ("group", "tp", "pp", "dp", "devices", "batch_share", "micro_batches")
@@ -48,7 +49,7 @@ def parse_groups(
             )
         folded[name.lower()] = name
         g = f.expect_mapping(entry, gpath)
-        f.check_keys(g, gpath, GROUP_KEYS, GROUP_KEYS)
+        f.check_keys(g, gpath, GROUP_KEYS + GROUP_OPTIONAL_KEYS, GROUP_KEYS)
         typ = g["type"]
         if not isinstance(typ, str) or typ not in known_types:
             raise PlanError(
@@ -63,6 +64,7 @@ def parse_groups(
             nodes=f.get_int(g, "nodes", gpath, maximum=lim.MAX_DEVICES, limit=limit),
             gpus_per_node=f.get_int(g, "gpus_per_node", gpath, maximum=lim.MAX_DEVICES,
                                     limit=limit),
+            nic_gbps=(f.get_number(g, "nic_gbps", gpath) if "nic_gbps" in g else None),
         )
         devices += group.num_devices
         if devices > lim.MAX_DEVICES:

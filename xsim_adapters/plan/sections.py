@@ -28,6 +28,8 @@ from .model import (
     ModelSpec,
     NetworkSpec,
     OverlapSpec,
+    Precision,
+    ProfileRow,
     Recompute,
     Resharding,
     RingOrder,
@@ -41,7 +43,18 @@ from .model import (
 MODEL_SHAPE_KEYS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "seq_len", "vocab")
 MODEL_KEYS = ("preset", "name", *MODEL_SHAPE_KEYS, "dtype", "gated_mlp")
 DEVICE_NUMBER_KEYS = ("peak_tflops", "hbm_GB", "hbm_GBps", "scaleup_GBps", "nic_gbps")
-DEVICE_KEYS = (*DEVICE_NUMBER_KEYS, "efficiency", "profile", "source")
+# Optional per-precision peaks (TFLOP/s, 0 = the part has no such unit) and model constants.
+DEVICE_PEAK_KEYS = ("fp32_tflops", "tf32_tflops", "fp8_tflops")
+DEVICE_KEYS = (
+    *DEVICE_NUMBER_KEYS,
+    *DEVICE_PEAK_KEYS,
+    "efficiency",
+    "hbm_efficiency",
+    "bf16",
+    "sm_count",
+    "profile",
+    "source",
+)
 PROFILE_COLUMNS = ("tp", "micro_batch", "seq_len", "fwd_layer_us", "bwd_layer_us")
 TRAINING_KEYS = tuple(x.name for x in dataclasses.fields(TrainingSpec))
 OPTIMIZERS = ("adam",)
@@ -134,6 +147,8 @@ def parse_training(value: Any, path: str) -> TrainingSpec:
         flash_attention=f.get_bool(m, "flash_attention", path, d.flash_attention),
         virtual_stages=_virtual_stages(m, path, schedule),
         overlap=_parse_overlap(m.get("overlap", {}), f.join(path, "overlap")),
+        precision=f.get_enum(m, "precision", path, get_args(Precision), d.precision),  # type: ignore[arg-type]
+        dropout=f.get_bool(m, "dropout", path, d.dropout),
     )
     if spec.global_batch % spec.micro_batch:
         raise PlanError(
@@ -207,15 +222,45 @@ def parse_device_type(
             values[key] = f.get_number(
                 m, key, path, at_least=lim.MIN_RATE, at_most=lim.MAX_RATE
             )
-    if "efficiency" in m:
-        values["efficiency"] = f.get_number(m, "efficiency", path, at_most=1.0)
+    for key in DEVICE_PEAK_KEYS:  # 0: the part has no such unit
+        if key in m:
+            values[key] = f.get_number(m, key, path, positive=False, at_most=lim.MAX_RATE)
+    for key in ("efficiency", "hbm_efficiency"):
+        if key in m:
+            values[key] = f.get_number(m, key, path, at_most=1.0)
+    if "bf16" in m:
+        values["bf16"] = f.get_bool(m, "bf16", path)
+    if "sm_count" in m:
+        values["sm_count"] = f.get_int(m, "sm_count", path, minimum=0)
     if "source" in m:
         values["source"] = f.get_str(m, "source", path)
     if "profile" in m:
-        values["profile"] = check_profile(
+        values["profile"], values["profile_rows"] = read_profile(
             f.get_str(m, "profile", path), f.join(path, "profile"), base_dir
         )
     return DeviceType(**values)
+
+
+def check_precision(training: TrainingSpec, used: Mapping[str, DeviceType]) -> None:
+    """Every device type the groups use must have a unit for ``training.precision``.
+
+    fp8 needs ``fp8_tflops``; fp32 needs ``fp32_tflops``; tf32 needs ``tf32_tflops`` or
+    ``fp32_tflops`` (parts without tf32 run it at the fp32 rate). bf16 on a part without bf16
+    tensor cores runs as fp16 mixed precision (what frameworks do on V100/T4), so it is accepted.
+    """
+    need = {
+        "fp8": ("fp8_tflops",),
+        "fp32": ("fp32_tflops",),
+        "tf32": ("tf32_tflops", "fp32_tflops"),
+    }
+    keys = need.get(training.precision, ())
+    for name, dt in sorted(used.items()):
+        if keys and not any(getattr(dt, k) > 0 for k in keys):
+            raise PlanError(
+                "training.precision",
+                f"{training.precision} needs device_types.{name}.{keys[0]} > 0 "
+                f"(device type {name} has none; got {training.precision!r})",
+            )
 
 
 MAX_PROFILE_BYTES = 1 << 20  # a profile CSV is a few hundred rows at most
@@ -229,8 +274,12 @@ _PROFILE_MAXIMA = {
 }
 
 
-def check_profile(given: str, path: str, base_dir: str | None) -> str:
-    """Resolve a profile CSV against ``base_dir``, check its columns and values; absolute path.
+def read_profile(
+    given: str, path: str, base_dir: str | None
+) -> tuple[str, tuple[ProfileRow, ...]]:
+    """Resolve a profile CSV against ``base_dir``, check and parse it: (absolute path, rows).
+
+    This is the one place a profile file is read; the generator uses the parsed rows.
 
     Errors name the file, the line and the column, never the file's content (a profile path
     may point at any readable file).
@@ -250,16 +299,18 @@ def check_profile(given: str, path: str, base_dir: str | None) -> str:
                 f"expected CSV columns {', '.join(PROFILE_COLUMNS)} in the header line of "
                 f"{resolved}; missing {', '.join(missing)}",
             )
-        rows = 0
+        rows: list[ProfileRow] = []
         for row in reader:
-            rows += 1
-            for col in PROFILE_COLUMNS:
+            tp, mb, seq, fwd, bwd = (
                 _check_profile_cell(row, col, reader.line_num, path, resolved)
+                for col in PROFILE_COLUMNS
+            )
+            rows.append((int(tp), int(mb), int(seq), float(fwd), float(bwd)))
     except csv.Error as e:
         raise PlanError(path, f"{resolved}: not a readable CSV file ({e})") from None
-    if rows == 0:
+    if not rows:
         raise PlanError(path, f"expected at least one row of measurements in {resolved} (got none)")
-    return resolved
+    return resolved, tuple(rows)
 
 
 def read_text_file(file: str, path: str, what: str, max_bytes: int) -> str:
@@ -296,7 +347,8 @@ def decode_utf8(data: bytes, file: str, path: str, what: str) -> str:
 
 def _check_profile_cell(
     row: Mapping[str, str | None], col: str, line: int, path: str, file: str
-) -> None:
+) -> float:
+    """The cell's value (int for tp, micro_batch, seq_len), checked against its range."""
     raw = row.get(col)
     raw = raw.strip() if isinstance(raw, str) else ""
     integer = col in ("tp", "micro_batch", "seq_len")
@@ -311,6 +363,7 @@ def _check_profile_cell(
             path,
             f"{file}, line {line}, column {col}: expected {what} <= {_PROFILE_MAXIMA[col]:g}",
         )
+    return v
 
 
 # ---------------------------------------------------------------- network
@@ -438,4 +491,5 @@ def parse_collectives(value: Any, path: str) -> CollectivesSpec:
         ring_order=f.get_enum(m, "ring_order", path, get_args(RingOrder), d.ring_order),  # type: ignore[arg-type]
         dp_bucket_layers=f.get_int(m, "dp_bucket_layers", path, d.dp_bucket_layers,
                                    maximum=lim.MAX_LAYERS, limit="the model's layers at most"),
+        nccl_cost=f.get_bool(m, "nccl_cost", path, d.nccl_cost),
     )

@@ -34,6 +34,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     for name, dt in plan.device_types.items():
         entry = _plain(dt)
         del entry["name"]
+        del entry["profile_rows"]  # read again from ``profile`` when the plan is loaded
         for key in ("profile", "source"):  # unset: leave out rather than write null / ""
             if not entry[key]:
                 del entry[key]
@@ -54,7 +55,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "training": _plain(plan.training),
         "device_types": types,
         "device_groups": {
-            g.name: {"type": g.type, "nodes": g.nodes, "gpus_per_node": g.gpus_per_node}
+            g.name: {"type": g.type, "nodes": g.nodes, "gpus_per_node": g.gpus_per_node,
+                     **({} if g.nic_gbps is None else {"nic_gbps": g.nic_gbps})}
             for g in plan.device_groups
         },
         "network": network,

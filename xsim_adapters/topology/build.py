@@ -4,7 +4,8 @@ What is built (node names in brackets; see ``docs/topology.md``):
 
 - one GPU node per global rank [``gpu<rank>``] and one NVSwitch per server [``nvs<server>``];
   each GPU has a cable (two directed links) to its NVSwitch at its type's ``scaleup_GBps`` x 8
-  Gb/s with ``scale_up.latency_us``, and a NIC cable to its leaf at its type's ``nic_gbps``
+  Gb/s with ``scale_up.latency_us``, and a NIC cable to its leaf at its group's ``nic_gbps``
+  (default: its type's)
   with ``scale_out.latency_us``;
 - ``leaf_spine``: ``nodes_per_leaf`` consecutive servers per leaf [``leaf<i>``]; or, with
   ``rail_optimized``, one pod of all servers where GPU ``i`` of every server is on rail leaf
@@ -141,7 +142,7 @@ def _add_servers(plan: Plan, g: _Graph) -> list[dict]:
                     "node": nid,
                     "server": server + d // grp.gpus_per_node,
                     "local": d % grp.gpus_per_node,
-                    "nic_gbps": dev.nic_gbps,
+                    "nic_gbps": grp.nic_gbps if grp.nic_gbps is not None else dev.nic_gbps,
                     "scaleup_gbps": dev.scaleup_GBps * _GBPS_PER_GBYTE_PER_S,
                 }
             )

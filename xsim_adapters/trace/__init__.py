@@ -1,6 +1,6 @@
 """The trace: schema (in memory) and its directory form on disk."""
 
-from .handmade import TraceBuilder, ring_all_reduce
+from .handmade import TraceBuilder, ring_all_reduce, ring_collective
 from .io import SUPPORTED_SCHEMA_VERSIONS, read_trace, write_trace
 from .schema import (
     COLLECTIVE_COLUMNS,
@@ -42,5 +42,6 @@ __all__ = [
     "empty_ops",
     "read_trace",
     "ring_all_reduce",
+    "ring_collective",
     "write_trace",
 ]

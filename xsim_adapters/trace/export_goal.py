@@ -1,13 +1,13 @@
 """Export a trace as GOAL text (the schedule format of LogGOPSim / ATLAHS).
 
-Mapping: a compute op is ``calc <duration_ns>`` on its rank; a barrier is ``calc 0``; a flow
-is a ``send <bytes>b to <dst> tag <t>`` on its source and the matching ``recv <bytes>b from
-<src> tag <t>`` on its destination (``t`` = the flow's op id, so every message has its own
-tag). GOAL dependencies are local to a rank, so an edge pred -> succ becomes ``succ requires
-pred`` on the rank where succ starts (a flow starts on its source) when pred has a vertex
-there (its own op, or the send/recv of a flow touching that rank); otherwise pred's rank
-sends a 0-byte notification message to succ's rank after pred completes, and succ requires
-its receipt. Calc times are in ns. The file is written atomically.
+Mapping: a compute op is ``calc <duration_ns>`` on its rank; a barrier is ``calc <its delay>``
+(0 for a plain join); a flow is a ``send <bytes>b to <dst> tag <t>`` on its source and the
+matching ``recv <bytes>b from <src> tag <t>`` on its destination (``t`` = the flow's op id, so
+every message has its own tag). GOAL dependencies are local to a rank, so an edge pred -> succ
+becomes ``succ requires pred`` on the rank where succ starts (a flow starts on its source) when
+pred has a vertex there (its own op, or the send/recv of a flow touching that rank); otherwise
+pred's rank sends a 0-byte notification message to succ's rank after pred completes, and succ
+requires its receipt. Calc times are in ns. The file is written atomically.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ kind            int8     ``KIND_COMPUTE`` (0), ``KIND_FLOW`` (1), ``KIND_BARRIER
 rank            int32    owner: compute rank, flow source, barrier owner (-1 if none)
 dst             int32    flow destination rank; -1 for other kinds
 bytes           int64    flow payload bytes; 0 for other kinds
-duration_ns     int64    compute duration; 0 for other kinds
+duration_ns     int64    compute duration; a barrier's delay (collective latency; else 0)
 flops           float64  model FLOPs the compute op performs on its rank (0 for other kinds)
 phase           int8     index into ``PHASES``
 replica         int16    data-parallel replica (-1: none, e.g. a DP sync barrier)

@@ -14,15 +14,16 @@ the last flows of the previous unit's collective that touch its rank.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ..plan.model import DeviceType, Plan, Stage
-from ..trace.schema import KIND_COMPUTE, KIND_FLOW, LAYER_EMBEDDING, PHASE_INDEX
+from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, LAYER_EMBEDDING, PHASE_INDEX
 from .builder import BulkBuilder, Template
 from .collectives import RingFlows, ring_flows
 from .compute import embedding_cost, head_cost, layer_costs
+from .kernels import microbatch_overhead_seconds
 from .passes import (
     GEMM_WGRAD_SHARE,
     attention_core_flops,
@@ -67,9 +68,11 @@ class RingSpec:
     sizes: tuple[int, ...]  # (C,)
     label: str  # channel-0 order, local indices, comma-joined
     algorithm: str
+    delays: tuple[tuple[str, int], ...] = ()  # (collective kind, NCCL delay ns before a ring)
 
 
-def _tp_kinds(plan: Plan) -> tuple[str, ...]:
+def tp_kinds(plan: Plan) -> tuple[str, ...]:
+    """The collective kinds of a stage's TP ring."""
     return ("reduce_scatter", "all_gather") if plan.training.sequence_parallel else ("all_reduce",)
 
 
@@ -94,7 +97,7 @@ def stage_units(
     n = stage.tp
     costs = layer_costs(model, training, device, n)
     core = attention_core_flops(model, training, n)
-    tpk = _tp_kinds(plan)
+    tpk = tp_kinds(plan)
     a, b = stage.layers if layers is None else layers
     fwd: list[Unit] = []
     bwd: list[Unit] = []
@@ -130,13 +133,13 @@ def stage_units(
                      None, gm)
             )
     if last:
-        ns, fl = head_cost(model, training, device, n)
+        ns, fl = head_cost(model, training, device, n, bwd=True)  # fl: backward (2x) FLOPs
         if split_w:
-            hb, hw = split_ns(2 * ns, GEMM_WGRAD_SHARE)
-            bwd.append(Unit("bwd", model.layers, model.layers + 1, hb, fl, tpk))
-            wgr.append(Unit("wgrad", model.layers, model.layers + 1, hw, fl, ()))
+            hb, hw = split_ns(ns, GEMM_WGRAD_SHARE)
+            bwd.append(Unit("bwd", model.layers, model.layers + 1, hb, fl / 2, tpk))
+            wgr.append(Unit("wgrad", model.layers, model.layers + 1, hw, fl / 2, ()))
         else:
-            bwd.append(Unit("bwd", model.layers, model.layers + 1, 2 * ns, 2 * fl, tpk))
+            bwd.append(Unit("bwd", model.layers, model.layers + 1, ns, fl, tpk))
     sel_ns = selective_recompute_ns(costs.attn_fwd_ns, costs.attn_flops, core)
     for layer in range(b - 1, a - 1, -1):
         if split_w:
@@ -160,11 +163,20 @@ def stage_units(
             Unit("bwd", layer, layer + 1, costs.attn_bwd_ns, 2 * costs.attn_flops, tpk, layer, ra)
         )
     if first:
-        ns, fl = embedding_cost(model, training, device)
+        ns, fl = embedding_cost(model, training, device, bwd=True)
         grads.append(
             Unit("wgrad" if split_w else "bwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, (),
                  mark="embedding")
         )
+    # Framework overhead per micro-batch pass, on the pass's first layer op. With interleaving
+    # every model chunk is its own forward/backward step call (Megatron's forward_step per chunk
+    # and micro-batch), so each chunk pays it.
+    # (On its first transformer-layer op, so a stage's embedding or head op stays its own.)
+    extra = int(round(microbatch_overhead_seconds() * 1e9))
+    for units in (fwd, bwd):
+        k = next((i for i, u in enumerate(units) if 0 <= u.layer_start < model.layers), None)
+        if k is not None:
+            units[k] = replace(units[k], duration_ns=units[k].duration_ns + extra)
     return [fwd, bwd, wgr] if split_w else [fwd, bwd]
 
 
@@ -272,7 +284,15 @@ def build_block(
             base = fl[0]
             tb.add_edges(rf.pred + base, rf.succ + base)
             start = rf.start[0] + base  # (C, n): first send of member m on channel c
-            tb.add_edges(tails[:, :, None], start.T[:, None, :])
+            delay = dict(ring.delays).get(kind, 0)
+            if delay > 0:  # NCCL latency and protocol cost: a timed barrier per member
+                dl = tb.add_ops(n, kind=KIND_BARRIER, rank=local, duration_ns=delay,
+                                phase=tp_phase, layer_start=u.layer_start,
+                                layer_stop=u.layer_stop, collective=coll[0])
+                tb.add_edges(tails, dl[:, None])
+                tb.add_edges(dl[:, None], start.T)
+            else:
+                tb.add_edges(tails[:, :, None], start.T[:, None, :])
             prev_early = prev_tails
             tails = (rf.tails[0] + base).transpose(1, 0, 2).reshape(n, -1)  # (n, 2C)
             prev_tails = tails

@@ -8,10 +8,11 @@ all-reduce. Flow (step k, position p) depends on flow (k-1, p-1) (the data it fo
 received) and flow (k-1, p) (the rank's own previous send is done).
 
 Granularity ``chunked``: the collective is ``chunks`` pipelined pieces; piece j is a single flow
-per ring edge carrying an equal share (integer cut points) of the rank's whole send volume
-(2(n-1)/n * S for an all-reduce, (n-1)/n * S otherwise). Piece j on edge p depends on piece j-1
-from the ring predecessor and on piece j-1 of its own edge, so J pieces stream around the ring:
-far fewer flows than ``step`` with the same bytes per link. The ``step`` column holds the piece.
+per ring edge carrying an equal share (integer cut points) of the rank's whole send volume in
+``step`` granularity (2(n-1)/n * S for an all-reduce, (n-1)/n * S otherwise, exact per rank).
+Piece j on edge p depends on piece j-1 from the ring predecessor and on piece j-1 of its own
+edge, so J pieces stream around the ring: far fewer flows than ``step`` with the same bytes per
+link. The ``step`` column holds the piece.
 
 Members and orders: instance i has ``members[i]`` (global ranks) and, per channel c, a ring
 order ``perm[i, c]`` of member indices. Channel c carries ``sizes[i, c]`` bytes.
@@ -22,8 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-RING_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 
 
 def num_steps(kind: str, n: int, granularity: str, chunks: int) -> int:
@@ -97,11 +96,14 @@ def ring_flows(
     if k_steps == 0:
         nbytes = np.zeros(shape, dtype=np.int64)
     elif granularity == "chunked":
-        factor = 2 if kind == "all_reduce" else 1
-        total = sizes * factor * (n - 1) // n  # (I, C): what every rank sends
-        cuts = total[..., None] * np.arange(k_steps + 1) // k_steps
-        piece = np.diff(cuts, axis=-1)  # (I, C, K)
-        nbytes = np.broadcast_to(piece[..., None], shape)
+        # What each position sends in ``step`` granularity (exact even when n does not divide
+        # S), cut into K equal pieces: every byte of the collective appears in its flows.
+        cuts = sizes[..., None] * np.arange(n + 1) // n
+        seg = np.diff(cuts, axis=-1)  # (I, C, n)
+        idx = np.asarray(_segment_index(kind, n))  # (steps, n)
+        total = np.take(seg, idx, axis=2).sum(axis=2)  # (I, C, n)
+        pcuts = total[..., None] * np.arange(k_steps + 1) // k_steps  # (I, C, n, K+1)
+        nbytes = np.diff(pcuts, axis=-1).transpose(0, 1, 3, 2)  # (I, C, K, n)
     else:
         cuts = sizes[..., None] * np.arange(n + 1) // n
         seg = np.diff(cuts, axis=-1)  # (I, C, n)

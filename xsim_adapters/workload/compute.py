@@ -1,18 +1,19 @@
-"""The compute model: FLOPs, bytes and durations of one stage's compute ops.
+"""The compute model: FLOPs and durations of one stage's compute ops.
 
-Per transformer layer and micro-batch (b = micro_batch, s = seq_len, h = hidden, f = ffn_hidden,
-kv = kv_heads, hd = h / heads), forward FLOPs on one rank of a TP group of size ``tp``:
+Model FLOPs per transformer layer and micro-batch on one rank of a TP group of size ``tp``
+(b = micro_batch, s = seq_len, h = hidden, f = ffn_hidden, kv = kv_heads, hd = h / heads):
 
 - attention block: QKV ``2bs*h*(h + 2*kv*hd)`` + out-projection ``2bs*h^2`` + scores and
   context ``4*b*s^2*h`` (halved with ``training.causal_attention_halving``), all / tp;
 - MLP block: ``2bs*h*f*(3 if gated_mlp else 2)`` / tp.
 
-Backward = 2x forward (input and weight gradients). A block's time is the roofline
-``max(FLOPs / (peak * 1e12 * efficiency), bytes / (hbm_GBps * 1e9))`` where bytes = the block's
-weight bytes / tp + an activation-traffic estimate (see :func:`block_bytes`); backward moves 2x
-the forward bytes. A device type's profile CSV (columns ``tp, micro_batch, seq_len,
-fwd_layer_us, bwd_layer_us``) wins where it has a matching row; the measured layer time is split
-between the attention and MLP blocks in proportion to their FLOPs.
+These FLOPs (backward = 2x forward) are what the trace records for MFU. The *durations* come from
+the operator-level model of :mod:`.kernels`: each block is the list of kernels a framework runs
+(GEMMs at a shape-dependent rate, the attention core, the memory-bound operators), each
+``max(FLOPs / achieved FLOP/s, bytes / achieved HBM B/s) + launch overhead`` at the peak of
+``training.precision`` (docs/compute.md). A device type's profile CSV (columns ``tp,
+micro_batch, seq_len, fwd_layer_us, bwd_layer_us``) wins where it has a matching row; the
+measured layer time is split between the attention and MLP blocks in proportion to their FLOPs.
 
 Parameter counts (layer, embedding, head) come from :mod:`xsim_adapters.plan.memory`, so the
 memory model, the optimizer step and the DP gradient bytes agree.
@@ -21,18 +22,26 @@ memory model, the optimizer step and the DP gradient bytes agree.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
-import pandas as pd
-
-from ..errors import PlanError
 from ..plan.memory import embedding_params, head_params, layer_params
 from ..plan.model import DeviceType, ModelSpec, TrainingSpec
+from .kernels import (
+    KERNEL_LAUNCH_US,
+    attention_kernels,
+    embedding_kernels,
+    head_kernels,
+    make_ctx,
+    mlp_kernels,
+    unit_seconds,
+)
 
 # Adam step traffic per parameter, bytes: it reads and writes 16 bytes of state per parameter
 # (fp32 master weight, m and v = 12, plus the bf16 weight and gradient = 4): 2 x 16.
 ADAM_BYTES_PER_PARAM = 32
-PROFILE_COLUMNS = ("tp", "micro_batch", "seq_len", "fwd_layer_us", "bwd_layer_us")
+# Gradient-norm clipping reads every fp32 gradient once more (Megatron clip_grad_norm_fp32);
+# fp16 loss scaling adds one more read for the inf/nan check before the step.
+GRAD_NORM_BYTES_PER_PARAM = 4
+FP16_INF_CHECK_BYTES_PER_PARAM = 4
 
 
 def attention_params(model: ModelSpec) -> int:
@@ -69,59 +78,30 @@ def layer_flops(model: ModelSpec, training: TrainingSpec, tp: int) -> LayerFlops
     return LayerFlops(attention=(qkv + proj + scores) / tp, mlp=mlp / tp)
 
 
-def block_bytes(model: ModelSpec, training: TrainingSpec, tp: int) -> tuple[float, float]:
-    """HBM bytes one rank moves for the forward (attention, MLP) blocks of one micro-batch.
-
-    Weights: the block's matrices / tp, read once. Activations (estimate, dtype bytes each):
-    the block reads its input and writes its output (2*b*s*h, replicated over TP); attention
-    also writes and re-reads QKV and the context (2*b*s*(h + 2*kv*hd + h) / tp); the MLP writes
-    and re-reads its intermediate tensors (2*b*s*f*(3 if gated else 2) / tp).
-    """
-    d = model.dtype_bytes
-    bs = training.micro_batch * model.seq_len
-    h, f = model.hidden, model.ffn_hidden
-    qkv_out = h + 2 * model.kv_heads * model.head_dim
-    attn = d * (attention_params(model) / tp + 2 * bs * h + 2 * bs * (qkv_out + h) / tp)
-    g = 3 if model.gated_mlp else 2
-    mlp = d * (mlp_params(model) / tp + 2 * bs * h + 2 * bs * f * g / tp)
-    return attn, mlp
-
-
 def compute_time_ns(flops: float, nbytes: float, device: DeviceType) -> int:
-    """Roofline duration in ns: max(flops / (peak * 1e12 * efficiency), bytes / (HBM * 1e9))."""
+    """Plain roofline in ns at the bf16 best-GEMM rate: max(flops / (peak * efficiency),
+    bytes / (HBM * hbm_efficiency)). For callers without a kernel list (estimates, tests)."""
     t_compute = flops / (device.peak_tflops * 1e12 * device.efficiency)
-    t_memory = nbytes / (device.hbm_GBps * 1e9)
+    t_memory = nbytes / (device.hbm_GBps * 1e9 * device.hbm_efficiency)
     return int(round(max(t_compute, t_memory) * 1e9))
 
 
-@lru_cache(maxsize=32)
-def _read_profile(path: str) -> pd.DataFrame:
-    return pd.read_csv(path)
+def _ns(seconds: float) -> int:
+    return int(round(seconds * 1e9))
 
 
 def profile_layer_us(
     device: DeviceType, tp: int, micro_batch: int, seq_len: int
 ) -> tuple[float, float] | None:
-    """(fwd_layer_us, bwd_layer_us) from the device type's profile CSV, or None if no row."""
-    if not device.profile:
-        return None
-    where = f"device_types.{device.name}.profile"
-    try:
-        df = _read_profile(device.profile)
-    except (OSError, ValueError) as e:
-        raise PlanError(where, f"cannot read profile CSV {device.profile!r} ({e})") from e
-    missing = [c for c in PROFILE_COLUMNS if c not in df.columns]
-    if missing:
-        raise PlanError(
-            where,
-            f"profile CSV {device.profile!r} must have columns {', '.join(PROFILE_COLUMNS)}"
-            f" (missing {', '.join(missing)})",
-        )
-    hit = df[(df.tp == tp) & (df.micro_batch == micro_batch) & (df.seq_len == seq_len)]
-    if hit.empty:
-        return None
-    row = hit.iloc[0]
-    return float(row.fwd_layer_us), float(row.bwd_layer_us)
+    """(fwd_layer_us, bwd_layer_us) from the device type's profile rows, or None if no row.
+
+    The rows were read and checked by the plan loader (``DeviceType.profile_rows``); the first
+    row matching (tp, micro_batch, seq_len) wins.
+    """
+    for row_tp, row_mb, row_seq, fwd_us, bwd_us in device.profile_rows:
+        if (row_tp, row_mb, row_seq) == (tp, micro_batch, seq_len):
+            return fwd_us, bwd_us
+    return None
 
 
 @dataclass(frozen=True)
@@ -155,12 +135,12 @@ def layer_costs(
             mlp_flops=fl.mlp,
             profiled=True,
         )
-    ab, mb = block_bytes(model, training, tp)
+    c = make_ctx(model, training, device, tp)
     return BlockCosts(
-        attn_fwd_ns=compute_time_ns(fl.attention, ab, device),
-        mlp_fwd_ns=compute_time_ns(fl.mlp, mb, device),
-        attn_bwd_ns=compute_time_ns(2 * fl.attention, 2 * ab, device),
-        mlp_bwd_ns=compute_time_ns(2 * fl.mlp, 2 * mb, device),
+        attn_fwd_ns=_ns(unit_seconds(attention_kernels(c, False))),
+        mlp_fwd_ns=_ns(unit_seconds(mlp_kernels(c, False))),
+        attn_bwd_ns=_ns(unit_seconds(attention_kernels(c, True))),
+        mlp_bwd_ns=_ns(unit_seconds(mlp_kernels(c, True))),
         attn_flops=fl.attention,
         mlp_flops=fl.mlp,
         profiled=False,
@@ -168,35 +148,42 @@ def layer_costs(
 
 
 def embedding_cost(
-    model: ModelSpec, training: TrainingSpec, device: DeviceType
+    model: ModelSpec, training: TrainingSpec, device: DeviceType, bwd: bool = False
 ) -> tuple[int, float]:
-    """(ns, FLOPs) of the embedding lookup (or its gradient scatter) for one micro-batch.
+    """(ns, FLOPs) of the embedding lookup (``bwd``: its gradient scatter) for one micro-batch.
 
-    Memory-bound: each rank reads the rows of its vocabulary shard and writes the b*s*h output
-    (2 * b*s*h * dtype bytes). No FLOPs.
+    Memory-bound (:func:`.kernels.embedding_kernels`); no FLOPs.
     """
-    nbytes = 2.0 * training.micro_batch * model.seq_len * model.hidden * model.dtype_bytes
-    return compute_time_ns(0.0, nbytes, device), 0.0
+    c = make_ctx(model, training, device, 1)
+    return _ns(unit_seconds(embedding_kernels(c, bwd))), 0.0
 
 
 def head_cost(
-    model: ModelSpec, training: TrainingSpec, device: DeviceType, tp: int
+    model: ModelSpec, training: TrainingSpec, device: DeviceType, tp: int, bwd: bool = False
 ) -> tuple[int, float]:
-    """(ns, FLOPs) per rank of the output-head GEMM forward (2*b*s*h*V / tp); backward is 2x.
+    """(ns, model FLOPs) per rank of the final norm, logits GEMM and loss for one micro-batch.
 
-    Bytes: the head weight shard plus reading the input and writing the logits shard.
+    Model FLOPs are the logits GEMM's ``2*b*s*h*V / tp`` (forward; 2x for ``bwd``).
     """
     bs = training.micro_batch * model.seq_len
     flops = 2.0 * bs * model.hidden * model.vocab / tp
-    nbytes = model.dtype_bytes * (
-        model.vocab * model.hidden / tp + bs * model.hidden + bs * model.vocab / tp
-    )
-    return compute_time_ns(flops, nbytes, device), flops
+    c = make_ctx(model, training, device, tp)
+    return _ns(unit_seconds(head_kernels(c, bwd))), flops * (2 if bwd else 1)
 
 
-def optimizer_time_ns(params_per_rank: float, device: DeviceType) -> int:
-    """Adam step over ``params_per_rank`` parameters: ADAM_BYTES_PER_PARAM each over HBM."""
-    return compute_time_ns(0.0, params_per_rank * ADAM_BYTES_PER_PARAM, device)
+def optimizer_time_ns(
+    params_per_rank: float, device: DeviceType, training: TrainingSpec | None = None
+) -> int:
+    """Adam step over ``params_per_rank`` parameters: memory-bound over the owned state.
+
+    Bytes per parameter: ADAM_BYTES_PER_PARAM + GRAD_NORM_BYTES_PER_PARAM (+ the fp16 inf check)
+    at the achieved HBM bandwidth, plus one kernel launch.
+    """
+    per = ADAM_BYTES_PER_PARAM + GRAD_NORM_BYTES_PER_PARAM
+    if training is not None and training.precision == "fp16":
+        per += FP16_INF_CHECK_BYTES_PER_PARAM
+    hbm = device.hbm_GBps * 1e9 * device.hbm_efficiency
+    return _ns(params_per_rank * per / hbm + KERNEL_LAUNCH_US * 1e-6)
 
 
 def stage_params(model: ModelSpec, layers: tuple[int, int]) -> int:
@@ -211,10 +198,10 @@ def stage_params(model: ModelSpec, layers: tuple[int, int]) -> int:
 
 __all__ = [
     "ADAM_BYTES_PER_PARAM",
+    "GRAD_NORM_BYTES_PER_PARAM",
     "BlockCosts",
     "LayerFlops",
     "attention_params",
-    "block_bytes",
     "compute_time_ns",
     "embedding_cost",
     "embedding_params",

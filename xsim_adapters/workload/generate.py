@@ -37,13 +37,20 @@ from ..trace.schema import (
     SCHEMA_VERSION,
     Trace,
 )
-from .blocks import Block, RingSpec, build_block, stage_units
+from .blocks import Block, RingSpec, build_block, stage_units, tp_kinds
 from .builder import BulkBuilder
 from .collectives import ring_flows
 from .compute import ADAM_BYTES_PER_PARAM, optimizer_time_ns, stage_params
 from .dpsync import buckets, chunk_rings, sweep_segments
 from .reshard import DEST, SOURCE, algorithm_label, reshard_transfers
-from .rings import RankInfo, channel_orders, ring_bottleneck_GBps, ring_order, split_bytes
+from .rings import (
+    RankInfo,
+    channel_orders,
+    ring_bottleneck_GBps,
+    ring_delay_ns,
+    ring_order,
+    split_bytes,
+)
 from .schedule import BWD, WGRAD, replica_chunks, stage_order
 
 GENERATOR_VERSION = "1"
@@ -110,7 +117,12 @@ class _Generator:
         orders, sizes = self._ring(ranks, self.act_bytes)
         pos = {r: k for k, r in enumerate(ranks)}
         perm = tuple(tuple(pos[r] for r in o) for o in orders)
-        return RingSpec(perm, tuple(sizes), ",".join(map(str, perm[0])), self.algorithm)
+        delays: tuple[tuple[str, int], ...] = ()
+        if self.plan.collectives.nccl_cost:
+            delays = tuple((k, ring_delay_ns(self.info, k, orders, sizes))
+                           for k in tp_kinds(self.plan))
+        return RingSpec(perm, tuple(sizes), ",".join(map(str, perm[0])), self.algorithm,
+                        delays)
 
     # ---- stages ------------------------------------------------------------------------
     def _blocks(
@@ -362,12 +374,22 @@ class _Generator:
             return None
         members = np.array([cr.members for cr in rings], dtype=np.int64)  # (I, n)
         perms, sizes, labels = [], [], []
+        dp_kinds = ("all_reduce", "reduce_scatter", "all_gather")
+        delays: dict[str, list[int]] = {k: [] for k in dp_kinds}
+        seen: dict[tuple, tuple[int, ...]] = {}
         for cr in rings:
             orders, sz = self._ring(list(cr.members), cr.nbytes)
             pos = {rk: k for k, rk in enumerate(cr.members)}
             perms.append([[pos[rk] for rk in o] for o in orders])
             sizes.append(sz)
             labels.append(",".join(map(str, orders[0])))
+            if plan.collectives.nccl_cost:
+                key = (tuple(map(tuple, orders)), tuple(sz))
+                if key not in seen:
+                    seen[key] = tuple(ring_delay_ns(self.info, kd, orders, sz)
+                                      for kd in dp_kinds)
+                for kd, d in zip(dp_kinds, seen[key], strict=True):
+                    delays[kd].append(d)
         grad_kind = WGRAD if plan.training.schedule == "zb_h1" else BWD
         last_op: dict[tuple[int, int], np.ndarray] = {}  # (r, s) -> last compute ids (n,)
         last_grad: dict[tuple[int, int, int], int] = {}  # (r, s, chunk) -> last grad micro-batch
@@ -399,6 +421,7 @@ class _Generator:
             "members": members,
             "perm": np.array(perms, dtype=np.int64),
             "sizes": np.array(sizes, dtype=np.int64),
+            "delays": {k: np.array(v, dtype=np.int64) for k, v in delays.items() if v},
             "labels": np.array(labels, dtype=object),
             "nbytes": np.array([cr.nbytes for cr in rings], dtype=np.int64),
             "chunk": np.array([cr.chunk for cr in rings], dtype=np.int64),
@@ -423,7 +446,7 @@ class _Generator:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Emit one ``kind`` collective per DP ring; member j of ring i starts after
         ``start_after[i, j]`` (None: no predecessor). Returns the global tails (I, C, n, 2) and
-        first flows (I, C, n)."""
+        first flows (I, C, n), or with an NCCL delay the delay barriers (I, 1, n)."""
         tb, c = self.tb, self.plan.collectives
         rf = ring_flows(dp["members"], dp["perm"], dp["sizes"], kind, c.granularity, c.chunks)
         coll = tb.add_collectives(
@@ -456,9 +479,28 @@ class _Generator:
         )
         base = int(ids[0]) if len(ids) else 0
         tb.add_edges(rf.pred + base, rf.succ + base)
+        starts = rf.start + base
+        delay = dp.get("delays", {}).get(kind)
+        if delay is not None and len(ids) and (delay > 0).any():
+            # NCCL latency and protocol cost: a timed barrier per member before its first send
+            num_i, n = dp["members"].shape
+            dl = tb.add_ops(
+                num_i * n,
+                kind=KIND_BARRIER,
+                rank=dp["members"].reshape(-1),
+                duration_ns=np.repeat(delay, n),
+                phase=PHASE_INDEX["dp"],
+                replica=self.rank_replica[dp["members"].reshape(-1)],
+                stage=self.rank_stage[dp["members"].reshape(-1)],
+                layer_start=np.repeat(dp["layer_start"], n),
+                layer_stop=np.repeat(dp["layer_stop"], n),
+                collective=np.repeat(coll, n),
+            ).reshape(num_i, 1, n)
+            tb.add_edges(dl, starts)
+            starts = dl  # (I, 1, n): what waits before the ring waits before the delay
         if start_after is not None:
-            tb.add_edges(start_after[:, None, :], rf.start + base)
-        return rf.tails + base, rf.start + base
+            tb.add_edges(start_after[:, None, :], starts)
+        return rf.tails + base, starts
 
     # ---- output -------------------------------------------------------------------------
     def manifest(

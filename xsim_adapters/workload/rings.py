@@ -5,9 +5,18 @@ scale-out fabric once per server boundary; servers are sorted by NIC speed (then
 so the ring crosses between NIC speed classes only twice (slow ones together, fast ones
 together). ``natural``: ascending rank order.
 
-Channels: channel c uses the base order reversed when c is odd, and rotated by c // 2 servers
-(a different start) otherwise; each channel's share of the bytes is proportional to its ring's
-bottleneck bandwidth (the slowest hop).
+Channels, as NCCL builds them on servers with one NIC per GPU: inside each server a channel's
+ring is a rotation of that server's members, so it enters the server at one GPU and leaves it
+from the GPU just before (that GPU's NIC carries the channel out). Channel pair j (channels 2j
+and 2j+1) starts server 0 at its member j; every next server starts at the member on the same
+local index (the same rail) as the GPU the ring left the previous server from, so every hop
+between servers stays on one rail (except, when the servers' members do not line up, the wrap-
+around). Odd servers are walked in the other direction, so with an even number of servers the
+wrap-around is on a rail too. Channel pair j leaves server 0 from its member j-1 and the odd
+servers from member j, so channel pairs 0..m-1 use all m NICs of a server with m ring members.
+Odd channels run the same ring reversed (the other direction of each NIC). On one server,
+channels are the base order and its reverse. Each channel's share of the bytes is proportional
+to its ring's bottleneck bandwidth (slowest hop).
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..plan.model import Plan
+from .nccl import ring_cost
 
 
 class RankInfo:
@@ -28,15 +38,17 @@ class RankInfo:
         self.nic_gbps = np.zeros(n, dtype=np.float64)
         self.scaleup_GBps = np.zeros(n, dtype=np.float64)
         self.group = np.zeros(n, dtype=np.int64)
+        self.local = np.zeros(n, dtype=np.int64)
         off = node_off = 0
         for gi, g in enumerate(plan.device_groups):
             dt = plan.device_types[g.type]
             d = np.arange(g.num_devices)
             sl = slice(off, off + g.num_devices)
             self.server[sl] = node_off + d // g.gpus_per_node
-            self.nic_gbps[sl] = dt.nic_gbps
+            self.nic_gbps[sl] = g.nic_gbps if g.nic_gbps is not None else dt.nic_gbps
             self.scaleup_GBps[sl] = dt.scaleup_GBps
             self.group[sl] = gi
+            self.local[sl] = d % g.gpus_per_node
             off += g.num_devices
             node_off += g.nodes
 
@@ -65,18 +77,76 @@ def ring_bottleneck_GBps(info: RankInfo, order: Sequence[int]) -> float:
     return min(info.link_GBps(order[i], order[(i + 1) % n]) for i in range(n))
 
 
+def ring_delay_ns(info: RankInfo, kind: str, orders: Sequence[Sequence[int]],
+                  sizes: Sequence[int]) -> int:
+    """NCCL's extra cost (latency and protocol bandwidth, :mod:`.nccl`) of a ring ``kind``
+    whose channels have ``orders`` and carry ``sizes`` bytes: the largest over channels, ns."""
+    worst = 0
+    for order, nbytes in zip(orders, sizes, strict=True):
+        n = len(order)
+        if n < 2 or nbytes <= 0:
+            continue
+        hops = [(order[i], order[(i + 1) % n]) for i in range(n)]
+        slow = min(hops, key=lambda h: info.link_GBps(*h))
+        link = "nvlink" if info.server[slow[0]] == info.server[slow[1]] else "net"
+        servers = len({int(info.server[r]) for r in order})
+        cost = ring_cost(kind, n, int(nbytes), servers, info.link_GBps(*slow), link, len(orders))
+        worst = max(worst, cost.extra_ns)
+    return worst
+
+
+def _server_blocks(info: RankInfo, order: Sequence[int]) -> list[list[int]]:
+    """``order`` cut into runs of consecutive ranks on one server."""
+    blocks: list[list[int]] = []
+    for r in order:
+        if blocks and info.server[blocks[-1][-1]] == info.server[r]:
+            blocks[-1].append(r)
+        else:
+            blocks.append([r])
+    return blocks
+
+
+def _rail_aligned(info: RankInfo, blocks: list[list[int]], j: int) -> list[int]:
+    """Channel pair ``j``'s ring: server blocks rotated so each hop between servers stays on
+    one rail and successive servers leave from successive GPUs (see the module docstring)."""
+    out: list[int] = []
+    exit_local = -1
+    for b, block in enumerate(blocks):
+        locals_ = [int(info.local[r]) for r in block]
+        if b > 0 and exit_local in locals_:
+            start = locals_.index(exit_local)
+        else:
+            start = j % len(block)
+        m = len(block)
+        # Odd servers are walked downwards, so the ring closes on a rail with an even count.
+        rot = [block[(start + (-i if b % 2 else i)) % m] for i in range(m)]
+        out += rot
+        exit_local = int(info.local[rot[-1]])
+    return out
+
+
 def channel_orders(info: RankInfo, base: Sequence[int], channels: int) -> list[list[int]]:
-    """``channels`` ring orders derived from ``base``: odd channels reversed, even rotated."""
+    """``channels`` ring orders derived from ``base`` (a server-contiguous order): rail-aligned
+    rotations spreading the server exits over the members' NICs, odd channels reversed."""
     base = list(base)
-    n = len(base)
-    # Rotation step: one server's worth of ranks, so rotated rings start on another server.
-    per_server = max(1, sum(1 for r in base if info.server[r] == info.server[base[0]]))
+    blocks = _server_blocks(info, base)
     out = []
     for c in range(channels):
-        rot = ((c // 2) * per_server) % n if n else 0
-        order = base[rot:] + base[:rot]
+        order = base if len(blocks) < 2 else _rail_aligned(info, blocks, c // 2)
         out.append(order[::-1] if c % 2 else order)
     return out
+
+
+def channels_for(info: RankInfo, ranks: Sequence[int], requested: int) -> int:
+    """Channel count: ``requested`` if positive; ``0`` (auto) gives two channels (both
+    directions) per member a server contributes, so every member's NIC carries one channel
+    out and one in, as NCCL opens at least one ring per NIC; 1 for a ring inside one server."""
+    if requested > 0:
+        return requested
+    servers = info.server[np.asarray(list(ranks), dtype=np.int64)]
+    if len(np.unique(servers)) < 2:
+        return 1
+    return 2 * int(np.bincount(servers).max())
 
 
 def split_bytes(total: int, weights: Sequence[float]) -> list[int]:

@@ -182,7 +182,9 @@ def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> In
         raise BackendError(f"htsim: op {bad} has unknown kind {int(kind[bad])}")
     # One line per op, formatted per kind in bulk (a per-op branch costs seconds at 10^6 ops).
     op_lines = np.full(n, "B", dtype=object)
-    comp_idx = np.flatnonzero(kind == KIND_COMPUTE)
+    # a timed barrier (collective latency) is a timer like a compute op
+    timed = (kind == KIND_BARRIER) & (ops["duration_ns"].to_numpy() > 0)
+    comp_idx = np.flatnonzero((kind == KIND_COMPUTE) | timed)
     dur_ps = ops["duration_ns"].to_numpy(dtype=np.int64)[comp_idx] * 1000
     op_lines[comp_idx] = [f"C {d}" for d in dur_ps.tolist()]
     nbytes = ops["bytes"].to_numpy(dtype=np.int64)[flow_idx]

@@ -21,7 +21,7 @@ import numpy as np
 
 from xsim_adapters.errors import BackendError
 from xsim_adapters.topology.model import Topology, is_scale_up_path
-from xsim_adapters.trace.schema import KIND_FLOW, Trace
+from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, Trace
 
 from ._options import Ns3Options
 
@@ -49,7 +49,10 @@ def _dag_arrays(trace: Trace) -> dict[str, np.ndarray]:
     sptr = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(pred, minlength=n), out=sptr[1:])
     return {
-        "kind": ops["kind"].to_numpy(np.int64),
+        # a timed barrier (collective latency) runs as the engine's compute timer
+        "kind": np.where((ops["kind"].to_numpy() == KIND_BARRIER)
+                         & (ops["duration_ns"].to_numpy() > 0), KIND_COMPUTE,
+                         ops["kind"].to_numpy()).astype(np.int64),
         "dur": ops["duration_ns"].to_numpy(np.int64),
         "bytes": ops["bytes"].to_numpy(np.int64),
         "sptr": sptr,

@@ -3,7 +3,8 @@
 Model (times in ns, sizes in bytes, rates in bytes/ns):
 
 - an op starts when its last predecessor ends (ops without predecessors start at 0);
-- a compute op ends ``duration_ns`` after it starts; a barrier ends when it starts;
+- a compute op ends ``duration_ns`` after it starts; a barrier ends ``duration_ns`` after it
+  starts (0 for a plain join; collective latency is a timed barrier);
 - a flow transmits ``bytes`` at its max-min fair share of the links on its path among all
   flows transmitting at that moment (recomputed whenever a flow starts or stops transmitting or
   a link event changes a capacity), and ends ``latency`` (sum of its links' latencies) after
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import BackendError
-from ...trace.schema import KIND_COMPUTE, KIND_FLOW, KINDS, PHASES
+from ...trace.schema import KIND_FLOW, KINDS, PHASES
 from .maxmin import maxmin_rates
 
 Progress = Callable[[int, int], None]
@@ -160,7 +161,7 @@ class _Executor:
                         else:
                             lst.append(op)
                         continue
-                elif k == KIND_COMPUTE and duration[op] > 0:
+                elif k != KIND_FLOW and duration[op] > 0:  # compute, timed barrier
                     fin = t + duration[op]
                     lst = due.get(fin)
                     if lst is None:

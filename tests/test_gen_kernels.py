@@ -1,0 +1,219 @@
+"""Operator-level compute model: GEMM tile/wave quantization, kernel lists, precision peaks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from math import ceil
+
+import pytest
+from test_gen_helpers import A100, H100
+
+from xsim_adapters.errors import PlanError
+from xsim_adapters.plan import plan_from_dict
+from xsim_adapters.plan.model import ModelSpec, TrainingSpec
+from xsim_adapters.plan.presets import device_presets
+from xsim_adapters.workload.compute import layer_costs, layer_flops
+from xsim_adapters.workload.gemm import Rates, gemm_quantization, gemm_seconds
+from xsim_adapters.workload.kernels import (
+    HOST_OP_US,
+    KERNEL_LAUNCH_US,
+    attention_kernels,
+    device_rates,
+    make_ctx,
+    mlp_kernels,
+    unit_seconds,
+)
+
+A100_SM = replace(A100, sm_count=108)
+GPT = ModelSpec("gpt", 24, 2304, 9216, 24, 24, 2048, 51200, "fp16", gated_mlp=False)
+TR = TrainingSpec(global_batch=8, micro_batch=1)
+
+
+def test_full_waves_reach_the_best_rate_and_a_tail_costs_a_wave() -> None:
+    # 12 x 9 = 108 tiles of 256x128 on 108 SMs (MMGUIDE §3.2's A100 wave): one full wave
+    assert gemm_quantization(256 * 12, 128 * 9, 4096, 1, 108) == (1.0, 1)
+    # one more row of tiles: 117 tiles of 256x128 (108 + a 9-tile tail), 2 waves; 128x128
+    # tiles give 26 x 9 = 234 tiles, 3 waves at 3/4 rate. The best of the two:
+    m, n = 256 * 13, 128 * 9
+    want = max(m * n / (2 * 108 * 256 * 128), m * n / (3 * 108 * 128 * 128) * 0.75)
+    assert gemm_quantization(m, n, 4096, 1, 108)[0] == pytest.approx(want)
+    # a partial tile pays a whole tile: 3073 rows need 13 row-tiles of 256, so a second wave
+    q_pad = gemm_quantization(3073, 128 * 9, 4096, 1, 108)[0]
+    assert q_pad < 0.6
+    assert gemm_quantization(1000, 1000, 1000, 1, 0) == (1.0, 1)  # no SM count: no waves
+
+
+def test_split_k_fills_the_sms_for_small_outputs() -> None:
+    # 512 x 512 output = 4 tiles of 256x128 on 108 SMs; K = 16384 splits up to min(27, 64) = 27
+    q, split = gemm_quantization(512, 512, 16384, 1, 108)
+    assert split > 1
+    assert q > 4 / 108  # better than 4 busy SMs out of 108
+    assert q <= 1.0
+
+
+def test_gemm_roofline_memory_bound_for_gemv() -> None:
+    r = Rates(gemm_flops=312e12 * 0.869, hbm_Bps=2039e9 * 0.73, sm_count=108)
+    m, n, k = 1, 8192, 8192  # a GEMV: always memory-bound (MMGUIDE §2)
+    t = gemm_seconds(m, n, k, 1, 2, r)
+    t_mem = 2 * (m * k + k * n + m * n) / r.hbm_Bps
+    assert t_mem <= t == pytest.approx(t_mem, rel=0.01)  # + split-K's fp32 partials
+    # a big square GEMM is compute-bound at exactly the best rate (full waves)
+    t = gemm_seconds(256 * 108, 8192, 8192, 1, 2, r)
+    assert t == pytest.approx(2 * 256 * 108 * 8192 * 8192 / r.gemm_flops)
+
+
+def test_tp_splits_gemms_into_less_efficient_shapes() -> None:
+    """Per-rank achieved TFLOP/s of a layer falls as TP shrinks the GEMMs."""
+    def rate(tp: int) -> float:
+        c = layer_costs(GPT, TR, A100_SM, tp)
+        return (c.attn_flops + c.mlp_flops) / (c.attn_fwd_ns + c.mlp_fwd_ns) * 1e9
+
+    rates = [rate(tp) for tp in (1, 2, 4, 8)]
+    assert rates == sorted(rates, reverse=True)
+    assert rates[-1] < 0.8 * rates[0]
+    assert rates[0] < A100_SM.peak_tflops * 1e12 * A100_SM.efficiency  # never above the asymptote
+
+
+def test_kernel_lists_are_gqa_and_swiglu_aware() -> None:
+    llama = ModelSpec("l", 2, 4096, 14336, 32, 8, 2048, 32000)
+    c = make_ctx(llama, TR, H100, 2)
+    qkv = next(k for k in attention_kernels(c, False) if k.name == "qkv")
+    assert qkv.flops == 2 * 2048 * 4096 * (16 + 2 * 4) * 128  # 16 q heads + 2x4 kv heads / rank
+    up = next(k for k in mlp_kernels(c, False) if k.name == "up")
+    assert up.flops == 2 * 2048 * 4096 * 2 * 14336 // 2  # gate and up fused, / tp
+    names = [k.name for k in mlp_kernels(c, True)]
+    assert names == ["residual_bwd", "down_dgrad", "down_wgrad", "down_grad_accum", "act_bwd",
+                     "up_dgrad", "up_wgrad", "up_grad_accum", "norm_bwd"]  # fmt: skip
+    acc = next(k for k in mlp_kernels(c, True) if k.name == "down_grad_accum")
+    assert acc.seconds == pytest.approx(3 * 4096 * 7168 * 2 / c.rates.hbm_Bps)  # read 2, write 1
+    # GEMM model FLOPs of the kernels add up to the trace's layer FLOPs (less the attention core)
+    fl = layer_flops(llama, TR, 2)
+    gemm = sum(k.flops for k in mlp_kernels(c, False))
+    assert gemm == fl.mlp
+
+
+def test_unfused_attention_with_dropout_is_slower_than_flash() -> None:
+    unfused = replace(TR, flash_attention=False, dropout=True)
+    c1 = layer_costs(GPT, TR, A100_SM, 1)
+    c2 = layer_costs(GPT, unfused, A100_SM, 1)
+    assert c2.attn_fwd_ns > 1.2 * c1.attn_fwd_ns
+    names = [k.name for k in attention_kernels(make_ctx(GPT, unfused, A100_SM, 1), False)]
+    assert names == ["norm", "qkv", "qk", "softmax", "attn_dropout", "pv", "proj", "residual"]
+
+
+def test_unit_time_is_kernels_plus_launches_or_the_host_floor() -> None:
+    c = make_ctx(GPT, TR, A100_SM, 1)
+    ks = attention_kernels(c, False)
+    assert unit_seconds(ks) == pytest.approx(
+        sum(k.seconds for k in ks) + len(ks) * KERNEL_LAUNCH_US * 1e-6
+    )
+    tiny = ModelSpec("t", 1, 64, 128, 1, 1, 8, 64)
+    kt = attention_kernels(make_ctx(tiny, TR, A100_SM, 1), False)
+    assert unit_seconds(kt) == pytest.approx(len(kt) * HOST_OP_US * 1e-6)  # host-bound
+
+
+def test_precision_picks_the_peak() -> None:
+    h100 = device_presets()["H100-80GB"]
+    rates = {p: device_rates(h100, replace(TR, precision=p))[0].gemm_flops for p in
+             ("bf16", "fp16", "fp8", "tf32", "fp32")}  # fmt: skip
+    eff = h100.efficiency * 1e12
+    assert rates == pytest.approx(
+        {"bf16": 989 * eff, "fp16": 989 * eff, "fp8": 1979 * eff, "tf32": 494.5 * eff,
+         "fp32": 67 * eff}  # fmt: skip
+    )
+    # fp32 makes the layer GEMM-bound at the fp32 rate: far slower than bf16
+    llama = ModelSpec("l", 2, 4096, 14336, 32, 8, 2048, 32000)
+    fp32 = layer_costs(llama, replace(TR, precision="fp32"), h100, 1).mlp_fwd_ns
+    bf16 = layer_costs(llama, TR, h100, 1).mlp_fwd_ns
+    assert fp32 > 8 * bf16
+    # V100 has no bf16: a bf16 plan runs at the fp16 tensor peak; tf32 falls back to fp32
+    v100 = device_presets()["V100-32GB"]
+    assert not v100.bf16
+    assert device_rates(v100, TR)[0].gemm_flops == pytest.approx(125e12 * v100.efficiency)
+    tf32 = device_rates(v100, replace(TR, precision="tf32"))[0].gemm_flops
+    assert tf32 == pytest.approx(15.7e12 * v100.efficiency)
+
+
+def _plan(device: str, precision: str) -> dict:
+    return {
+        "name": "p",
+        "model": "tiny-gpt",
+        "training": {"global_batch": 2, "micro_batch": 1, "precision": precision},
+        "device_groups": {"g": {"type": device, "nodes": 1, "gpus_per_node": 1}},
+        "replicas": {"uniform": {"group": "g", "tp": 1, "pp": 1, "dp": 1}},
+    }
+
+
+def test_precision_without_a_unit_is_a_plan_error() -> None:
+    with pytest.raises(PlanError) as info:
+        plan_from_dict(_plan("A100-80GB", "fp8"))
+    assert str(info.value) == (
+        "training.precision: fp8 needs device_types.A100-80GB.fp8_tflops > 0 "
+        "(device type A100-80GB has none; got 'fp8')"
+    )
+    assert plan_from_dict(_plan("H100-80GB", "fp8")).training.precision == "fp8"
+    with pytest.raises(PlanError, match=r"^training.precision: expected one of"):
+        plan_from_dict(_plan("H100-80GB", "int4"))
+
+
+def test_old_custom_type_fields_still_work() -> None:
+    d = _plan("X1", "bf16")
+    d["device_types"] = {
+        "X1": {"peak_tflops": 100, "hbm_GB": 80, "hbm_GBps": 1000, "scaleup_GBps": 100,
+               "nic_gbps": 100, "efficiency": 0.5}  # fmt: skip
+    }
+    x = plan_from_dict(d).device_types["X1"]
+    assert (x.peak_tflops, x.efficiency, x.sm_count, x.hbm_efficiency) == (100, 0.5, 0, 0.8)
+    d["device_types"]["X1"].update({"sm_count": 64, "fp8_tflops": 200, "hbm_efficiency": 0.9})
+    x = plan_from_dict(d).device_types["X1"]
+    assert (x.sm_count, x.fp8_tflops, x.hbm_efficiency) == (64, 200, 0.9)
+
+
+def test_presets_carry_sourced_per_precision_specs() -> None:
+    dev = device_presets()
+    want = {"V100-32GB", "T4", "A10", "A30", "L4", "MI250X", "MI300X", "GH200", "RTX-2080-Ti",
+            "RTX-3090", "RTX-4090", "H100-80GB", "B200"}  # fmt: skip
+    assert want <= set(dev)
+    for name, d in dev.items():
+        assert d.source, name
+        assert d.sm_count > 0, name
+        assert 0 < d.efficiency <= 1 and 0 < d.hbm_efficiency <= 1, name
+        assert d.fp32_tflops > 0 and d.fp32_tflops < d.peak_tflops, name
+        if d.tf32_tflops:
+            assert d.fp32_tflops <= d.tf32_tflops <= d.peak_tflops, name
+        if d.fp8_tflops:
+            assert d.fp8_tflops == pytest.approx(2 * d.peak_tflops, rel=0.02), name
+    # spot checks against shared/reference/gpu-specs.csv
+    assert (dev["H100-80GB"].peak_tflops, dev["H100-80GB"].fp8_tflops) == (989, 1979)
+    assert (dev["RTX-4090"].peak_tflops, dev["RTX-4090"].sm_count) == (165.2, 128)
+    assert dev["MI250X"].peak_tflops == 383 / 2  # one GCD
+    assert [dev[n].bf16 for n in ("V100-32GB", "T4", "RTX-2080-Ti", "A100-80GB")] == [
+        False, False, False, True]  # fmt: skip
+
+
+def test_wave_count_formula_matches_mle_example() -> None:
+    """MLE's Llama-3.1-8B up-projection: 8192 x 14336 output, 128x256 tile = 3584 blocks."""
+    assert ceil(8192 / 128) * ceil(14336 / 256) == 3584
+    # 25 waves on 148 SMs, 24 on 152 (as MLE states): our quantization is blocks/(waves*SMs)
+    q148 = 3584 / (ceil(3584 / 148) * 148)
+    q152 = 3584 / (ceil(3584 / 152) * 152)
+    assert (ceil(3584 / 148), ceil(3584 / 152)) == (25, 24)
+    assert q152 / q148 == pytest.approx(25 / 24 * 148 / 152)
+
+
+@pytest.mark.parametrize("device", sorted(device_presets()))
+def test_every_preset_generates_a_plan(device: str) -> None:
+    """Each preset runs a small plan: positive durations, slower parts take longer."""
+    from xsim_adapters.workload import generate
+
+    d = _plan(device, "bf16")
+    d["model"] = {"layers": 24, "hidden": 1024, "ffn_hidden": 4096, "heads": 16, "seq_len": 1024,
+                  "vocab": 50257, "gated_mlp": False}  # GPT-2 medium (0.35 B): fits in 11 GB
+    trace = generate(plan_from_dict(d))
+    comp = trace.ops[trace.ops["kind"] == 0]
+    assert (comp["duration_ns"] > 0).all()
+    total = int(comp["duration_ns"].sum())
+    if device == "T4":  # 65 TFLOP/s at 38%, 320 GB/s vs H100's 989 at 80%, 3350 GB/s
+        h100 = generate(plan_from_dict(_plan("H100-80GB", "bf16") | {"model": d["model"]}))
+        ch = h100.ops[h100.ops["kind"] == 0]
+        assert total > 10 * int(ch["duration_ns"].sum())

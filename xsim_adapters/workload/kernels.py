@@ -1,0 +1,325 @@
+"""The kernels a framework runs for one layer block, forward and backward, and their times.
+
+Megatron-style transformer layer on one rank of a TP group of ``tp`` (b = micro-batch, s =
+sequence, T = b*s tokens, h = hidden, f = ffn_hidden, hq / hkv = query / key-value heads,
+hd = h / hq; Tr = T / tp for the norm/residual region under sequence parallelism, else T):
+
+- attention block: norm, QKV GEMM [T, h] x [h, (hq + 2 hkv) hd / tp], rotary on Q and K
+  (Llama conventions, ``model.gated_mlp``), the attention core (FlashAttention, or Megatron's
+  unfused core: batched QK^T, fused scale-mask-softmax, dropout, batched PV), the output
+  projection [T, hq hd / tp] x [hq hd / tp, h], and the residual add (with dropout: Megatron's
+  fused bias-dropout-add);
+- MLP block: norm, up GEMM [T, h] x [h, f / tp] (gate and up fused: 2 f / tp for SwiGLU), the
+  activation (SwiGLU or bias-GELU), down GEMM [T, f / tp] x [f / tp, h], residual add.
+- backward: each GEMM becomes two (input gradient ``dX = dY W^T`` and weight gradient
+  ``dW = X^T dY``) plus the accumulation of ``dW`` into the parameter's gradient across
+  micro-batches (PyTorch AccumulateGrad), each memory-bound op its backward (norm: x, dy -> dx;
+  activation: inputs and dy -> dx; dropout: dy, mask -> dx), the flash core its backward kernel
+  (2.5x the forward work, FA2/FA3 §4.1), the unfused core four batched GEMMs and the
+  softmax/dropout backward.
+
+Every kernel's time is the roofline of :mod:`.gemm` plus :data:`KERNEL_LAUNCH_US`; a unit (one
+compute op of the trace) takes the sum of its kernels' times, but never less than the host time
+to issue them (:data:`HOST_OP_US` per kernel: eager frameworks issue ops from Python, so a unit
+of many tiny kernels is bound by the host, not the GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..plan.model import DeviceType, ModelSpec, TrainingSpec
+from .gemm import Rates, gemm_seconds, tiled_quantization
+
+# --- global constants (docs/compute.md lists every one with its source) ---------------------
+# GPU-side cost per kernel beyond its roofline time: 3.4 us per graph-launched 2.9 us kernel on
+# V100 (NVIDIA blog "Getting Started with CUDA Graphs", 2019) -> 0.5 us between kernels.
+KERNEL_LAUNCH_US = 0.5
+# Host time per framework op in eager PyTorch: ~280,000 ops/s on tiny tensors (horace.io
+# brrr_intro), 3.6 us; consistent with 3.8 us per overlapped launch in the CUDA Graphs blog.
+HOST_OP_US = 3.6
+# Host ops per micro-batch pass outside the layers (batch fetch and broadcast, loss function,
+# schedule bookkeeping). No public figure exists (gpu-calibration.md §8); an assumption.
+MICROBATCH_HOST_OPS = 20
+# FlashAttention: rates relative to the device's best GEMM, from FA2 on A100 (FA2 §4.1: forward
+# up to 73%, backward up to 63% of the 312 TFLOP/s peak; A100 MAMF 86.9%): 0.73/0.869, 0.63/0.869.
+FLASH_FWD_RATE = 0.84
+FLASH_BWD_RATE = 0.725
+FLASH_BWD_WORK = 2.5  # backward FLOPs / forward FLOPs (FA2, FA3 §4.1: recomputes S and P)
+FLASH_BLOCK_Q = 128  # query rows per thread block (FA2), for wave quantization
+DROPOUT_MASK_BYTES = 1  # one byte per element (PyTorch bool / uint8 mask)
+FP32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of a unit: name, roofline seconds (no launch overhead), model FLOPs."""
+
+    name: str
+    seconds: float
+    flops: float = 0.0
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """Everything the kernel lists need: shapes per rank and the device's rates."""
+
+    model: ModelSpec
+    training: TrainingSpec
+    tp: int
+    rates: Rates  # GEMM rate at the precision's peak
+    attn_rates: Rates  # attention-core rate (16-bit peak for fp8 training)
+    act_bytes: int  # bytes per activation element (2 mixed precision, 4 fp32/tf32)
+    gemm_in_bytes: float  # bytes per GEMM operand element (1 for fp8)
+
+    @property
+    def tokens(self) -> int:
+        return self.training.micro_batch * self.model.seq_len
+
+    @property
+    def tokens_norm(self) -> float:
+        """Tokens a rank normalizes and adds (split over TP under sequence parallelism)."""
+        return self.tokens / self.tp if self.training.sequence_parallel else float(self.tokens)
+
+
+def device_rates(device: DeviceType, training: TrainingSpec) -> tuple[Rates, Rates]:
+    """(GEMM rates, attention-core rates) of ``device`` at ``training.precision``.
+
+    bf16/fp16 use ``peak_tflops`` (parts without bf16 run bf16 plans as fp16 mixed precision);
+    fp8 uses ``fp8_tflops`` for GEMMs and the 16-bit peak for attention; tf32 uses
+    ``tf32_tflops`` (or ``fp32_tflops`` where 0); fp32 uses ``fp32_tflops``.
+    """
+    p = training.precision
+    peak = {
+        "bf16": device.peak_tflops,
+        "fp16": device.peak_tflops,
+        "fp8": device.fp8_tflops,
+        "tf32": device.tf32_tflops or device.fp32_tflops,
+        "fp32": device.fp32_tflops,
+    }[p]
+    if peak <= 0:  # only reachable for plans built without the loader's precision check
+        raise ValueError(f"device type {device.name} has no {p} peak")
+    hbm = device.hbm_GBps * 1e9 * device.hbm_efficiency
+    gemm = Rates(peak * 1e12 * device.efficiency, hbm, device.sm_count)
+    attn_peak = device.peak_tflops if p == "fp8" else peak
+    return gemm, Rates(attn_peak * 1e12 * device.efficiency, hbm, device.sm_count)
+
+
+def make_ctx(model: ModelSpec, training: TrainingSpec, device: DeviceType, tp: int) -> Ctx:
+    """The kernel context of one stage (``tp`` ranks of ``device``)."""
+    gemm, attn = device_rates(device, training)
+    act = FP32_BYTES if training.precision in ("fp32", "tf32") else 2
+    return Ctx(model, training, tp, gemm, attn, act, 1 if training.precision == "fp8" else act)
+
+
+# ---------------------------------------------------------------- building blocks
+
+
+def _mem(name: str, nbytes: float, c: Ctx) -> Kernel:
+    return Kernel(name, nbytes / c.rates.hbm_Bps)
+
+
+def _gemm(
+    name: str, m: int, n: int, k: int, c: Ctx, batch: int = 1, rates: Rates | None = None
+) -> Kernel:
+    r = rates or c.rates
+    e = c.gemm_in_bytes if rates is None else c.act_bytes
+    return Kernel(name, gemm_seconds(m, n, k, batch, e, r), 2.0 * m * n * k * batch)
+
+
+def _linear_fwd(name: str, m: int, n: int, k: int, c: Ctx) -> list[Kernel]:
+    """A linear layer's forward; with fp8 GEMMs also the cast of its input (read 2, write 1)."""
+    out = [_gemm(name, m, n, k, c)]
+    if c.training.precision == "fp8":
+        out.append(_mem(name + "_cast", m * k * (c.act_bytes + 1), c))
+    return out
+
+
+def _linear_bwd(name: str, m: int, n: int, k: int, c: Ctx) -> list[Kernel]:
+    """Input gradient [m, n] x [n, k], weight gradient [k, m] x [m, n], and the accumulation
+    of the weight gradient into the parameter's gradient across micro-batches (PyTorch's
+    AccumulateGrad: read both, write one; Megatron-Core can fuse it into the wgrad GEMM)."""
+    return [
+        _gemm(name + "_dgrad", m, k, n, c),
+        _gemm(name + "_wgrad", k, n, m, c),
+        _mem(name + "_grad_accum", 3 * k * n * c.act_bytes, c),
+    ]
+
+
+def _norm(c: Ctx, bwd: bool) -> Kernel:
+    h, e = c.model.hidden, c.act_bytes
+    return _mem("norm_bwd" if bwd else "norm", c.tokens_norm * h * e * (3 if bwd else 2), c)
+
+
+def _residual(c: Ctx, bwd: bool) -> Kernel:
+    """Residual add (fused bias-dropout-add with dropout) or its backward (dropout: dy, mask)."""
+    n = c.tokens_norm * c.model.hidden
+    e, mask = c.act_bytes, DROPOUT_MASK_BYTES if c.training.dropout else 0
+    if bwd:
+        return _mem("residual_bwd", n * (2 * e + mask) if mask else n * 3 * e, c)
+    return _mem("residual", n * (3 * e + mask), c)
+
+
+def _heads(c: Ctx) -> tuple[int, int, int]:
+    m = c.model
+    return m.heads // c.tp, m.kv_heads // c.tp if m.kv_heads >= c.tp else 1, m.head_dim
+
+
+def _attention_core(c: Ctx, bwd: bool) -> list[Kernel]:
+    b, s = c.training.micro_batch, c.model.seq_len
+    hq, hkv, hd = _heads(c)
+    e = c.act_bytes
+    causal = 0.5 if c.training.causal_attention_halving else 1.0
+    if c.training.flash_attention:
+        fwd_flops = 4.0 * b * s * s * hd * hq * causal
+        blocks = b * hq * -(-s // FLASH_BLOCK_Q)
+        q = tiled_quantization(blocks, c.attn_rates.sm_count)
+        if bwd:
+            t = FLASH_BWD_WORK * fwd_flops / (c.attn_rates.gemm_flops * FLASH_BWD_RATE * q)
+            io = e * b * s * hd * (2 * (3 * hq + 2 * hkv) - hq)  # q k v o do in, dq dk dv out
+            return [Kernel("flash_bwd", max(t, io / c.rates.hbm_Bps), 2 * fwd_flops)]
+        t = fwd_flops / (c.attn_rates.gemm_flops * FLASH_FWD_RATE * q)
+        io = e * b * s * hd * (2 * hq + 2 * hkv) + FP32_BYTES * b * hq * s
+        return [Kernel("flash_fwd", max(t, io / c.rates.hbm_Bps), fwd_flops)]
+    # Unfused core: the s x s scores of every head are materialized (causal masking does not
+    # save work here: the fused softmax masks after QK^T).
+    scores = b * hq * s * s
+    mask = DROPOUT_MASK_BYTES if c.training.dropout else 0
+    r = c.attn_rates
+    if not bwd:
+        out = [_gemm("qk", s, s, hd, c, b * hq, r), _mem("softmax", scores * 2 * e, c)]
+        if c.training.dropout:
+            out.append(_mem("attn_dropout", scores * (2 * e + mask), c))
+        out.append(_gemm("pv", s, hd, s, c, b * hq, r))
+        return out
+    out = [_gemm("pv_dgrad", s, s, hd, c, b * hq, r), _gemm("pv_wgrad", s, hd, s, c, b * hq, r)]
+    if c.training.dropout:
+        out.append(_mem("attn_dropout_bwd", scores * (2 * e + mask), c))
+    out.append(_mem("softmax_bwd", scores * 3 * e, c))
+    out += [_gemm("qk_dgrad", s, hd, s, c, b * hq, r), _gemm("qk_wgrad", s, hd, s, c, b * hq, r)]
+    return out
+
+
+# ---------------------------------------------------------------- layer units
+
+
+def attention_kernels(c: Ctx, bwd: bool) -> list[Kernel]:
+    """Kernels of the attention block (forward, or backward in run order)."""
+    m = c.model
+    hq, hkv, hd = _heads(c)
+    t, h, e = c.tokens, m.hidden, c.act_bytes
+    qkv_n = (hq + 2 * hkv) * hd
+    rotary = [_mem("rotary", t * (hq + hkv) * hd * 2 * e, c)] if m.gated_mlp else []
+    if not bwd:
+        return [
+            _norm(c, False),
+            *_linear_fwd("qkv", t, qkv_n, h, c),
+            *rotary,
+            *_attention_core(c, False),
+            *_linear_fwd("proj", t, h, hq * hd, c),
+            _residual(c, False),
+        ]
+    return [
+        _residual(c, True),
+        *_linear_bwd("proj", t, h, hq * hd, c),
+        *_attention_core(c, True),
+        *rotary,
+        *_linear_bwd("qkv", t, qkv_n, h, c),
+        _norm(c, True),
+    ]
+
+
+def mlp_kernels(c: Ctx, bwd: bool) -> list[Kernel]:
+    """Kernels of the MLP block (forward, or backward in run order)."""
+    m = c.model
+    t, h, e = c.tokens, m.hidden, c.act_bytes
+    f = m.ffn_hidden // c.tp
+    up_n = 2 * f if m.gated_mlp else f
+    # SwiGLU reads gate and up, writes one; bias-GELU reads one, writes one. Backward reads the
+    # forward inputs and dy and writes the input gradients.
+    passes = (5 if m.gated_mlp else 3) if bwd else (3 if m.gated_mlp else 2)
+    act = _mem("act_bwd" if bwd else "act", t * f * e * passes, c)
+    if not bwd:
+        return [
+            _norm(c, False),
+            *_linear_fwd("up", t, up_n, h, c),
+            act,
+            *_linear_fwd("down", t, h, f, c),
+            _residual(c, False),
+        ]
+    return [
+        _residual(c, True),
+        *_linear_bwd("down", t, h, f, c),
+        act,
+        *_linear_bwd("up", t, up_n, h, c),
+        _norm(c, True),
+    ]
+
+
+def embedding_kernels(c: Ctx, bwd: bool) -> list[Kernel]:
+    """Embedding lookup (plus learned positions and dropout, GPT) or its gradient scatter-add."""
+    n = c.tokens * c.model.hidden
+    e = c.act_bytes
+    gpt = not c.model.gated_mlp
+    if bwd:  # read dy, read-modify-write the touched rows of the fp32 gradient
+        return [_mem("embedding_bwd", n * (e + 2 * FP32_BYTES), c)] * (2 if gpt else 1)
+    out = [_mem("embedding", n * 2 * e, c)]
+    if gpt:
+        out.append(_mem("position_add", n * 3 * e, c))
+    if c.training.dropout:
+        out.append(_mem("embedding_dropout", n * (2 * e + DROPOUT_MASK_BYTES), c))
+    return out
+
+
+def head_kernels(c: Ctx, bwd: bool) -> list[Kernel]:
+    """Final norm, logits GEMM [T, h] x [h, V / tp] and the vocab-parallel cross-entropy.
+
+    The loss reads the logits and keeps fp32 exponentials (write, read back); its backward reads
+    them and writes the logits gradient.
+    """
+    t, h = c.tokens, c.model.hidden
+    v = c.model.vocab / c.tp
+    e = c.act_bytes
+    if not bwd:
+        return [
+            _norm(c, False),
+            *_linear_fwd("logits", t, int(v), h, c),
+            _mem("cross_entropy", t * v * (e + 2 * FP32_BYTES), c),
+        ]
+    return [
+        _mem("cross_entropy_bwd", t * v * (FP32_BYTES + e), c),
+        *_linear_bwd("logits", t, int(v), h, c),
+        _norm(c, True),
+    ]
+
+
+def unit_seconds(kernels: list[Kernel]) -> float:
+    """A unit's time: sum of kernel rooflines + launch overhead, at least the host issue time."""
+    gpu = sum(k.seconds for k in kernels) + len(kernels) * KERNEL_LAUNCH_US * 1e-6
+    return max(gpu, len(kernels) * HOST_OP_US * 1e-6)
+
+
+def microbatch_overhead_seconds() -> float:
+    """Framework overhead of one micro-batch pass (forward or backward) of one stage."""
+    return MICROBATCH_HOST_OPS * HOST_OP_US * 1e-6
+
+
+__all__ = [
+    "DROPOUT_MASK_BYTES",
+    "FLASH_BWD_RATE",
+    "FLASH_BWD_WORK",
+    "FLASH_FWD_RATE",
+    "HOST_OP_US",
+    "KERNEL_LAUNCH_US",
+    "MICROBATCH_HOST_OPS",
+    "Ctx",
+    "Kernel",
+    "attention_kernels",
+    "device_rates",
+    "embedding_kernels",
+    "head_kernels",
+    "make_ctx",
+    "microbatch_overhead_seconds",
+    "mlp_kernels",
+    "unit_seconds",
+]
