@@ -33,6 +33,18 @@ class MissingDepBackend(GoodBackend):
         return False, "install the ns-3 wheel: pip install ns3"
 
 
+class NeedsToolOption(GoodBackend):
+    """Available only when the run's options name its tool (as htsim's ``driver``)."""
+
+    name = "needstool"
+
+    @classmethod
+    def available(cls, options=None) -> tuple[bool, str]:
+        if (options or {}).get("tool"):
+            return True, ""
+        return False, "tool not found: pass --option tool=PATH"
+
+
 class WrongName(GoodBackend):
     name = "other"
 
@@ -64,7 +76,8 @@ class ShortRun(GoodBackend):
 def plugins(monkeypatch: pytest.MonkeyPatch):
     """Install a fake module and fake entry points; return a function to set the list."""
     mod = types.ModuleType("fake_xsim_plugins")
-    for cls in (GoodBackend, MissingDepBackend, WrongName, NoRun, BadAvailable, ShortRun):
+    for cls in (GoodBackend, MissingDepBackend, NeedsToolOption, WrongName, NoRun,
+                BadAvailable, ShortRun):
         setattr(mod, cls.__name__, cls)
     mod.not_a_class = 42
     monkeypatch.setitem(sys.modules, "fake_xsim_plugins", mod)
@@ -103,6 +116,15 @@ def test_unavailable_backend_carries_its_reason(plugins) -> None:
     assert registry.list_backends() == [
         ("needsdep", False, "install the ns-3 wheel: pip install ns3")
     ]
+
+
+def test_available_sees_the_run_options_when_it_takes_them(plugins) -> None:
+    plugins(needstool="fake_xsim_plugins:NeedsToolOption", good="fake_xsim_plugins:GoodBackend")
+    with pytest.raises(BackendUnavailable, match="tool not found: pass --option tool=PATH"):
+        registry.get_backend("needstool")
+    assert isinstance(registry.get_backend("needstool", {"tool": "/opt/t"}), NeedsToolOption)
+    # a backend whose available() takes no argument still works when options are given
+    assert isinstance(registry.get_backend("good", {"seed": 1}), GoodBackend)
 
 
 def test_import_failure_is_unavailable_not_a_crash(plugins) -> None:

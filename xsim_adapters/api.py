@@ -120,10 +120,10 @@ def check_plan_digest(trace: Trace, plan: Plan, plan_path: str | Path) -> None:
         )
 
 
-def _backend(name: str):
+def _backend(name: str, options: Mapping[str, Any] | None = None):
     from .backends.registry import get_backend
 
-    return get_backend(name)
+    return get_backend(name, options)
 
 
 def run(plan_or_trace: Plan | Trace | str | Path, backend: str = "flow",
@@ -160,7 +160,7 @@ def run(plan_or_trace: Plan | Trace | str | Path, backend: str = "flow",
                 " describe the network"
             )
         topology = build_topology(plan)
-    be = _backend(backend)
+    be = _backend(backend, options)
     # Every backend's options are checked here too, so a plugin that forgets to is still safe.
     check_options(backend, getattr(be, "options", COMMON_OPTIONS), options)
     timeline = be.run(trace, topology, dict(options or {}))

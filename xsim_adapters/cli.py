@@ -236,7 +236,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_input(args.plan, trace_ok=True)
     out = Path(args.output or default_output(args.plan, "run"))
     options = parse_option_items(args.option or [])
-    get_backend(args.backend)  # fail on an unknown or unavailable backend before any work
+    get_backend(args.backend, options)  # fail on an unknown or unavailable backend first
     check_backend_options(args.backend, options)  # and on an unknown option or a bad value
     check_output(out, "run", args.force)  # and on an output path we may not replace
     steps = 5 if args.no_plots else 6
@@ -282,10 +282,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = Path(args.output or default_output(args.plan, "compare"))
     check_output(out, "compare", args.force)
 
-    for name in backends:  # fail on an unknown or unavailable backend before any work
-        get_backend(name)
     per = split_backend_options(parse_option_items(args.option or []), backends,
                                 {b: backend_options(b) for b in backends})
+    for name in backends:  # fail on an unknown or unavailable backend before any work
+        get_backend(name, per[name])
     for name in backends:  # and on an unknown option or a bad value
         check_backend_options(name, per[name])
     with ProgressBar(2 + len(backends), "xsim compare", force=args.progress) as bar:

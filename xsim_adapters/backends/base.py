@@ -41,7 +41,12 @@ class Backend(ABC):
     @classmethod
     @abstractmethod
     def available(cls) -> tuple[bool, str]:
-        """(True, "") if this backend can run here, else (False, what is missing)."""
+        """(True, "") if this backend can run here, else (False, what is missing).
+
+        A backend whose availability depends on an option may accept the run's options as an
+        optional argument, ``available(cls, options=None)``; the registry passes them when the
+        caller has them (htsim: ``driver``).
+        """
 
     @abstractmethod
     def run(self, trace: Trace, topology: Topology, options: Mapping[str, Any]) -> Timeline:

@@ -83,10 +83,26 @@ def check_backend_class(cls: Any, expected_name: str, where: str) -> None:
         raise BackendContractError(f"{where}: " + "; ".join(problems))
 
 
-def _check_available(cls: Any, where: str) -> tuple[bool, str]:
-    """Call ``cls.available()`` and check it returns (bool, str)."""
+def _takes_options(cls: Any) -> bool:
+    """Whether ``cls.available`` accepts the run's options (an optional argument)."""
     try:
-        result = cls.available()
+        return len(inspect.signature(cls.available).parameters) >= 1
+    except (TypeError, ValueError):
+        return False
+
+
+def _check_available(cls: Any, where: str,
+                     options: Mapping[str, Any] | None = None) -> tuple[bool, str]:
+    """Call ``cls.available()`` and check it returns (bool, str).
+
+    ``options``: the options the run will get, passed to backends whose ``available`` takes
+    them (e.g. htsim's ``driver`` path decides whether it can run).
+    """
+    try:
+        if options is not None and _takes_options(cls):
+            result = cls.available(options)
+        else:
+            result = cls.available()
     except Exception as exc:  # a plugin's probe failing means: not available here
         return False, f"available() raised {type(exc).__name__}: {exc}"
     if (
@@ -123,15 +139,15 @@ def load_backend_class(name: str) -> type[Backend]:
     return cls
 
 
-def get_backend(name: str) -> Backend:
-    """An instance of the backend ``name``, ready to run.
+def get_backend(name: str, options: Mapping[str, Any] | None = None) -> Backend:
+    """An instance of the backend ``name``, ready to run (with ``options``, if given).
 
     Raises BackendUnavailable if the name is unknown, the plugin does not import, or its
     ``available()`` says it cannot run here (with its reason); BackendContractError if the
     plugin breaks the contract.
     """
     cls = load_backend_class(name)
-    ok, reason = _check_available(cls, _where(_entry_points()[name]))
+    ok, reason = _check_available(cls, _where(_entry_points()[name]), options)
     if not ok:
         raise BackendUnavailable(f"backend {name!r} is not available: {reason}")
     return cls()

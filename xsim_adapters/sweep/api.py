@@ -62,7 +62,7 @@ def run_spec(spec: SweepSpec, executor: Executor | None = None,
     """
     from ..backends.registry import check_backend_options, get_backend
 
-    get_backend(spec.backend)
+    get_backend(spec.backend, spec.options)
     check_backend_options(spec.backend, spec.options)
     executor = executor or LocalExecutor(1)
     done = done or {}

@@ -55,8 +55,9 @@ class HtsimBackend(Backend):
     options = OPTIONS
 
     @classmethod
-    def available(cls) -> tuple[bool, str]:
-        path, reason = find_driver()
+    def available(cls, options: Mapping[str, Any] | None = None) -> tuple[bool, str]:
+        """Whether the driver is found: the ``driver`` option if given, else the search."""
+        path, reason = find_driver((options or {}).get("driver"))
         return (path is not None), reason
 
     def run(self, trace: Trace, topology: Topology, options: Mapping[str, Any]) -> Timeline:
