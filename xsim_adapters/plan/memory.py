@@ -33,6 +33,7 @@ import pandas as pd
 
 from ..errors import InfeasiblePlanError
 from .model import ModelSpec, Plan
+from .moe import active_ffn_params, dense_mlp_params, moe_ffn_delta, moe_layers_in
 
 OPTIMIZER_BYTES_PER_PARAM = 12  # Adam: fp32 master weights + m + v
 GB = 1e9
@@ -70,9 +71,28 @@ def head_params(model: ModelSpec) -> int:
     return model.vocab * model.hidden + norm
 
 
+def span_params(model: ModelSpec, layers: tuple[int, int]) -> int:
+    """Parameters of the transformer layers ``[a, b)``: dense layers, MoE layers with all their
+    experts (:mod:`.moe`)."""
+    n = layers[1] - layers[0]
+    p = n * layer_params(model)
+    if model.moe is not None:
+        p += moe_layers_in(model, layers) * moe_ffn_delta(model)
+    return p
+
+
 def model_params(model: ModelSpec) -> int:
     """All parameters: layers, embedding and head."""
-    return model.layers * layer_params(model) + embedding_params(model) + head_params(model)
+    return span_params(model, (0, model.layers)) + embedding_params(model) + head_params(model)
+
+
+def active_params(model: ModelSpec) -> int:
+    """Parameters one token uses: ``model_params`` with only the top-k routed experts of each
+    MoE layer counted (the "active parameters" of MoE model cards)."""
+    dense = dense_mlp_params(model)
+    per_layer = sum(active_ffn_params(model, x) - dense for x in range(model.layers))
+    return (model.layers * layer_params(model) + per_layer + embedding_params(model)
+            + head_params(model))
 
 
 def activation_bytes_per_layer(plan: Plan, tp: int) -> float:
@@ -143,7 +163,7 @@ def stage_memory(plan: Plan, replica: int, stage: int) -> StageMemory:
     model, tr = plan.model, plan.training
     dtype = plan.device_types[plan.group(st.group).type]
     first, last = stage == 0, stage == rep.pp - 1
-    params = st.num_layers * layer_params(model)
+    params = span_params(model, st.layers)
     params += embedding_params(model) if first else 0
     params += head_params(model) if last else 0
     p = params / st.tp

@@ -57,9 +57,25 @@ GENERATOR_VERSION = "1"
 
 
 def plan_digest(plan: Plan) -> str:
-    """sha256 (hex) of the canonical JSON form of the validated plan."""
-    text = json.dumps(asdict(plan), sort_keys=True, separators=(",", ":"), default=str)
+    """sha256 (hex) of the canonical JSON form of the validated plan.
+
+    Fields added for MoE and context parallelism are left out at their defaults (no ``moe``,
+    ``ep`` = ``cp`` = 1), so a dense plan keeps the digest (and trace) it had before them.
+    """
+    text = json.dumps(_digest_form(asdict(plan)), sort_keys=True, separators=(",", ":"),
+                      default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _digest_form(d: dict[str, Any]) -> dict[str, Any]:
+    if d["model"].get("moe") is None:
+        d["model"].pop("moe", None)
+    for rep in d["replicas"]:
+        for st in rep["stages"]:
+            for key in ("ep", "cp"):
+                if st.get(key) == 1:
+                    st.pop(key)
+    return d
 
 
 class _StageOps:
