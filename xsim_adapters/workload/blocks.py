@@ -24,6 +24,7 @@ from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, LAYER_EMBEDDIN
 from .builder import BulkBuilder, Template
 from .collectives import RingFlows, ring_flows
 from .compute import embedding_cost, head_cost, layer_costs
+from .context import CPCosts, cp_costs, cp_mark, local_model
 from .kernels import microbatch_overhead_seconds
 from .moe_units import StageMoE
 from .passes import (
@@ -100,6 +101,10 @@ def stage_units(
     """
     model, training = plan.model, plan.training
     n = stage.tp
+    cpc: CPCosts | None = None
+    if stage.cp > 1:  # every cost on the rank's s/cp tokens; ring steps add the rest of the core
+        model = local_model(model, stage.cp)
+        cpc = cp_costs(model, training, device, n, stage.cp)
     costs = layer_costs(model, training, device, n)
     core = attention_core_flops(model, training, n)
     tpk = tp_kinds(plan)
@@ -119,10 +124,13 @@ def stage_units(
         emb = Unit("fwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, tpk, ("fwd", "embedding"))
         fwd.append(emb)
     for layer in range(a, b):
-        fwd.append(
-            Unit("fwd", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk, ("fwd", layer),
-                 ga)
-        )
+        if cpc is not None:
+            fwd.extend(_cp_units(cpc, layer, "fwd", costs.attn_fwd_ns, costs.attn_flops, tpk))
+        else:
+            fwd.append(
+                Unit("fwd", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk,
+                     ("fwd", layer), ga)
+            )
         if moe is not None and layer in moe.layers:
             fwd.extend(_moe_units(moe, layer, "fwd", tpk))
             continue
@@ -132,10 +140,14 @@ def stage_units(
         fwd.append(Unit("fwd", model.layers, model.layers + 1, ns, fl, ()))
     if training.recompute == "full":
         for layer in range(a, b):
-            bwd.append(
-                Unit("recompute", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk,
-                     None, ga)
-            )
+            if cpc is not None:
+                bwd.extend(_cp_units(cpc, layer, "recompute", costs.attn_fwd_ns,
+                                     costs.attn_flops, tpk))
+            else:
+                bwd.append(
+                    Unit("recompute", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk,
+                         None, ga)
+                )
             if moe is not None and layer in moe.layers:
                 bwd.extend(_moe_units(moe, layer, "recompute", tpk))
                 continue
@@ -178,6 +190,9 @@ def stage_units(
             )
         if training.recompute == "selective":
             bwd.append(Unit("recompute", layer, layer + 1, sel_ns, core, ()))
+        if cpc is not None:
+            bwd.extend(_cp_units(cpc, layer, "bwd", costs.attn_bwd_ns, 2 * costs.attn_flops, tpk))
+            continue
         bwd.append(
             Unit("bwd", layer, layer + 1, costs.attn_bwd_ns, 2 * costs.attn_flops, tpk, layer, ra)
         )
@@ -199,6 +214,22 @@ def stage_units(
             units[k] = replace(units[k], duration_ns=(
                 d + extra if isinstance(d, int) else tuple(x + extra for x in d)))
     return [fwd, bwd, wgr] if split_w else [fwd, bwd]
+
+
+def _cp_units(cpc: CPCosts, layer: int, phase: str, attn_ns: int, attn_flops: float,
+              tpk: tuple[str, ...]) -> list[Unit]:
+    """Ring attention of ``layer`` in ``phase``: the attention block on the local chunk, then
+    cp - 1 core steps, step j on the K/V received in ring step j; the TP collectives after the
+    last. Marks :func:`.context.cp_mark` (where the K/V flows attach)."""
+    bwd = phase == "bwd"
+    step_ns = cpc.step_bwd_ns if bwd else cpc.step_fwd_ns
+    step_fl = cpc.step_flops * (2 if bwd else 1)
+    x = layer, layer + 1
+    out = [Unit(phase, *x, attn_ns, attn_flops, (), cp_mark(layer, 0, phase, cpc.cp))]
+    for j in range(1, cpc.cp):
+        out.append(Unit(phase, *x, step_ns, step_fl, tpk if j == cpc.cp - 1 else (),
+                        cp_mark(layer, j, phase, cpc.cp)))
+    return out
 
 
 def _moe_units(moe: StageMoE, layer: int, phase: str, tpk: tuple[str, ...]) -> list[Unit]:

@@ -45,6 +45,7 @@ from .blocks import Block, RingSpec, build_block, stage_units, tp_kinds
 from .builder import BulkBuilder
 from .collectives import ring_flows
 from .compute import ADAM_BYTES_PER_PARAM, optimizer_time_ns, stage_params
+from .context import emit_cp
 from .dpsync import buckets, chunk_rings, sweep_segments
 from .moe_units import StageMoE
 from .reshard import DEST, SOURCE, algorithm_label, reshard_transfers
@@ -604,7 +605,9 @@ class _Generator:
                 "global_batch": t.global_batch,
                 "micro_batch": t.micro_batch,
                 "seq_len": m.seq_len,
-                "tokens_per_iteration": mbs * t.micro_batch * m.seq_len,
+                # a CP group's cp replicas share each sequence (cp is one per plan)
+                "tokens_per_iteration": mbs * t.micro_batch * m.seq_len
+                // plan.replicas[0].stages[0].cp,
                 "schedule": t.schedule,
                 "dp": plan.dp,
                 "replicas": [
@@ -628,6 +631,8 @@ def generate(plan: Plan) -> Trace:
     gen.add_stages()
     if gen.moe is not None:
         gen.moe.emit(gen)
+    if plan.replicas[0].stages[0].cp > 1:
+        emit_cp(gen)
     gen.add_transfers()
     gen.add_dp_and_optimizer()
     ops, deps, colls = gen.tb.frames()
