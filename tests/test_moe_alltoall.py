@@ -175,3 +175,32 @@ def test_expert_gradients_sync_over_the_expert_data_parallel_group():
     assert sorted(dp["ranks"]) == sorted(f"{p},{p + 8}" for p in range(8))
     expert = 3 * H * 1024  # one expert's parameters
     assert (dp["bytes"] == 2 * 1 * expert * 2).all()  # 2 MoE layers x 1 expert x bf16
+
+
+def test_moe_metrics_report_load_exchange_time_and_straggler():
+    from xsim_adapters.metrics.moe import (
+        exchange_times,
+        expert_load,
+        expert_ops,
+        expert_stragglers,
+        layer_exchange_summary,
+    )
+
+    plan = moe_plan(moe={"routing": "zipf", "zipf_exponent": 1.5})
+    trace = generate(plan)
+    tl = run(plan, trace=trace)
+    load = expert_load(plan)
+    assert len(load) == 2 * E  # 2 layers x 8 experts, one EP group
+    assert (load.groupby("layer")["tokens"].sum() == 8 * S * K).all()  # 8 ranks x T x k
+    assert load["rank_load_factor"].max() > 1.2
+    times = exchange_times(trace, tl)
+    assert len(times) == len(trace.collectives.query("kind == 'all_to_all'"))
+    assert ((times["exposed_ns"] >= 0) & (times["exposed_ns"] <= times["span_ns"])).all()
+    assert set(layer_exchange_summary(times)["layer"]) == {0, 1}
+    # 8 ranks x 2 layers x (fwd, bwd) x 2 micro-batches expert ops; the hot rank straggles
+    assert len(expert_ops(trace)) == 8 * 2 * 2 * 2
+    st = expert_stragglers(trace, tl)
+    assert (st["straggler_ns"] > 0).all()
+    balanced = moe_plan()
+    bt = generate(balanced)
+    assert (expert_stragglers(bt, run(balanced, trace=bt))["straggler_ns"] < 1).all()
