@@ -9,7 +9,6 @@ the shape, so the presets' totals can be checked against the published ones
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, get_args
 
 from ..errors import PlanError
@@ -70,11 +69,6 @@ def parse_moe(value: Any, path: str, base: MoESpec | None, layers: int) -> MoESp
             f"{1 / spec.top_k:g} (got {spec.capacity_factor:g})",
         )
     return spec
-
-
-def moe_base(presets: Mapping[str, ModelSpec], name: str | None) -> MoESpec | None:
-    """The MoE spec of preset ``name`` (None for dense presets or no preset)."""
-    return presets[name].moe if name in presets else None
 
 
 def is_moe_layer(model: ModelSpec, layer: int) -> bool:

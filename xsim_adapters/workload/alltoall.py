@@ -69,9 +69,9 @@ def lower_alltoall(matrix: np.ndarray, members: list[int], info: RankInfo,
     sizes = {len(v) for v in by_server.values()}
     if method != "hierarchical" or len(by_server) < 2 or len(sizes) != 1:
         off = ~np.eye(g, dtype=bool) & (matrix > 0)
-        i, j = np.nonzero(off)
+        si, di = np.nonzero(off)
         algo = "alltoall:direct" if method == "direct" else "alltoall:hierarchical->direct"
-        return Exchange(i, j, matrix[i, j], np.zeros(len(i), dtype=np.int64), algo)
+        return Exchange(si, di, matrix[si, di], np.zeros(len(si), dtype=np.int64), algo)
     pos = np.zeros(g, dtype=np.int64)
     for lst in by_server.values():
         for k, j in enumerate(lst):
@@ -363,7 +363,7 @@ class MoEPlanner:
             pred = start[:, p] if start[0, p] >= 0 else src_ops[:, p]
             tb.add_edges(pred, ids[:, f])
             into = np.nonzero(first & (ex.dst == p))[0]
-            for g in into:
-                tb.add_edges(ids[:, g], ids[:, f])
-        for f in range(nf):
-            tb.add_edges(ids[:, f], dst_ops[:, int(ex.dst[f])])
+            for k in into:
+                tb.add_edges(ids[:, k], ids[:, f])
+        for q in range(nf):
+            tb.add_edges(ids[:, q], dst_ops[:, int(ex.dst[q])])

@@ -340,7 +340,8 @@ class _Generator:
         for ends, last, st, r, i in last_ends:
             ranks = np.asarray(plan.stage_ranks(st), dtype=np.int64)
             dev = plan.device_types[plan.group(st.group).type]
-            params = stage_params(plan.model, st.layers) / st.tp / (plan.dp if zero else 1)
+            params: float | np.ndarray = (
+                stage_params(plan.model, st.layers) / st.tp / (plan.dp if zero else 1))
             if self.moe is not None and uses_ep(plan):  # experts: own count, EDP-sharded
                 edp_n = plan.dp // len(group_replicas(plan, r, i, "ep"))
                 routed = routed_expert_params(plan.model, st.layers)
