@@ -204,3 +204,17 @@ def test_moe_metrics_report_load_exchange_time_and_straggler():
     balanced = moe_plan()
     bt = generate(balanced)
     assert (expert_stragglers(bt, run(balanced, trace=bt))["straggler_ns"] < 1).all()
+
+
+def test_by_speed_placement_follows_peak_times_efficiency():
+    from xsim_adapters.workload.moe import expert_counts
+
+    spec = MoESpec(num_experts=60, top_k=4, expert_ffn_hidden=8, placement="by_speed")
+    h100, a100 = 989 * 0.803, 312 * (271.2 / 312)
+    counts = expert_counts(spec, [h100] * 8 + [a100] * 8)
+    assert sum(counts) == 60
+    ideal = [60 * s / (8 * h100 + 8 * a100) for s in [h100] * 8 + [a100] * 8]
+    assert all(abs(c - x) < 1 for c, x in zip(counts, ideal, strict=True))
+    assert min(counts[:8]) > max(counts[8:])
+    uniform = MoESpec(num_experts=64, top_k=4, expert_ffn_hidden=8)
+    assert expert_counts(uniform, [h100] * 8 + [a100] * 8) == [4] * 16
