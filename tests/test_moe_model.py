@@ -72,3 +72,17 @@ def test_preset_override_keeps_experts():
     m = parse_model({"preset": "mixtral-8x7b", "layers": 4, "moe": {"routing": "zipf"}},
                     "model", model_presets())
     assert m.moe is not None and m.moe.num_experts == 8 and m.moe.routing == "zipf"
+
+
+@pytest.mark.parametrize("name", ["moe-mixtral-8x7b-64xh100-ep8", "moe-hetero-h100-a100-by-speed",
+                                  "long-context-128k-cp4"])
+def test_moe_and_cp_plans_round_trip_through_yaml(name):
+    from pathlib import Path
+
+    import yaml
+
+    from xsim_adapters.plan import load_plan, plan_from_dict, plan_to_yaml
+
+    plan = load_plan(Path(__file__).resolve().parents[1] / "workloads" / f"{name}.yaml")
+    again = plan_from_dict(yaml.safe_load(plan_to_yaml(plan)))
+    assert again == plan
