@@ -243,6 +243,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     with ProgressBar(steps, "xsim run", force=args.progress) as bar:
         bar.advance(0, "loading")
         plan, trace = _load_input(args.plan)
+        if args.baseline and not plan.perturb.active:
+            raise XsimError("--baseline: the plan has no perturb: section, so there is no "
+                            "perturbation to cost (docs/whatif.md)")
         if trace is None:
             bar.advance(0, "generating the trace")
             trace = api.generate(plan)
@@ -252,6 +255,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         timeline = api.run(trace, args.backend, topology, options)
         bar.advance(1, "computing metrics")
         met = api.metrics(trace, timeline)
+        if args.baseline:
+            bar.advance(0, f"running {args.backend} without the perturbation")
+            api.add_perturbation_cost(met, plan, args.backend, options)
         bar.advance(1, "writing outputs")
         # The whole run directory is one unit: written beside OUT, then swapped in.
         with output_dir(out, "run", args.force) as tmp:
@@ -261,6 +267,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                       title=f"{plan.name} on {timeline.backend}")
         bar.advance(steps - bar.done, "done")
     _print_summary(met.summary)
+    pc = met.summary.get("perturbation", {})
+    if "cost_ns" in pc:
+        print(f"  perturbation cost: {_fmt_ns(pc['cost_ns'])} per iteration "
+              f"({pc['cost_pct']:+.2f}% over {_fmt_ns(pc['baseline_iteration_ns'])})")
     print(f"wrote {out}/: trace/, timeline.parquet, ranks.csv, summary.json"
           + ("" if args.no_plots else ", timeline.png, timeline.perfetto.json"))
     return 0
@@ -443,6 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="The backend to run (default: flow; see `xsim backends`).")
     r.add_argument("--no-plots", action="store_true",
                    help="Skip timeline.png and timeline.perfetto.json.")
+    r.add_argument("--baseline", action="store_true",
+                   help="For a plan with a perturb: section, also replay it without the "
+                        "perturbation on the same backend and report what it cost "
+                        "(summary.json perturbation.cost_ns; docs/whatif.md).")
 
     c = add("compare", "Run several backends on the identical trace and topology and write "
                        "their metrics side by side.", cmd_compare)
