@@ -224,6 +224,12 @@ def _print_summary(s: dict[str, Any]) -> None:
     if worst:
         print(f"  largest straggler: rank {worst['rank']} made others wait "
               f"{_fmt_ns(worst['caused_wait_ns'])} in total")
+    cp = s.get("critical_path")
+    if cp and cp.get("top_ranks"):
+        top = cp["top_ranks"][0]
+        print(f"  critical path: compute {_fmt_ns(cp['compute_ns'])} (most on rank "
+              f"{top['rank']}: {_fmt_ns(top['compute_ns'])}), communication "
+              f"{_fmt_ns(cp['comm_ns'] + cp['barrier_ns'])}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
