@@ -255,6 +255,14 @@ def compare_backends(plan: Plan, backends: Sequence[str] = ("flow", "ns3"),
     return BackendComparison(trace, tls, mets, pairs)
 
 
+def link_metrics(trace: Trace, timeline: Timeline, topology: Topology) -> Any:
+    """Per-link telemetry of a run (bytes, busy time, peak concurrent flows, utilisation per
+    directed link): :func:`xsim_adapters.metrics.links.link_metrics`."""
+    from .metrics.links import link_metrics as _links
+
+    return _links(trace, timeline, topology)
+
+
 def add_perturbation_cost(met: Metrics, plan: Plan, backend: str = "flow",
                           options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Replay ``plan`` without its ``perturb:`` section on ``backend`` and add what the

@@ -236,7 +236,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from . import api
     from ._outdir import check_output, output_dir
     from .backends.registry import check_backend_options, get_backend
-    from .report.outputs import write_run
+    from .report.outputs import write_links, write_run
     from .report.progress import ProgressBar
 
     check_input(args.plan, trace_ok=True)
@@ -271,6 +271,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             api.write_trace_files(trace, tmp / "trace", plan)
             write_run(tmp, timeline, met, plots=not args.no_plots,
                       title=f"{plan.name} on {timeline.backend}")
+            if args.links:
+                write_links(tmp, api.link_metrics(trace, timeline, topology),
+                            plots=not args.no_plots, title=f"{plan.name} on {timeline.backend}")
         bar.advance(steps - bar.done, "done")
     _print_summary(met.summary)
     pc = met.summary.get("perturbation", {})
@@ -278,7 +281,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"  perturbation cost: {_fmt_ns(pc['cost_ns'])} per iteration "
               f"({pc['cost_pct']:+.2f}% over {_fmt_ns(pc['baseline_iteration_ns'])})")
     print(f"wrote {out}/: trace/, timeline.parquet, ranks.csv, summary.json"
-          + ("" if args.no_plots else ", timeline.png, timeline.perfetto.json"))
+          + ("" if args.no_plots else ", timeline.png, timeline.perfetto.json")
+          + ("" if not args.links else ", links.csv" + ("" if args.no_plots else ", links.png")))
     return 0
 
 
@@ -459,6 +463,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="The backend to run (default: flow; see `xsim backends`).")
     r.add_argument("--no-plots", action="store_true",
                    help="Skip timeline.png and timeline.perfetto.json.")
+    r.add_argument("--links", action="store_true",
+                   help="Also write per-link telemetry: links.csv (bytes, busy time, peak "
+                        "concurrent flows, utilisation per directed link) and links.png "
+                        "(the hottest links); docs/metrics.md.")
     r.add_argument("--baseline", action="store_true",
                    help="For a plan with a perturb: section, also replay it without the "
                         "perturbation on the same backend and report what it cost "
