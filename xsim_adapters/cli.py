@@ -239,6 +239,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .report.outputs import write_links, write_run
     from .report.progress import ProgressBar
 
+    if args.job:
+        return _run_jobs(args)
     check_input(args.plan, trace_ok=True)
     out = Path(args.output or default_output(args.plan, "run"))
     options = parse_option_items(args.option or [])
@@ -283,6 +285,57 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"wrote {out}/: trace/, timeline.parquet, ranks.csv, summary.json"
           + ("" if args.no_plots else ", timeline.png, timeline.perfetto.json")
           + ("" if not args.links else ", links.csv" + ("" if args.no_plots else ", links.png")))
+    return 0
+
+
+def _run_jobs(args: argparse.Namespace) -> int:
+    """``xsim run PLAN --job PLAN2 ...``: several jobs on one fabric (docs/whatif.md)."""
+    from . import api
+    from ._outdir import check_output, output_dir
+    from .backends.registry import check_backend_options, get_backend
+    from .jobs import run_jobs
+    from .report.outputs import write_csv, write_json, write_links, write_run
+    from .report.progress import ProgressBar
+
+    paths = [args.plan, *args.job]
+    for p in paths:
+        check_input(p, trace_ok=False)
+    if args.baseline:
+        raise XsimError("--baseline: not with --job (each job's slowdown against running "
+                        "alone in its place is reported instead)")
+    out = Path(args.output or default_output(args.plan, "run"))
+    options = parse_option_items(args.option or [])
+    get_backend(args.backend, options)
+    check_backend_options(args.backend, options)
+    check_output(out, "run", args.force)
+    with ProgressBar(3, "xsim run (jobs)", force=args.progress) as bar:
+        bar.advance(0, "loading")
+        plans = [api.load_plan(p) for p in paths]
+        bar.advance(1, f"running {args.backend}: {len(plans)} jobs together, then each alone")
+        res = run_jobs(plans, args.backend, options, placement=args.placement)
+        bar.advance(1, "writing outputs")
+        table = res.table()
+        with output_dir(out, "run", args.force) as tmp:
+            for plan, met in zip(res.jobs.plans, res.metrics, strict=True):
+                jdir = tmp / "jobs" / plan.name
+                jdir.mkdir(parents=True)
+                assert met.source is not None
+                write_run(jdir, met.source, met, plots=not args.no_plots,
+                          title=f"{plan.name} beside {len(plans) - 1} other job(s) on "
+                                f"{args.backend}")
+            write_csv(tmp / "jobs.csv", table)
+            write_links(tmp, res.links, plots=not args.no_plots,
+                        title=f"{len(plans)} jobs, {args.placement} placement, {args.backend}")
+            write_json(tmp / "summary.json", {
+                "backend": args.backend, "placement": args.placement,
+                "jobs": table.to_dict(orient="records"),
+            })
+        bar.advance(1, "done")
+    for row in table.itertuples():
+        print(f"job {row.job}: {row.ranks} GPUs, iteration {_fmt_ns(row.iteration_time_ns)} "
+              f"({row.slowdown_pct:+.2f}% against running alone in its place)")
+    print(f"wrote {out}/: summary.json, jobs.csv, links.csv"
+          + ("" if args.no_plots else ", links.png") + ", jobs/<name>/")
     return 0
 
 
@@ -463,6 +516,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="The backend to run (default: flow; see `xsim backends`).")
     r.add_argument("--no-plots", action="store_true",
                    help="Skip timeline.png and timeline.perfetto.json.")
+    r.add_argument("--job", action="append", metavar="PLAN",
+                   help="Another plan (job) to run beside PLAN on PLAN's network; repeat for "
+                        "more. Each job keeps its own device groups; writes per-job results "
+                        "under OUT/jobs/, jobs.csv (slowdown against running alone) and "
+                        "links.csv (docs/whatif.md).")
+    r.add_argument("--placement", choices=("packed", "spread"), default="packed",
+                   help="With --job: packed puts each job on consecutive servers; spread "
+                        "deals servers round-robin so jobs share every leaf (default: packed).")
     r.add_argument("--links", action="store_true",
                    help="Also write per-link telemetry: links.csv (bytes, busy time, peak "
                         "concurrent flows, utilisation per directed link) and links.png "
