@@ -296,6 +296,7 @@ def _run_jobs(args: argparse.Namespace) -> int:
     from .jobs import run_jobs
     from .report.outputs import write_csv, write_json, write_links, write_run
     from .report.progress import ProgressBar
+    from .traffic import is_traffic_file, load_traffic
 
     paths = [args.plan, *args.job]
     for p in paths:
@@ -310,15 +311,18 @@ def _run_jobs(args: argparse.Namespace) -> int:
     check_output(out, "run", args.force)
     with ProgressBar(3, "xsim run (jobs)", force=args.progress) as bar:
         bar.advance(0, "loading")
-        plans = [api.load_plan(p) for p in paths]
+        plans = [load_traffic(p) if is_traffic_file(p) else api.load_plan(p) for p in paths]
         bar.advance(1, f"running {args.backend}: {len(plans)} jobs together, then each alone")
         res = run_jobs(plans, args.backend, options, placement=args.placement)
         bar.advance(1, "writing outputs")
         table = res.table()
         with output_dir(out, "run", args.force) as tmp:
-            for plan, met in zip(res.jobs.plans, res.metrics, strict=True):
+            for plan, met in zip(res.jobs.plans, res.results, strict=True):
                 jdir = tmp / "jobs" / plan.name
                 jdir.mkdir(parents=True)
+                if isinstance(met, dict):  # background traffic: offered vs achieved load
+                    write_json(jdir / "summary.json", met)
+                    continue
                 assert met.source is not None
                 write_run(jdir, met.source, met, plots=not args.no_plots,
                           title=f"{plan.name} beside {len(plans) - 1} other job(s) on "
@@ -331,9 +335,14 @@ def _run_jobs(args: argparse.Namespace) -> int:
                 "jobs": table.to_dict(orient="records"),
             })
         bar.advance(1, "done")
-    for row in table.itertuples():
-        print(f"job {row.job}: {row.ranks} GPUs, iteration {_fmt_ns(row.iteration_time_ns)} "
-              f"({row.slowdown_pct:+.2f}% against running alone in its place)")
+    for row in table.to_dict(orient="records"):
+        if "pattern" in row and isinstance(row.get("pattern"), str):
+            print(f"traffic {row['job']}: {row['ranks']} GPUs, {row['pattern']}, offered load "
+                  f"{row['offered_load']:.0%} of each NIC, achieved {row['achieved_load']:.0%}")
+            continue
+        print(f"job {row['job']}: {row['ranks']} GPUs, iteration "
+              f"{_fmt_ns(row['iteration_time_ns'])} ({row['slowdown_pct']:+.2f}% against "
+              f"running alone in its place)")
     print(f"wrote {out}/: summary.json, jobs.csv, links.csv"
           + ("" if args.no_plots else ", links.png") + ", jobs/<name>/")
     return 0

@@ -15,6 +15,7 @@ job, and each job's metrics are computed from its own trace, exactly as for a lo
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,7 @@ MAX_JOBS = 64
 class JobSet:
     """Plans placed on one cluster: ``cluster`` is the plan the topology is built from."""
 
-    plans: tuple[Plan, ...]
+    plans: tuple[Any, ...]  # Plan, or traffic.TrafficSpec for background traffic
     cluster: Plan
     rank_map: tuple[np.ndarray, ...]  # int64 per job: its rank -> global rank
     placement: str = "packed"
@@ -47,13 +48,16 @@ class JobSet:
 PLACEMENTS = ("packed", "spread")
 
 
-def place_jobs(plans: list[Plan] | tuple[Plan, ...], placement: str = "packed") -> JobSet:
+def place_jobs(plans: list[Any] | tuple[Any, ...], placement: str = "packed") -> JobSet:
     """Place ``plans`` side by side on one cluster (see the module docstring).
 
     Raises PlanError (naming the job) for fewer than two or more than MAX_JOBS plans,
     duplicate job names, or a job whose ``network:`` differs from the first job's.
     """
     plans = tuple(plans)
+    if plans and not isinstance(plans[0], Plan):
+        raise PlanError("", "the first job must be a training plan (its network: is the "
+                            "cluster's); put traffic files after it")
     if not 2 <= len(plans) <= MAX_JOBS:
         raise PlanError("", f"expected 2..{MAX_JOBS} plans to place on one cluster "
                             f"(got {len(plans)})")
@@ -110,19 +114,28 @@ def place_jobs(plans: list[Plan] | tuple[Plan, ...], placement: str = "packed") 
     return JobSet(plans=plans, cluster=cluster, rank_map=tuple(maps), placement=placement)
 
 
-def combine_traces(jobs: JobSet, traces: list[Trace] | tuple[Trace, ...],
+def cluster_ranks(jobs: JobSet) -> list[dict[str, Any]]:
+    """The manifest's rank table of the whole cluster (every job's GPUs, busy or not)."""
+    out = []
+    rank = node = 0
+    for g in jobs.cluster.device_groups:
+        for d in range(g.num_devices):
+            out.append({"rank": rank, "group": g.name, "node": node + d // g.gpus_per_node,
+                        "device_type": g.type, "local": d % g.gpus_per_node})
+            rank += 1
+        node += g.nodes
+    return out
+
+
+def combine_traces(jobs: JobSet, traces: Sequence[Trace | None],
                    only: int | None = None) -> Trace:
     """One trace holding every job's ops (ids, ranks, collectives and edges shifted); with
-    ``only``, just that job's ops, on the same cluster ranks (the job alone in its place)."""
-    ops_parts, dep_parts, coll_parts, ranks = [], [], [], []
+    ``only``, just that job's ops, on the same cluster ranks (the job alone in its place).
+    A ``None`` trace (a job not generated yet) contributes no ops."""
+    ops_parts, dep_parts, coll_parts = [], [], []
     op_off = coll_off = 0
-    group_of = np.repeat([g.name for g in jobs.cluster.device_groups],
-                         [g.num_devices for g in jobs.cluster.device_groups])
     for k, (trace, rmap) in enumerate(zip(traces, jobs.rank_map, strict=True)):
-        for r in trace.manifest["ranks"]:
-            gr = int(rmap[int(r["rank"])])
-            ranks.append({**r, "rank": gr, "group": str(group_of[gr])})
-        if only is not None and k != only:
+        if trace is None or (only is not None and k != only):
             continue
         o = trace.ops.copy()
         o["op_id"] = o["op_id"] + op_off
@@ -142,7 +155,7 @@ def combine_traces(jobs: JobSet, traces: list[Trace] | tuple[Trace, ...],
             coll_off = int(c["collective"].max()) + 1
         coll_parts.append(c)
         op_off += len(o)
-    ranks.sort(key=lambda r: r["rank"])
+    ranks = cluster_ranks(jobs)
     ops = pd.concat(ops_parts, ignore_index=True)
     deps = pd.concat(dep_parts, ignore_index=True)
     colls = pd.concat(coll_parts, ignore_index=True)
@@ -151,16 +164,19 @@ def combine_traces(jobs: JobSet, traces: list[Trace] | tuple[Trace, ...],
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "plan_name": "+".join(jobs.names),
-        "plan_digest": "+".join(str(t.manifest.get("plan_digest", "")) for t in traces),
+        "plan_digest": "+".join(str(t.manifest.get("plan_digest", "")) for t in traces
+                                if t is not None),
         "ranks": ranks,
         "groups": [g.name for g in jobs.cluster.device_groups],
         "num_ops": int(len(ops)),
         "num_deps": int(len(deps)),
         "op_counts": {"by_kind": {n: int(kinds[i]) for i, n in enumerate(KINDS)},
                       "by_phase": {n: int(phases[i]) for i, n in enumerate(PHASES)}},
-        "jobs": [{"name": t.manifest.get("plan_name"), "ranks": [int(x) for x in m],
-                  "num_ops": int(len(t.ops))} for t, m in zip(traces, jobs.rank_map,
-                                                              strict=True)],
+        "jobs": [{"name": p.name, "ranks": [int(x) for x in m],
+                  "num_ops": 0 if t is None or (only is not None and k != only)
+                  else int(len(t.ops))}
+                 for k, (p, t, m) in enumerate(zip(jobs.plans, traces, jobs.rank_map,
+                                                   strict=True))],
     }
     return Trace(ops=ops, deps=deps, collectives=colls, manifest=manifest)
 
@@ -184,55 +200,89 @@ def split_timeline(traces: list[Trace] | tuple[Trace, ...], timeline: Timeline
 
 @dataclass
 class JobsResult:
-    """One shared replay of several jobs: the combined trace and timeline, per-job metrics
-    (each from the job's own trace, in job order) and per-link telemetry of the fabric."""
+    """One shared replay of several jobs: the combined trace and timeline, per-job results
+    in job order (training jobs: their Metrics, from their own trace; traffic jobs: a dict of
+    offered and achieved load) and per-link telemetry of the fabric."""
 
     jobs: JobSet
     trace: Trace
     timeline: Timeline
-    metrics: list[Any]  # list[Metrics]
+    results: list[Any]  # Metrics or dict per job
     links: pd.DataFrame
-    alone_ns: list[int] | None = None  # each job's iteration alone in its place, if measured
+    alone_ns: list[int | None] | None = None  # training jobs alone in their place
+
+    @property
+    def metrics(self) -> list[Any]:
+        """The training jobs' Metrics (traffic jobs left out), in job order."""
+        return [r for r in self.results if not isinstance(r, dict)]
 
     def table(self) -> pd.DataFrame:
-        """One row per job: name, ranks, iteration time, tokens/s, MFU, mean exposed comm."""
+        """One row per job: name, ranks, iteration time, tokens/s, MFU, mean communication and
+        exposed communication; alone_iteration_ns and slowdown_pct when measured; traffic jobs
+        add pattern, offered_load and achieved_load."""
         rows = []
-        for p, m in zip(self.jobs.plans, self.metrics, strict=True):
-            s = m.summary
-            rows.append({"job": p.name, "ranks": s["ranks"],
-                         "iteration_time_ns": s["iteration_time_ns"],
-                         "tokens_per_s": s["tokens_per_s"], "mfu": s["mfu"],
-                         "mean_comm_ns": s["means"]["comm_ns"],
-                         "mean_exposed_comm_ns": s["means"]["exposed_comm_ns"]})
-        out = pd.DataFrame(rows)
-        if self.alone_ns is not None:
-            out["alone_iteration_ns"] = self.alone_ns
-            out["slowdown_pct"] = 100.0 * (out["iteration_time_ns"] / out["alone_iteration_ns"]
-                                           - 1.0)
-        return out
+        for k, (p, r) in enumerate(zip(self.jobs.plans, self.results, strict=True)):
+            if isinstance(r, dict):
+                row = {**r}
+            else:
+                s = r.summary
+                row = {"job": p.name, "ranks": s["ranks"],
+                       "iteration_time_ns": s["iteration_time_ns"],
+                       "tokens_per_s": s["tokens_per_s"], "mfu": s["mfu"],
+                       "mean_comm_ns": s["means"]["comm_ns"],
+                       "mean_exposed_comm_ns": s["means"]["exposed_comm_ns"]}
+            if self.alone_ns is not None:
+                alone = self.alone_ns[k]
+                row["alone_iteration_ns"] = alone
+                row["slowdown_pct"] = (100.0 * (row["iteration_time_ns"] / alone - 1.0)
+                                       if alone else float("nan"))
+            rows.append(row)
+        return pd.DataFrame(rows)
 
 
-def run_jobs(plans: list[Plan] | tuple[Plan, ...], backend: str = "flow",
+def run_jobs(plans: list[Any] | tuple[Any, ...], backend: str = "flow",
              options: dict[str, Any] | None = None, placement: str = "packed",
              alone: bool = True) -> JobsResult:
-    """Place ``plans`` on one cluster (:func:`place_jobs`), replay them together on ``backend``
-    and compute each job's metrics and the fabric's per-link telemetry. With ``alone`` (the
-    default), also replay each job alone on the same servers, so :meth:`JobsResult.table`
-    gives the slowdown the other jobs cause (one more backend run per job)."""
+    """Place ``plans`` (training plans, and traffic specs for background traffic) on one
+    cluster (:func:`place_jobs`), replay them together on ``backend`` and compute each job's
+    results and the fabric's per-link telemetry. With ``alone`` (the default), each training
+    job is also replayed alone on the same servers, so :meth:`JobsResult.table` gives the
+    slowdown the other jobs cause (one more backend run per training job). A traffic spec
+    without ``duration_ms`` sends for as long as the longest training job takes alone."""
     from . import api
     from .metrics.links import link_metrics
     from .topology.build import build_topology
+    from .traffic import TrafficSpec, generate_traffic, traffic_summary
 
     jobs = place_jobs(plans, placement)
-    traces = [api.generate(p) for p in jobs.plans]
-    trace = combine_traces(jobs, traces)
     topology = build_topology(jobs.cluster)
+    training = [k for k, p in enumerate(jobs.plans) if not isinstance(p, TrafficSpec)]
+    traces: list[Trace | None] = [None] * len(jobs.plans)
+    for k in training:
+        traces[k] = api.generate(jobs.plans[k])
+    alone_ns: list[int | None] | None = None
+    needs_duration = any(isinstance(p, TrafficSpec) and p.duration_ms is None
+                         for p in jobs.plans)
+    if alone or needs_duration:
+        alone_ns = [None] * len(jobs.plans)
+        for k in training:
+            solo = combine_traces(jobs, traces, only=k)
+            alone_ns[k] = int(round(api.run(solo, backend, topology, options).makespan_ns))
+    for k, p in enumerate(jobs.plans):
+        if isinstance(p, TrafficSpec):
+            dur = p.duration_ms * 1e6 if p.duration_ms is not None else max(
+                (a for a in (alone_ns or []) if a is not None), default=0)
+            traces[k] = generate_traffic(p, float(dur))
+    full = [t for t in traces if t is not None]
+    trace = combine_traces(jobs, full)
     timeline = api.run(trace, backend, topology, options)
-    parts = split_timeline(traces, timeline)
-    metrics = [api.metrics(t, tl) for t, tl in zip(traces, parts, strict=True)]
-    alone_ns = None
-    if alone:
-        alone_ns = [int(round(api.run(combine_traces(jobs, traces, only=k), backend, topology,
-                                      options).makespan_ns)) for k in range(len(traces))]
-    return JobsResult(jobs=jobs, trace=trace, timeline=timeline, metrics=metrics,
-                      links=link_metrics(trace, timeline, topology), alone_ns=alone_ns)
+    parts = split_timeline(full, timeline)
+    results: list[Any] = []
+    for p, t, tl in zip(jobs.plans, full, parts, strict=True):
+        if isinstance(p, TrafficSpec):
+            results.append(traffic_summary(p, t, tl.frame))
+        else:
+            results.append(api.metrics(t, tl))
+    return JobsResult(jobs=jobs, trace=trace, timeline=timeline, results=results,
+                      links=link_metrics(trace, timeline, topology),
+                      alone_ns=alone_ns if alone else None)
