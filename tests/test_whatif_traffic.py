@@ -11,13 +11,13 @@ from xsim_adapters import api
 from xsim_adapters.errors import PlanError
 from xsim_adapters.jobs import run_jobs
 from xsim_adapters.plan.loader import plan_from_dict
+from xsim_adapters.trace.schema import KIND_FLOW
 from xsim_adapters.traffic import (
     destinations,
     generate_traffic,
     traffic_from_dict,
     traffic_summary,
 )
-from xsim_adapters.trace.schema import KIND_FLOW
 
 BASE = {"traffic": {
     "name": "bg", "device_groups": {"bg": {"type": "H100-80GB", "nodes": 4, "gpus_per_node": 4}},
