@@ -9,7 +9,7 @@ from typing import Any
 
 from xsim_adapters._proc import owned_tempdir
 from xsim_adapters.backends.base import Backend
-from xsim_adapters.errors import BackendError, BackendUnavailable
+from xsim_adapters.errors import BackendUnavailable
 from xsim_adapters.options import PROGRESS, SEED, Option, check_options
 from xsim_adapters.topology.model import Topology
 from xsim_adapters.trace.schema import Trace
