@@ -90,7 +90,7 @@ CASES = [
         "unknown top-level key",
         _set(["optimizer"], "adam"),
         "optimizer: unknown key; expected one of name, seed, model, training, device_types, "
-        "device_groups, network, replicas, collectives",
+        "device_groups, network, replicas, collectives, perturb",
     ),
     (
         "word for a number",

@@ -48,6 +48,7 @@ from .compute import ADAM_BYTES_PER_PARAM, optimizer_time_ns, stage_params
 from .context import emit_cp
 from .dpsync import buckets, chunk_rings, sweep_segments
 from .moe_units import StageMoE
+from .perturb import apply_perturbations
 from .reshard import DEST, SOURCE, algorithm_label, reshard_transfers
 from .rings import (
     RankInfo,
@@ -65,11 +66,13 @@ GENERATOR_VERSION = "1"
 def plan_digest(plan: Plan) -> str:
     """sha256 (hex) of the canonical JSON form of the validated plan.
 
-    Fields added for MoE and context parallelism are left out at their defaults (no ``moe``,
-    ``ep`` = ``cp`` = 1), so a dense plan keeps the digest (and trace) it had before them.
+    Fields added later are left out at their defaults (no ``perturb`` section, no ``moe``,
+    ``ep`` = ``cp`` = 1), so plans without them keep the digest (and trace) they had before.
     """
-    text = json.dumps(_digest_form(asdict(plan)), sort_keys=True, separators=(",", ":"),
-                      default=str)
+    data = _digest_form(asdict(plan))
+    if not plan.perturb.active:  # plans without a perturb section keep their earlier digests
+        del data["perturb"]
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -637,5 +640,8 @@ def generate(plan: Plan) -> Trace:
     gen.add_transfers()
     gen.add_dp_and_optimizer()
     ops, deps, colls = gen.tb.frames()
+    perturbed = apply_perturbations(ops, plan.perturb, plan.num_ranks, plan.seed)
     manifest = gen.manifest(ops["kind"].to_numpy(), ops["phase"].to_numpy(), len(deps))
+    if perturbed:
+        manifest["perturb"] = perturbed
     return Trace(ops=ops, deps=deps, collectives=colls, manifest=manifest)
