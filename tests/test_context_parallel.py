@@ -86,3 +86,21 @@ def test_ring_exchange_shows_as_cp_communication():
 def test_cp_plan_errors(kw, msg):
     with pytest.raises(PlanError, match=msg):
         cp_plan(**kw)
+
+
+def test_tp_collectives_and_pipeline_sends_carry_the_local_chunk():
+    plan = plan_from_dict({
+        "name": "cp-pp",
+        "model": {"layers": 4, "hidden": H, "ffn_hidden": 4096, "heads": HEADS, "kv_heads": KV,
+                  "seq_len": S, "vocab": 32000},
+        "training": {"global_batch": 4, "micro_batch": 1, "sequence_parallel": True},
+        "device_groups": {"h100": {"type": "H100-80GB", "nodes": 2, "gpus_per_node": 8}},
+        "replicas": {"uniform": {"group": "h100", "tp": 2, "pp": 2, "dp": 4, "cp": 2}},
+    })
+    trace = generate(plan)
+    colls = trace.collectives
+    local = 1 * (S // 2) * H * 2  # b x s/cp x h x bf16
+    assert set(colls.loc[colls["kind"] == "reduce_scatter", "bytes"]) <= {local}
+    pp = trace.ops[(trace.ops["kind"] == KIND_FLOW) & (trace.ops["phase"] == PHASE_INDEX["pp"])]
+    assert pp.groupby(["collective"])["bytes"].sum().eq(local).all()
+    assert run(plan, trace=trace).makespan_ns > 0

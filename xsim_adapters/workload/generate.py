@@ -119,7 +119,9 @@ class _Generator:
                 self.rank_replica[rs] = r
                 self.rank_stage[rs] = i
         m = plan.model
-        self.act_bytes = plan.training.micro_batch * m.seq_len * m.hidden * m.dtype_bytes
+        # a CP rank holds s / cp tokens: its TP collectives and pipeline sends carry that much
+        cp = plan.replicas[0].stages[0].cp
+        self.act_bytes = plan.training.micro_batch * (m.seq_len // cp) * m.hidden * m.dtype_bytes
         c = plan.collectives
         self.algorithm = f"ring:{c.ring_order}:{c.granularity}" + (
             f"({c.chunks})" if c.granularity == "chunked" else ""
