@@ -218,3 +218,12 @@ def test_by_speed_placement_follows_peak_times_efficiency():
     assert min(counts[:8]) > max(counts[8:])
     uniform = MoESpec(num_experts=64, top_k=4, expert_ffn_hidden=8)
     assert expert_counts(uniform, [h100] * 8 + [a100] * 8) == [4] * 16
+
+
+def test_full_recompute_repeats_the_forward_exchanges():
+    trace = generate(moe_plan(recompute="full"))
+    colls = trace.collectives[trace.collectives["kind"] == "all_to_all"]
+    assert len(colls) == 2 * 6 * 2  # layers x (fwd 2, recompute 2, bwd 2) x micro-batches
+    ops = trace.ops
+    rec = ops[(ops["phase"] == PHASE_INDEX["recompute"]) & (ops["kind"] == KIND_COMPUTE)]
+    assert len(rec) == 8 * 2 * 2 * 4  # ranks x layers x micro-batches x (attn, pre, experts, post)
