@@ -141,8 +141,18 @@ def test_hierarchical_plan_runs_and_moves_fewer_cross_server_flows():
     plan_d = moe_plan(ep=16, tp=2, dp=8, nodes=2, moe={"num_experts": 16})
     plan_h = moe_plan(ep=16, tp=2, dp=8, nodes=2,
                       moe={"num_experts": 16, "alltoall": "hierarchical"})
-    fd, fh = a2a_flows(generate(plan_d)), a2a_flows(generate(plan_h))
+    td, th = generate(plan_d), generate(plan_h)
+    fd, fh = a2a_flows(td), a2a_flows(th)
     assert len(fh) < len(fd)
+    assert (fd["bytes"].sum() < fh["bytes"].sum())  # intra-server hops carry bytes twice
+
+    def bars(t):
+        o = t.ops
+        return o[(o["kind"] == KIND_BARRIER) & (o["phase"] == PHASE_INDEX["ep"])]
+    # one barrier per sender, plus one per forwarding proxy (its second NCCL call)
+    exchanges = len(td.collectives.query("kind == 'all_to_all'"))
+    assert len(bars(td)) == exchanges * 16
+    assert len(bars(th)) == exchanges * (16 + 16)
     assert run(plan_h).makespan_ns > 0
 
 

@@ -17,7 +17,8 @@ one pair per peer, all in flight together. Lowerings (``model.moe.alltoall``):
 NCCL cost (``collectives.nccl_cost``): one timed barrier per member before its first send, of
 the Simple protocol's base latency plus one step latency of the slowest link type it sends
 over (the p2p operations of a group run concurrently), plus the time NCCL's NVLink efficiency
-adds to its intra-server bytes. Constants from :mod:`.nccl` (their one home).
+adds to its intra-server bytes; a hierarchical proxy pays a second barrier (Simple base + one
+network step) before it forwards. Constants from :mod:`.nccl` (their one home).
 """
 
 from __future__ import annotations
@@ -358,12 +359,27 @@ class MoEPlanner:
             s = int(ex.src[f])
             pred = start[:, s] if start[0, s] >= 0 else src_ops[:, s]
             tb.add_edges(pred, ids[:, f])
-        for f in np.nonzero(~first)[0]:  # a proxy forwards after all it was sent arrived
-            p = int(ex.src[f])
-            pred = start[:, p] if start[0, p] >= 0 else src_ops[:, p]
-            tb.add_edges(pred, ids[:, f])
+        # Hierarchical: a proxy forwards once everything sent to it has arrived, in a second
+        # NCCL call (its own p2p latency over the network, with collectives.nccl_cost).
+        for p in np.unique(ex.src[~first]):
+            p = int(p)
+            gate = start[:, p] if start[0, p] >= 0 else src_ops[:, p]
             into = np.nonzero(first & (ex.dst == p))[0]
-            for k in into:
-                tb.add_edges(ids[:, k], ids[:, f])
+            if self.plan.collectives.nccl_cost:
+                lat = (RING_BASE_LATENCY_US[SIMPLE] + RING_STEP_LATENCY_US["net"][SIMPLE]) * 1e3
+                b2 = tb.add_ops(m, kind=KIND_BARRIER, rank=int(ranks[p]),
+                                duration_ns=int(round(lat)), phase=phase,
+                                replica=int(gen.rank_replica[ranks[p]]), stage=gr.stage,
+                                microbatch=np.arange(m), layer_start=layer,
+                                layer_stop=layer + 1, collective=coll)
+                tb.add_edges(gate, b2)
+                for k in into:
+                    tb.add_edges(ids[:, k], b2)
+                gate = b2
+            for f in np.nonzero(~first & (ex.src == p))[0]:
+                tb.add_edges(gate, ids[:, f])
+                if not self.plan.collectives.nccl_cost:
+                    for k in into:
+                        tb.add_edges(ids[:, k], ids[:, f])
         for q in range(nf):
             tb.add_edges(ids[:, q], dst_ops[:, int(ex.dst[q])])
