@@ -40,7 +40,24 @@ LLAMA2_7B_PARAMS = 6_738_415_616
 LLAMA2_70B_PARAMS = 68_976_648_192
 LLAMA2_7B_8_LAYERS_PARAMS = 8 * 202_383_360 + 2 * 131_072_000 + 4_096
 BF16_BYTES = 2
+# MoE and CP plans. Mixtral 8x7B: 46,702,792,704 parameters (HF config mistralai/Mixtral-8x7B-v0.1;
+# published "46.7B"), of which 32 layers x 8 experts x 3 x 4096 x 14336 = 45,097,156,608 are
+# routed experts; Qwen1.5-MoE-A2.7B: 14,315,587,584 (published "14.3B"; 24 x 60 x 3 x 2048 x 1408
+# = 12,457,082,880 routed), Llama 3 8B: 8,030,261,248. Under EP the dense part syncs over all
+# replicas and the routed experts over the expert-data-parallel group (edp ranks per ring; every
+# expert in exactly one ring per EP position): 2 (dp - 1) dense + 2 (edp - 1) routed, x 2 bytes.
+MIXTRAL_8X7B_PARAMS, MIXTRAL_8X7B_ROUTED = 46_702_792_704, 45_097_156_608
+QWEN_MOE_PARAMS, QWEN_MOE_ROUTED = 14_315_587_584, 12_457_082_880
+LLAMA3_8B_PARAMS = 8_030_261_248
 HAND = {
+    "moe-mixtral-8x7b-64xh100-ep8": {
+        "params": 0, "dp": 8,
+        "dp_bytes": (2 * 7 * (MIXTRAL_8X7B_PARAMS - MIXTRAL_8X7B_ROUTED)
+                     + 2 * 1 * MIXTRAL_8X7B_ROUTED) * BF16_BYTES},
+    "moe-hetero-h100-a100-by-speed": {  # one EP group of all 16 replicas: no expert DP ring
+        "params": 0, "dp": 16,
+        "dp_bytes": 2 * 15 * (QWEN_MOE_PARAMS - QWEN_MOE_ROUTED) * BF16_BYTES},
+    "long-context-128k-cp4": {"params": LLAMA3_8B_PARAMS, "dp": 4},
     "hetero-dp-h100-a100": {"params": LLAMA2_7B_PARAMS, "dp": 2},
     "homogeneous-h100": {"params": LLAMA2_7B_PARAMS, "dp": 2},
     "uneven-layers": {"params": LLAMA2_7B_PARAMS, "dp": 2},
@@ -105,7 +122,7 @@ def _independent_checks(name: str, golden: dict, trace, plan) -> None:
     # closed form: a ring all-reduce (or ZeRO's reduce-scatter + all-gather) over n replicas
     # moves 2 (n - 1) / n of the gradient bytes per member: 2 (n - 1) x all gradient bytes
     dp = flows[flows["phase"] == PHASE_INDEX["dp"]]
-    exact = 2 * (hand["dp"] - 1) * hand["params"] * BF16_BYTES
+    exact = hand.get("dp_bytes", 2 * (hand["dp"] - 1) * hand["params"] * BF16_BYTES)
     if plan.collectives.granularity == "step":
         assert int(dp["bytes"].sum()) == exact
     else:  # chunked: every rank sends floor(S (n-1) / n) per ring, < 1 byte short per flow

@@ -18,7 +18,10 @@ TYPES = (
     "H100-PCIe, H200, L4, L40S, MI250X, MI300X, RTX-2080-Ti, RTX-3090, RTX-4090, T4, V100-16GB, "
     "V100-32GB"
 )
-MODELS = "gpt3-1.3b, gpt3-175b, llama2-13b, llama2-70b, llama2-7b, llama3-70b, llama3-8b, tiny-gpt"
+MODELS = (
+    "gpt3-1.3b, gpt3-175b, llama2-13b, llama2-70b, llama2-7b, llama3-70b, llama3-8b, "
+    "mixtral-8x22b, mixtral-8x7b, qwen1.5-moe-a2.7b, tiny-gpt"
+)
 
 
 def _set(path: list[Any], value: Any) -> Callable[[dict], None]:
@@ -80,13 +83,14 @@ CASES = [
     (
         "unknown key in a stage",
         _set(["replicas", 0, "stages", 0, "pipeline"], 2),
-        "replicas[0].stages[0].pipeline: unknown key; expected one of group, devices, tp, layers",
+        "replicas[0].stages[0].pipeline: unknown key; expected one of group, devices, tp, layers, "
+        "ep, cp",
     ),
     (
         "unknown top-level key",
         _set(["optimizer"], "adam"),
         "optimizer: unknown key; expected one of name, seed, model, training, device_types, "
-        "device_groups, network, replicas, collectives",
+        "device_groups, network, replicas, collectives, perturb",
     ),
     (
         "word for a number",

@@ -75,7 +75,8 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
       and of its timed communication barriers (the NCCL latency before a ring's first send).
     - ``exposed_comm_ns``: communication time not overlapped by its own compute.
     - ``bubble_ns``: inside [first fwd start, last bwd or wgrad end], time it neither computes
-      nor takes part in a ``tp`` flow; ``bubble_fraction`` = bubble_ns / iteration_time_ns.
+      nor takes part in a ``tp``, ``ep`` or ``cp`` flow; ``bubble_fraction`` = bubble_ns /
+      iteration_time_ns.
     - ``straggler_wait_ns`` / ``caused_wait_ns``: time blocked on a slower peer (union of its
       wait intervals minus its own compute) and the share of others' waits it caused; see
       :func:`~xsim_adapters.metrics.straggler.straggler_by_rank`.
@@ -130,7 +131,10 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     out["comm_ns"] = comm_ns
     out["exposed_comm_ns"] = both - compute_ns
     lo, hi, has = _window(comp, c_rank, c_s, c_e, n)
-    busy = union(is_comp | (ph == PHASE_INDEX["tp"]), lo, hi)
+    # Collectives of the rank's own stage (TP, and the EP all-to-all and CP ring, which run
+    # inside a layer) are work, not waiting on the pipeline.
+    own_stage = np.isin(ph, [PHASE_INDEX["tp"], PHASE_INDEX["ep"], PHASE_INDEX["cp"]])
+    busy = union(is_comp | own_stage, lo, hi)
     out["bubble_ns"] = np.where(has, (hi - lo) - busy, 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         out["bubble_fraction"] = np.where(it > 0, out["bubble_ns"].to_numpy() / it, 0.0)

@@ -1,6 +1,9 @@
 """Straggler wait: how long a rank, once ready, waited for the slowest participant.
 
-Two kinds of synchronization are examined (definitions in ``docs/metrics.md``):
+Two kinds of synchronization are examined (definitions in ``docs/metrics.md``); the EP
+all-to-all and CP ring flows (phases ``ep``, ``cp``) are treated as receives, per (collective,
+receiver), their senders' readiness looked through NCCL's timed barrier, and their waits count
+as straggler waits (peers in lockstep), not as pipeline waits:
 
 - **DP sync collectives** (phase ``dp``). Participants are the ranks of the collective's flows
   (senders and receivers). A participant is *ready* when every predecessor of its own first
@@ -27,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX, Trace
+from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX, PHASES, Trace
 from ..trace.timeline import Timeline
 from .intervals import union_length
 from .timeline import as_frame
@@ -128,12 +131,17 @@ def _dp_waits(trace: Trace, tf: pd.DataFrame) -> pd.DataFrame:
 def _receive_waits(trace: Trace, tf: pd.DataFrame) -> pd.DataFrame:
     n = len(tf)
     end = tf["end_ns"].to_numpy()
-    phases = [PHASE_INDEX["pp"], PHASE_INDEX["reshard"]]
+    phases = [PHASE_INDEX[p] for p in ("pp", "reshard", "ep", "cp")]
     fl = tf[(tf["kind"] == KIND_FLOW) & tf["phase"].isin(phases)]
     if len(fl) == 0:
         return pd.DataFrame(columns=list(STRAGGLER_COLUMNS))
     op = fl["op_id"].to_numpy(dtype=np.int64)
     pe = _pred_end_max(trace.deps, end, n, op)
+    peer = np.isin(fl["phase"].to_numpy(), [PHASE_INDEX["ep"], PHASE_INDEX["cp"]])
+    if peer.any():  # EP/CP sends wait behind NCCL's timed barrier: look through it
+        ex = _expanded_preds(trace.deps, op[peer], tf["kind"].to_numpy())
+        m = pd.Series(end[ex["pred"].to_numpy()]).groupby(ex["op"].to_numpy()).max()
+        pe[m.index.to_numpy()] = m.to_numpy()
     coll = fl["collective"].to_numpy(dtype=np.int64)
     f = pd.DataFrame({
         # One receive = one (collective, receiver); a flow outside any collective stands alone.
@@ -169,7 +177,7 @@ def _receive_waits(trace: Trace, tf: pd.DataFrame) -> pd.DataFrame:
     r_ready = rec["c_end"].fillna(0.0).to_numpy()
     s_ready = rec["sender_ready"].to_numpy()
     late = s_ready > r_ready
-    names = np.where(rec["phase"].to_numpy() == PHASE_INDEX["pp"], "pp", "reshard")
+    names = np.array(PHASES, dtype=object)[rec["phase"].to_numpy(dtype=np.int64)]
     out = pd.DataFrame({
         "kind": names,
         "collective": rec["collective"].to_numpy(dtype=np.int64),
@@ -237,10 +245,10 @@ def _blocked(frame: pd.DataFrame, num_ranks: int, comp: pd.DataFrame | None
 
 def straggler_by_rank(frame: pd.DataFrame, num_ranks: int,
                       tf: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per rank: ``straggler_wait_ns`` (waited on a slower data-parallel peer),
-    ``caused_wait_ns`` (others waited on it), ``straggler_dp_ns`` (the same as
-    ``straggler_wait_ns``, named by what was waited for) and ``straggler_pp_ns`` (waits at PP
-    and reshard receives).
+    """Per rank: ``straggler_wait_ns`` (waited on a slower data-parallel peer, or on a slower
+    member of its EP all-to-all or CP ring), ``caused_wait_ns`` (others waited on it),
+    ``straggler_dp_ns`` (the DP part; equal to ``straggler_wait_ns`` without EP/CP) and
+    ``straggler_pp_ns`` (waits at PP and reshard receives).
 
     Receive waits are kept out of ``straggler_wait_ns``: a pipeline's own schedule makes its
     stages wait at receives (fill and drain) even when every stage is equally fast, so those
@@ -256,13 +264,17 @@ def straggler_by_rank(frame: pd.DataFrame, num_ranks: int,
     waits, so ``sum(caused_wait_ns) == sum(straggler_wait_ns)``.
     """
     comp = None if tf is None else tf[tf["kind"] == KIND_COMPUTE]
-    is_dp = (frame["kind"] == "dp").to_numpy()
-    waited, caused = _blocked(frame[is_dp], num_ranks, comp)
-    pp_w, _ = _blocked(frame[~is_dp], num_ranks, comp)
+    kinds = frame["kind"].to_numpy()
+    is_dp = kinds == "dp"
+    # peers in lockstep: the DP sync, and the EP all-to-all and CP ring inside a layer
+    is_peer = is_dp | (kinds == "ep") | (kinds == "cp")
+    waited, caused = _blocked(frame[is_peer], num_ranks, comp)
+    dp_w = waited if is_peer.sum() == is_dp.sum() else _blocked(frame[is_dp], num_ranks, comp)[0]
+    pp_w, _ = _blocked(frame[~is_peer], num_ranks, comp)
     return pd.DataFrame({
         "rank": np.arange(num_ranks),
         "straggler_wait_ns": waited,
         "caused_wait_ns": caused,
-        "straggler_dp_ns": waited,
+        "straggler_dp_ns": dp_w,
         "straggler_pp_ns": pp_w,
     })

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import os
 import resource
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import PlanError
 
@@ -109,6 +109,7 @@ def estimate_ops(plan: Plan) -> int:
                 for k in kinds
             )
             per_mb = units * (per_unit * st.tp + flows)
+            per_mb += _ep_cp_ops_per_rank(plan, st) * st.tp
             per_mb += (per_layer * n_layers + (2 * v if zb else 0)) * st.tp
             # transfers to the next virtual stage: v per stage, the last stage wraps v - 1 times
             sends = v if i < rep.pp - 1 else v - 1
@@ -121,6 +122,21 @@ def estimate_ops(plan: Plan) -> int:
     # (+ dp NCCL-delay barriers per ring, and ZeRO's all-gather rings as many again)
     total += 2 * buckets * big_l * (steps * c.channels + int(c.nccl_cost)) * dp
     return total + 4 * plan.num_ranks
+
+
+def _ep_cp_ops_per_rank(plan: Plan, st: Any) -> float:
+    """Ops one rank adds per micro-batch for the MoE all-to-alls and the CP ring (upper)."""
+    passes = 3 if plan.training.recompute == "full" else 2
+    ops = 0.0
+    if plan.model.moe is not None and st.ep > 1:
+        from .moe import moe_layers_in
+
+        # per MoE layer and pass: 2 extra compute units, 2 exchanges of ep - 1 flows (direct;
+        # hierarchical has fewer) and an NCCL-delay barrier each
+        ops += moe_layers_in(plan.model, st.layers) * passes * (2 + 2 * st.ep)
+    if st.cp > 1:  # per layer and pass: cp - 1 steps of a flow, a barrier and a core unit
+        ops += (st.layers[1] - st.layers[0]) * passes * 3 * (st.cp - 1)
+    return ops
 
 
 def check_size(plan: Plan) -> None:

@@ -20,19 +20,35 @@ Model (bytes per device of a stage's TP group, P = the stage's parameters / tp):
   (:func:`in_flight_micro_batches`): 1F1B ``min(pp - i, m)``, GPipe ``m``, ZB-H1 ``min(pp, m)``
   (deferred W passes keep their inputs), interleaved the peak count of chunk forwards not yet
   backwarded in the stage's order divided by v (a chunk holds 1/v of the stage's layers).
+- MoE (:func:`moe_activation_delta`, :func:`expert_params_per_device`): with ``ep`` > 1 the
+  routed experts are not TP-split: a device holds its own experts (the most any device of the
+  stage holds, under ``placement: by_speed``), and ZeRO shards their state over the
+  expert-data-parallel group (``dp / (ep / tp)`` replicas) instead of ``dp``. Each MoE layer's
+  activations replace the dense MLP's share by dispatch/combine buffers and the experts'
+  activations for the ``top_k`` copies of every token.
+- CP: a device of a CP group keeps the activations of ``s / cp`` tokens (the formulas above at
+  ``seq_len / cp``); weights are not split by CP.
 Capacity is the device type's ``hbm_GB`` (1 GB = 1e9 bytes); no allowance for the CUDA
 context or fragmentation is made, so treat a headroom of a few GB as tight.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
 from ..errors import InfeasiblePlanError
 from .model import ModelSpec, Plan
+from .moe import (
+    active_ffn_params,
+    dense_mlp_params,
+    expert_params,
+    moe_ffn_delta,
+    moe_layers_in,
+    routed_expert_params,
+)
 
 OPTIMIZER_BYTES_PER_PARAM = 12  # Adam: fp32 master weights + m + v
 GB = 1e9
@@ -70,9 +86,28 @@ def head_params(model: ModelSpec) -> int:
     return model.vocab * model.hidden + norm
 
 
+def span_params(model: ModelSpec, layers: tuple[int, int]) -> int:
+    """Parameters of the transformer layers ``[a, b)``: dense layers, MoE layers with all their
+    experts (:mod:`.moe`)."""
+    n = layers[1] - layers[0]
+    p = n * layer_params(model)
+    if model.moe is not None:
+        p += moe_layers_in(model, layers) * moe_ffn_delta(model)
+    return p
+
+
 def model_params(model: ModelSpec) -> int:
     """All parameters: layers, embedding and head."""
-    return model.layers * layer_params(model) + embedding_params(model) + head_params(model)
+    return span_params(model, (0, model.layers)) + embedding_params(model) + head_params(model)
+
+
+def active_params(model: ModelSpec) -> int:
+    """Parameters one token uses: ``model_params`` with only the top-k routed experts of each
+    MoE layer counted (the "active parameters" of MoE model cards)."""
+    dense = dense_mlp_params(model)
+    per_layer = sum(active_ffn_params(model, x) - dense for x in range(model.layers))
+    return (model.layers * layer_params(model) + per_layer + embedding_params(model)
+            + head_params(model))
 
 
 def activation_bytes_per_layer(plan: Plan, tp: int) -> float:
@@ -84,6 +119,51 @@ def activation_bytes_per_layer(plan: Plan, tp: int) -> float:
     kept_scores = not t.flash_attention and t.recompute != "selective"
     scores = 5 * a * s * s * b / tp if kept_scores else 0.0
     return linear + scores
+
+
+def moe_activation_delta(plan: Plan, tp: int, ep: int) -> float:
+    """Activation bytes an MoE layer keeps per micro-batch beyond the dense layer's estimate.
+
+    The dense MLP's share of Korthikanti et al.'s formula (19 sbh, / t with sequence parallel)
+    is replaced by: the dispatch and combine buffers (``2 T k h``), and per routed token copy
+    the expert's input and its gated activations (``T k (h + 3 f_e / t_e)``), T the rank's
+    tokens (b s / t with sequence parallel, all b s with expert TP), t_e the expert TP (t when
+    ep = 1, else 1); plus the shared experts like a dense MLP of their width. 16-bit values.
+    """
+    moe = plan.model.moe
+    if moe is None:
+        return 0.0
+    m, t = plan.model, plan.training
+    s, b, h = m.seq_len, t.micro_batch, m.hidden
+    sp = t.sequence_parallel
+    dense_mlp = 19 * s * b * h / (tp if sp else 1)
+    tokens = s * b / tp if (ep > 1 and sp) else s * b
+    etp = tp if ep == 1 else 1
+    e = 2  # bytes per activation value
+    routed = tokens * moe.top_k * (2 * h + h + 3 * moe.expert_ffn_hidden / etp) * e
+    shared = moe.shared_experts * 19 * s * b * h * moe.shared_ffn / m.ffn_hidden / (
+        tp if sp else 1) if moe.shared_experts else 0.0
+    return routed + shared - dense_mlp
+
+
+def expert_params_per_device(plan: Plan, replica: int, stage: int) -> tuple[float, int]:
+    """(routed-expert parameters on the stage's busiest device, EDP group size) under EP;
+    (0, 1) without EP (then the experts are TP-split with the dense weights)."""
+    st = plan.replicas[replica].stages[stage]
+    moe = plan.model.moe
+    if moe is None or st.ep <= 1:
+        return 0.0, 1
+    from ..workload.moe import expert_counts  # lazy: workload imports this module
+
+    g = st.ep // st.tp
+    r0 = replica - replica % g
+    speeds = []
+    for r in range(r0, r0 + g):
+        dt = plan.device_types[plan.group(plan.replicas[r].stages[stage].group).type]
+        speeds += [dt.peak_tflops * dt.efficiency] * st.tp
+    held = max(expert_counts(moe, speeds))
+    per_expert = expert_params(model=plan.model)
+    return float(held * per_expert * moe_layers_in(plan.model, st.layers)), plan.dp // g
 
 
 def in_flight_micro_batches(schedule: str, stage: int, pp: int, m: int, v: int = 1) -> float:
@@ -143,24 +223,36 @@ def stage_memory(plan: Plan, replica: int, stage: int) -> StageMemory:
     model, tr = plan.model, plan.training
     dtype = plan.device_types[plan.group(st.group).type]
     first, last = stage == 0, stage == rep.pp - 1
-    params = st.num_layers * layer_params(model)
+    params = span_params(model, st.layers)
     params += embedding_params(model) if first else 0
     params += head_params(model) if last else 0
-    p = params / st.tp
     dp = plan.dp
     z = tr.zero_stage
+    experts, edp = expert_params_per_device(plan, replica, stage)
+    if experts:  # EP: the routed experts are not TP-split; their state shards over the EDP group
+        params -= routed_expert_params(model, st.layers)
+    p = params / st.tp
     weights = p * model.dtype_bytes / (dp if z >= 3 else 1)
     grads = p * model.dtype_bytes / (dp if z >= 2 else 1)
     optim = p * OPTIMIZER_BYTES_PER_PARAM / (dp if z >= 1 else 1)
+    weights += experts * model.dtype_bytes / (edp if z >= 3 else 1)
+    grads += experts * model.dtype_bytes / (edp if z >= 2 else 1)
+    optim += experts * OPTIMIZER_BYTES_PER_PARAM / (edp if z >= 1 else 1)
+    p += experts
 
     m = rep.micro_batches
     in_flight = in_flight_micro_batches(tr.schedule, stage, rep.pp, m, tr.virtual_stages)
+    if st.cp > 1:  # a CP rank holds the activations of s / cp tokens
+        plan = replace(plan, model=replace(model, seq_len=model.seq_len // st.cp))
+        model = plan.model
     full_layer = activation_bytes_per_layer(plan, st.tp)
     s, b, h = model.seq_len, tr.micro_batch, model.hidden
+    moe_extra = moe_activation_delta(plan, st.tp, st.ep) * moe_layers_in(model, st.layers)
     if tr.recompute == "full":
-        acts = in_flight * st.num_layers * 2 * s * b * h + full_layer
+        one_moe = moe_activation_delta(plan, st.tp, st.ep) if moe_extra else 0.0
+        acts = in_flight * st.num_layers * 2 * s * b * h + full_layer + max(0.0, one_moe)
     else:
-        acts = in_flight * st.num_layers * full_layer
+        acts = in_flight * (st.num_layers * full_layer + moe_extra)
     if last:
         acts += in_flight * 4 * s * b * (h + model.vocab) / st.tp
     return StageMemory(

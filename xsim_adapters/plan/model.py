@@ -32,6 +32,40 @@ ScaleOutTopology = Literal["leaf_spine", "fat_tree"]
 LinkEventKind = Literal["degrade", "fail", "restore"]
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+Router = Literal["softmax_topk", "sigmoid_topk"]
+Routing = Literal["balanced", "zipf"]
+ExpertPlacement = Literal["uniform", "by_speed"]
+AllToAll = Literal["direct", "hierarchical"]
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Mixture-of-experts FFN layers (see docs/moe.md; the helpers are in :mod:`.moe`).
+
+    Layer ``l`` is an MoE layer iff ``l >= first_dense_layers`` and
+    ``(l - first_dense_layers) % every == 0``; other layers keep the dense FFN of
+    ``ModelSpec.ffn_hidden``. An MoE layer has a router (``hidden x num_experts``), ``num_experts``
+    routed experts of ``expert_ffn_hidden`` (gated like the model's MLP) of which each token uses
+    ``top_k``, and ``shared_experts`` always-on experts of ``shared_ffn_hidden`` each.
+    """
+
+    num_experts: int
+    top_k: int
+    expert_ffn_hidden: int
+    shared_experts: int = 0
+    shared_ffn_hidden: int = 0  # per shared expert; 0 means expert_ffn_hidden
+    every: int = 1  # MoE layer frequency: 1 every layer, 2 every other layer, ...
+    first_dense_layers: int = 0  # the first k layers keep the dense FFN (DeepSeek)
+    router: Router = "softmax_topk"  # both cost one h x E GEMM and a top-k (no cost difference)
+    capacity_factor: float | None = None  # None: dropless; else tokens per expert are capped
+    routing: Routing = "balanced"  # balanced: T*k/E tokens per expert; zipf: skewed (seeded)
+    zipf_exponent: float = 1.0  # skew of "zipf" routing: expert popularity ~ 1 / rank^exponent
+    placement: ExpertPlacement = "uniform"  # experts over the EP group: equal, or by device speed
+    alltoall: AllToAll = "direct"  # dispatch/combine lowering: pairwise, or intra-server first
+
+    @property
+    def shared_ffn(self) -> int:
+        return self.shared_ffn_hidden or self.expert_ffn_hidden
 
 
 @dataclass(frozen=True)
@@ -48,6 +82,7 @@ class ModelSpec:
     vocab: int
     dtype: str = "bf16"
     gated_mlp: bool = True  # SwiGLU (Llama): three FFN matrices; False: GELU (GPT): two
+    moe: MoESpec | None = None  # mixture-of-experts FFN layers; None: a dense model
 
     @property
     def dtype_bytes(self) -> int:
@@ -213,6 +248,11 @@ class Stage:
     devices: tuple[int, int]
     tp: int
     layers: tuple[int, int]
+    # Expert parallelism: 1 (experts TP-sharded like the dense MLP) or a multiple of tp; ep / tp
+    # consecutive replicas' stages form one EP group (see docs/moe.md).
+    ep: int = 1
+    # Context parallelism: cp consecutive replicas' stages split each sequence (ring attention).
+    cp: int = 1
 
     @property
     def num_layers(self) -> int:

@@ -17,12 +17,13 @@ from . import _fields as f
 from . import limits as lim
 from .layout import apportion, even_split, ranges_from_counts, stage_speed
 from .model import DeviceGroup, DeviceType, ModelSpec, Replica, ScaleUp, Stage, TrainingSpec
+from .parallel import check_cp_uniform, check_groups, check_stage_ep_cp
 
 GROUP_KEYS = ("type", "nodes", "gpus_per_node")
 GROUP_OPTIONAL_KEYS = ("nic_gbps",)
-STAGE_KEYS = ("group", "devices", "tp", "layers")
+STAGE_KEYS = ("group", "devices", "tp", "layers", "ep", "cp")
 REPLICA_KEYS = ("stages", "auto_layers", "batch_share", "micro_batches")
-UNIFORM_KEYS = ("group", "tp", "pp", "dp", "devices", "batch_share", "micro_batches")
+UNIFORM_KEYS = ("group", "tp", "pp", "dp", "devices", "batch_share", "micro_batches", "ep", "cp")
 AUTO_LAYERS = ("by_compute",)
 SHARE_TOLERANCE = 1e-6
 
@@ -86,6 +87,8 @@ class _Stage:
     layers: tuple[int, int] | None
     path: str
     field_paths: dict[str, str] = field(default_factory=dict)
+    ep: int = 1
+    cp: int = 1
 
     def fp(self, name: str) -> str:
         return self.field_paths.get(name, f.join(self.path, name))
@@ -141,12 +144,19 @@ def parse_replicas(
         if rep.auto_layers:
             _auto_layers(rep, ctx)
         _check_layers(rep, ctx.model)
-    counts = _split_batch(raw, ctx, path)
+    cp = check_cp_uniform(raw)
+    if cp > 1:  # a CP group's replicas split each sequence: they share micro-batches
+        reps = raw[::cp]
+        counts = [n for n in _split_batch(reps, ctx, path) for _ in range(cp)]
+    else:
+        counts = _split_batch(raw, ctx, path)
+    check_groups(raw, counts)
     if training.schedule == "interleaved":
         _check_interleaving(raw, counts, training.virtual_stages)
     return tuple(
         Replica(
-            stages=tuple(Stage(s.group, s.devices, s.tp, s.layers) for s in rep.stages),  # type: ignore[arg-type]
+            stages=tuple(Stage(s.group, s.devices, s.tp, s.layers, s.ep, s.cp)  # type: ignore[arg-type]
+                         for s in rep.stages),
             micro_batches=n,
             batch_share=rep.batch_share,
         )
@@ -185,7 +195,8 @@ def _parse_replica(m: Mapping[str, Any], path: str, ctx: _Context) -> _Replica:
             if "layers" not in sm:
                 raise PlanError(f.join(spath, "layers"), "required key is missing")
             layers = f.get_range(sm, "layers", spath)
-        st = _Stage(group.name, devices, tp, layers, spath)
+        st = _Stage(group.name, devices, tp, layers, spath, ep=f.get_int(sm, "ep", spath, 1),
+                    cp=f.get_int(sm, "cp", spath, 1))
         _check_tp(st, ctx)
         stages.append(st)
     share, mbs = _replica_batch_fields(m, path)
@@ -237,6 +248,7 @@ def _check_tp(st: _Stage, ctx: _Context) -> None:
     ):
         if n % st.tp:
             raise PlanError(st.fp("tp"), f"must divide the model's {n} {what} (got {st.tp})")
+    check_stage_ep_cp(st, ctx.model, ctx.training)
     g = ctx.groups[st.group]
     first, last = st.devices[0] // g.gpus_per_node, (st.devices[1] - 1) // g.gpus_per_node
     if first != last and not ctx.scale_up.tp_across_nodes:
@@ -279,14 +291,16 @@ def _expand_uniform(value: Any, path: str, ctx: _Context) -> list[_Replica]:
             f"of group {group.name} hold {b - a} (got {dp})",
         )
     share, mbs = _replica_batch_fields(m, path)
+    ep, cp = f.get_int(m, "ep", path, 1), f.get_int(m, "cp", path, 1)
     layer_ranges = ranges_from_counts(even_split(ctx.model.layers, pp))
-    paths = {"tp": f.join(path, "tp"), "devices": path, "layers": f.join(path, "pp")}
+    paths = {"tp": f.join(path, "tp"), "devices": path, "layers": f.join(path, "pp"),
+             "ep": f.join(path, "ep"), "cp": f.join(path, "cp")}
     out = []
     for r in range(dp):
         stages = []
         for s in range(pp):
             lo = a + (r * pp + s) * tp
-            st = _Stage(group.name, (lo, lo + tp), tp, layer_ranges[s], path, dict(paths))
+            st = _Stage(group.name, (lo, lo + tp), tp, layer_ranges[s], path, dict(paths), ep, cp)
             _check_tp(st, ctx)
             stages.append(st)
         out.append(_Replica(stages, path, None, share, mbs))

@@ -26,6 +26,7 @@ from .model import (
     LinkEvent,
     LinkEventKind,
     ModelSpec,
+    MoESpec,
     NetworkSpec,
     OverlapSpec,
     Precision,
@@ -39,9 +40,10 @@ from .model import (
     Schedule,
     TrainingSpec,
 )
+from .moe import parse_moe
 
 MODEL_SHAPE_KEYS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "seq_len", "vocab")
-MODEL_KEYS = ("preset", "name", *MODEL_SHAPE_KEYS, "dtype", "gated_mlp")
+MODEL_KEYS = ("preset", "name", *MODEL_SHAPE_KEYS, "dtype", "gated_mlp", "moe")
 DEVICE_NUMBER_KEYS = ("peak_tflops", "hbm_GB", "hbm_GBps", "scaleup_GBps", "nic_gbps")
 # Optional per-precision peaks (TFLOP/s, 0 = the part has no such unit) and model constants.
 DEVICE_PEAK_KEYS = ("fp32_tflops", "tf32_tflops", "fp8_tflops")
@@ -101,6 +103,13 @@ def parse_model(
         values["dtype"] = f.get_enum(m, "dtype", path, DTYPE_BYTES)
     if "gated_mlp" in m:
         values["gated_mlp"] = f.get_bool(m, "gated_mlp", path)
+    base_moe = values.get("moe")
+    if isinstance(base_moe, dict):  # asdict() of a preset flattened it
+        base_moe = MoESpec(**base_moe)
+    values["moe"] = (
+        parse_moe(m["moe"], f.join(path, "moe"), base_moe, values["layers"])
+        if "moe" in m else base_moe
+    )
     if values["hidden"] % values["heads"]:
         raise PlanError(
             f.join(path, "heads"),

@@ -29,6 +29,23 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+def _model_plain(model: Any) -> dict[str, Any]:
+    """The model as data; a dense model writes no ``moe`` key (as plans before MoE)."""
+    d = _plain(model)
+    if d.get("moe") is None:
+        d.pop("moe", None)
+    return d  # type: ignore[no-any-return]
+
+
+def _stage_plain(stage: Any) -> dict[str, Any]:
+    """A stage as data; ``ep`` and ``cp`` only when not 1 (their defaults)."""
+    d = _plain(stage)
+    for key in ("ep", "cp"):
+        if d.get(key) == 1:
+            d.pop(key)
+    return d  # type: ignore[no-any-return]
+
+
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     """The plan as plain data in the plan format (``plan_from_dict`` of it equals ``plan``)."""
     types = {}
@@ -42,7 +59,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         types[name] = entry
     replicas = []
     for rep in plan.replicas:
-        r: dict[str, Any] = {"stages": [_plain(s) for s in rep.stages]}
+        r: dict[str, Any] = {"stages": [_stage_plain(s) for s in rep.stages]}
         if rep.batch_share is not None:
             r["batch_share"] = rep.batch_share
         else:
@@ -52,7 +69,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return {
         "name": plan.name,
         "seed": plan.seed,
-        "model": _plain(plan.model),
+        "model": _model_plain(plan.model),
         "training": _plain(plan.training),
         "device_types": types,
         "device_groups": {

@@ -27,6 +27,7 @@ PHASE_COLORS = {
     "fwd": "#4C72B0", "bwd": "#DD8452", "recompute": "#8172B3", "optim": "#937860",
     "wgrad": "#E5AE38",
     "tp": "#55A868", "pp": "#C44E52", "reshard": "#DA8BC3", "dp": "#8C8C8C",
+    "ep": "#64B5CD", "cp": "#CCB974",
 }
 
 

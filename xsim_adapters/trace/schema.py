@@ -67,10 +67,13 @@ KIND_BARRIER = 2
 KINDS = ("compute", "flow", "barrier")
 
 # "wgrad" (weight-gradient pass W of a zero-bubble schedule) is last so older indices hold.
-PHASES = ("fwd", "bwd", "recompute", "tp", "pp", "reshard", "dp", "optim", "wgrad")
+# "ep" (expert-parallel all-to-all) and "cp" (context-parallel K/V ring) came later still.
+PHASES = ("fwd", "bwd", "recompute", "tp", "pp", "reshard", "dp", "optim", "wgrad", "ep", "cp")
 PHASE_INDEX = {p: i for i, p in enumerate(PHASES)}
 COMPUTE_PHASES = ("fwd", "bwd", "recompute", "optim", "wgrad")
-COMM_PHASES = ("tp", "pp", "reshard", "dp")
+COMM_PHASES = ("tp", "pp", "reshard", "dp", "ep", "cp")
+# Phases a manifest lists only when the trace has ops of them (dense traces stay as before).
+OPTIONAL_PHASES = ("ep", "cp")
 
 LAYER_EMBEDDING = -2  # layer_start value for the embedding lookup
 

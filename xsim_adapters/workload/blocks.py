@@ -15,6 +15,7 @@ the last flows of the previous unit's collective that touch its rank.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +24,9 @@ from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, LAYER_EMBEDDIN
 from .builder import BulkBuilder, Template
 from .collectives import RingFlows, ring_flows
 from .compute import embedding_cost, head_cost, layer_costs
+from .context import CPCosts, cp_costs, cp_mark, local_model
 from .kernels import microbatch_overhead_seconds
+from .moe_units import StageMoE
 from .passes import (
     GEMM_WGRAD_SHARE,
     attention_core_flops,
@@ -41,8 +44,8 @@ class Unit:
     phase: str
     layer_start: int
     layer_stop: int
-    duration_ns: int
-    flops: float
+    duration_ns: int | tuple[int, ...]  # a tuple: one duration per local rank (MoE experts)
+    flops: float | tuple[float, ...]
     kinds: tuple[str, ...]
     mark: object = None  # key under which the compute ids are remembered (DP readiness)
     # (first, last) GEMM shares of the duration, for TP overlap (None: the unit is not split)
@@ -84,6 +87,7 @@ def stage_units(
     last: bool,
     layers: tuple[int, int] | None = None,
     split_w: bool = False,
+    moe: StageMoE | None = None,
 ) -> list[list[Unit]]:
     """Units of one model chunk of a stage for one micro-batch: [forward, backward], or with
     ``split_w`` (zero-bubble) [forward, B, W] (see :mod:`.passes`).
@@ -92,9 +96,15 @@ def stage_units(
     holds the embedding / the output head. Forward units carry marks ``("fwd", layer)`` and
     ``("fwd", "embedding")`` (where a parameter all-gather must have arrived); the unit after
     which a layer's weight gradient is complete carries the mark ``layer`` (``"embedding"``).
+    ``moe``: the MoE layers' costs of this stage (:mod:`.moe_units`); their MLP units are
+    replaced by the MoE units, marked for the expert-parallel all-to-all.
     """
     model, training = plan.model, plan.training
     n = stage.tp
+    cpc: CPCosts | None = None
+    if stage.cp > 1:  # every cost on the rank's s/cp tokens; ring steps add the rest of the core
+        model = local_model(model, stage.cp)
+        cpc = cp_costs(model, training, device, n, stage.cp)
     costs = layer_costs(model, training, device, n)
     core = attention_core_flops(model, training, n)
     tpk = tp_kinds(plan)
@@ -114,20 +124,33 @@ def stage_units(
         emb = Unit("fwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, tpk, ("fwd", "embedding"))
         fwd.append(emb)
     for layer in range(a, b):
-        fwd.append(
-            Unit("fwd", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk, ("fwd", layer),
-                 ga)
-        )
+        if cpc is not None:
+            fwd.extend(_cp_units(cpc, layer, "fwd", costs.attn_fwd_ns, costs.attn_flops, tpk))
+        else:
+            fwd.append(
+                Unit("fwd", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk,
+                     ("fwd", layer), ga)
+            )
+        if moe is not None and layer in moe.layers:
+            fwd.extend(_moe_units(moe, layer, "fwd", tpk))
+            continue
         fwd.append(Unit("fwd", layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk, None, gm))
     if last:
         ns, fl = head_cost(model, training, device, n)
         fwd.append(Unit("fwd", model.layers, model.layers + 1, ns, fl, ()))
     if training.recompute == "full":
         for layer in range(a, b):
-            bwd.append(
-                Unit("recompute", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk,
-                     None, ga)
-            )
+            if cpc is not None:
+                bwd.extend(_cp_units(cpc, layer, "recompute", costs.attn_fwd_ns,
+                                     costs.attn_flops, tpk))
+            else:
+                bwd.append(
+                    Unit("recompute", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk,
+                         None, ga)
+                )
+            if moe is not None and layer in moe.layers:
+                bwd.extend(_moe_units(moe, layer, "recompute", tpk))
+                continue
             bwd.append(
                 Unit("recompute", layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk,
                      None, gm)
@@ -142,23 +165,34 @@ def stage_units(
             bwd.append(Unit("bwd", model.layers, model.layers + 1, ns, fl, tpk))
     sel_ns = selective_recompute_ns(costs.attn_fwd_ns, costs.attn_flops, core)
     for layer in range(b - 1, a - 1, -1):
+        is_moe = moe is not None and layer in moe.layers
         if split_w:
-            bwd.append(Unit("bwd", layer, layer + 1, mlp_b, costs.mlp_flops, tpk, None, rm))
+            if moe is not None and is_moe:  # the experts' W pass stays in B (not split)
+                bwd.extend(_moe_units(moe, layer, "bwd", tpk))
+            else:
+                bwd.append(Unit("bwd", layer, layer + 1, mlp_b, costs.mlp_flops, tpk, None, rm))
             if training.recompute == "selective":
                 bwd.append(Unit("recompute", layer, layer + 1, sel_ns, core, ()))
             bwd.append(
                 Unit("bwd", layer, layer + 1, attn_b, costs.attn_flops + core, tpk, None, ra)
             )
+            mw, mfl = (0, 0.0) if is_moe else (mlp_w, costs.mlp_flops)
             wgr.append(
-                Unit("wgrad", layer, layer + 1, mlp_w + attn_w, costs.mlp_flops + attn_wfl, (),
-                     mark=layer)
+                Unit("wgrad", layer, layer + 1, mw + attn_w, mfl + attn_wfl, (), mark=layer)
             )
             continue
-        bwd.append(
-            Unit("bwd", layer, layer + 1, costs.mlp_bwd_ns, 2 * costs.mlp_flops, tpk, None, rm)
-        )
+        if moe is not None and is_moe:
+            bwd.extend(_moe_units(moe, layer, "bwd", tpk))
+        else:
+            bwd.append(
+                Unit("bwd", layer, layer + 1, costs.mlp_bwd_ns, 2 * costs.mlp_flops, tpk, None,
+                     rm)
+            )
         if training.recompute == "selective":
             bwd.append(Unit("recompute", layer, layer + 1, sel_ns, core, ()))
+        if cpc is not None:
+            bwd.extend(_cp_units(cpc, layer, "bwd", costs.attn_bwd_ns, 2 * costs.attn_flops, tpk))
+            continue
         bwd.append(
             Unit("bwd", layer, layer + 1, costs.attn_bwd_ns, 2 * costs.attn_flops, tpk, layer, ra)
         )
@@ -176,15 +210,61 @@ def stage_units(
     for units in (fwd, bwd):
         k = next((i for i, u in enumerate(units) if 0 <= u.layer_start < model.layers), None)
         if k is not None:
-            units[k] = replace(units[k], duration_ns=units[k].duration_ns + extra)
+            d = units[k].duration_ns
+            units[k] = replace(units[k], duration_ns=(
+                d + extra if isinstance(d, int) else tuple(x + extra for x in d)))
     return [fwd, bwd, wgr] if split_w else [fwd, bwd]
 
 
-def _pieces(u: Unit, split: bool) -> list[tuple[int, float]]:
+def _cp_units(cpc: CPCosts, layer: int, phase: str, attn_ns: int, attn_flops: float,
+              tpk: tuple[str, ...]) -> list[Unit]:
+    """Ring attention of ``layer`` in ``phase``: the attention block on the local chunk, then
+    cp - 1 core steps, step j on the K/V received in ring step j; the TP collectives after the
+    last. Marks :func:`.context.cp_mark` (where the K/V flows attach)."""
+    bwd = phase == "bwd"
+    step_ns = cpc.step_bwd_ns if bwd else cpc.step_fwd_ns
+    step_fl = cpc.step_flops * (2 if bwd else 1)
+    x = layer, layer + 1
+    out = [Unit(phase, *x, attn_ns, attn_flops, (), cp_mark(layer, 0, phase, cpc.cp))]
+    for j in range(1, cpc.cp):
+        out.append(Unit(phase, *x, step_ns, step_fl, tpk if j == cpc.cp - 1 else (),
+                        cp_mark(layer, j, phase, cpc.cp)))
+    return out
+
+
+def _moe_units(moe: StageMoE, layer: int, phase: str, tpk: tuple[str, ...]) -> list[Unit]:
+    """The units of MoE layer ``layer`` in pass ``phase`` (fwd, recompute or bwd).
+
+    ``ep`` 1: one unit (router, shared and all experts TP-split) followed by the TP collectives
+    of the MLP. ``ep`` > 1: pre (norm, router, shared experts, permute), experts, post
+    (un-permute, combine, residual), no TP collective (the tokens stay sequence-parallel);
+    marked ``("moe", layer, part, phase)`` where the all-to-all attaches (:mod:`.alltoall`):
+    forward dispatch pre -> experts, combine experts -> post; backward the reverse.
+    """
+    c = moe.layers[layer]
+    bwd = phase == "bwd"
+    x = layer, layer + 1
+    if moe.ep == 1:
+        ns = c.pre_bwd_ns + c.post_bwd_ns + c.expert_bwd_ns[0] if bwd else (
+            c.pre_fwd_ns + c.post_fwd_ns + c.expert_fwd_ns[0])
+        fl = (c.pre_flops + c.expert_flops[0]) * (2 if bwd else 1)
+        return [Unit(phase, *x, ns, fl, tpk)]
+    mult = 2 if bwd else 1
+    pre = Unit(phase, *x, c.pre_bwd_ns if bwd else c.pre_fwd_ns, c.pre_flops * mult, (),
+               ("moe", layer, "pre", phase))
+    exp = Unit(phase, *x, c.expert_bwd_ns if bwd else c.expert_fwd_ns,
+               tuple(v * mult for v in c.expert_flops), (), ("moe", layer, "experts", phase))
+    post = Unit(phase, *x, c.post_bwd_ns if bwd else c.post_fwd_ns, 0.0, (),
+                ("moe", layer, "post", phase))
+    return [post, exp, pre] if bwd else [pre, exp, post]
+
+
+def _pieces(u: Unit, split: bool) -> list[tuple[Any, Any]]:
     """(ns, FLOPs) of the compute ops of ``u``: one, or with ``split`` its first GEMM, the middle
     and its last GEMM (durations by the unit's GEMM shares; they add up to the unit's)."""
     if not split or u.gemms is None:
         return [(u.duration_ns, u.flops)]
+    assert isinstance(u.duration_ns, int) and isinstance(u.flops, float | int)
     a, z = u.gemms
     d1, d3 = int(round(u.duration_ns * a)), int(round(u.duration_ns * z))
     return [
@@ -230,8 +310,8 @@ def build_block(
                 n,
                 kind=KIND_COMPUTE,
                 rank=local,
-                duration_ns=ns,
-                flops=flops,
+                duration_ns=np.asarray(ns, dtype=np.int64),
+                flops=np.asarray(flops, dtype=np.float64),
                 phase=PHASE_INDEX[u.phase],
                 layer_start=u.layer_start,
                 layer_stop=u.layer_stop,

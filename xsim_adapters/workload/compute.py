@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan.memory import embedding_params, head_params, layer_params
+from ..plan.memory import embedding_params, head_params, layer_params, span_params
 from ..plan.model import DeviceType, ModelSpec, TrainingSpec
 from .kernels import (
     KERNEL_LAUNCH_US,
@@ -188,7 +188,7 @@ def optimizer_time_ns(
 
 def stage_params(model: ModelSpec, layers: tuple[int, int]) -> int:
     """All parameters of a stage holding ``layers`` (embedding on layer 0, head on the last)."""
-    p = (layers[1] - layers[0]) * layer_params(model)
+    p = span_params(model, layers)
     if layers[0] == 0:
         p += embedding_params(model)
     if layers[1] == model.layers:

@@ -21,7 +21,8 @@ import math
 from dataclasses import dataclass
 
 from ..plan.model import Plan
-from .compute import embedding_params, head_params, layer_params
+from ..plan.parallel import dp_synced_params
+from .compute import embedding_params, head_params
 from .schedule import replica_chunks
 
 
@@ -81,7 +82,7 @@ def buckets(plan: Plan, segments: list[Segment]) -> list[Bucket]:
         for lo in range(seg.start, seg.stop, per):
             hi = min(lo + per, seg.stop)
             emb, head = lo == 0, hi == model.layers
-            params = (hi - lo) * layer_params(model)
+            params = dp_synced_params(plan, (lo, hi))
             params += embedding_params(model) if emb else 0
             params += head_params(model) if head else 0
             out.append(Bucket(si, lo, hi, params * model.dtype_bytes, emb, head))

@@ -27,21 +27,27 @@ from typing import Any
 import numpy as np
 
 from ..plan.model import Plan, Stage
+from ..plan.moe import routed_expert_params
+from ..plan.parallel import group_replicas, uses_ep
 from ..trace.schema import (
     KIND_BARRIER,
     KIND_COMPUTE,
     KIND_FLOW,
     KINDS,
+    OPTIONAL_PHASES,
     PHASE_INDEX,
     PHASES,
     SCHEMA_VERSION,
     Trace,
 )
+from .alltoall import MoEPlanner
 from .blocks import Block, RingSpec, build_block, stage_units, tp_kinds
 from .builder import BulkBuilder
 from .collectives import ring_flows
 from .compute import ADAM_BYTES_PER_PARAM, optimizer_time_ns, stage_params
+from .context import emit_cp
 from .dpsync import buckets, chunk_rings, sweep_segments
+from .moe_units import StageMoE
 from .perturb import apply_perturbations
 from .reshard import DEST, SOURCE, algorithm_label, reshard_transfers
 from .rings import (
@@ -58,12 +64,27 @@ GENERATOR_VERSION = "1"
 
 
 def plan_digest(plan: Plan) -> str:
-    """sha256 (hex) of the canonical JSON form of the validated plan."""
-    data = asdict(plan)
+    """sha256 (hex) of the canonical JSON form of the validated plan.
+
+    Fields added later are left out at their defaults (no ``perturb`` section, no ``moe``,
+    ``ep`` = ``cp`` = 1), so plans without them keep the digest (and trace) they had before.
+    """
+    data = _digest_form(asdict(plan))
     if not plan.perturb.active:  # plans without a perturb section keep their earlier digests
         del data["perturb"]
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _digest_form(d: dict[str, Any]) -> dict[str, Any]:
+    if d["model"].get("moe") is None:
+        d["model"].pop("moe", None)
+    for rep in d["replicas"]:
+        for st in rep["stages"]:
+            for key in ("ep", "cp"):
+                if st.get(key) == 1:
+                    st.pop(key)
+    return d
 
 
 class _StageOps:
@@ -98,7 +119,9 @@ class _Generator:
                 self.rank_replica[rs] = r
                 self.rank_stage[rs] = i
         m = plan.model
-        self.act_bytes = plan.training.micro_batch * m.seq_len * m.hidden * m.dtype_bytes
+        # a CP rank holds s / cp tokens: its TP collectives and pipeline sends carry that much
+        cp = plan.replicas[0].stages[0].cp
+        self.act_bytes = plan.training.micro_batch * (m.seq_len // cp) * m.hidden * m.dtype_bytes
         c = plan.collectives
         self.algorithm = f"ring:{c.ring_order}:{c.granularity}" + (
             f"({c.chunks})" if c.granularity == "chunked" else ""
@@ -106,6 +129,7 @@ class _Generator:
         # (replica, stage, chunk) -> (forward, backward[, weight-gradient]) ops
         self.stage_ops: dict[tuple[int, int, int], tuple[_StageOps, ...]] = {}
         self.chunks = [replica_chunks(plan, r) for r in range(plan.dp)]
+        self.moe = MoEPlanner(plan, self.info) if plan.model.moe is not None else None
 
     # ---- rings ---------------------------------------------------------------------------
     def _ring(self, ranks: list[int], nbytes: int) -> tuple[list[list[int]], list[int]]:
@@ -130,14 +154,16 @@ class _Generator:
 
     # ---- stages ------------------------------------------------------------------------
     def _blocks(
-        self, stage: Stage, layers: tuple[int, int], first: bool, last: bool, ring: RingSpec
+        self, stage: Stage, layers: tuple[int, int], first: bool, last: bool, ring: RingSpec,
+        moe: StageMoE | None = None,
     ) -> tuple[Block, ...]:
         dev = self.plan.device_types[self.plan.group(stage.group).type]
-        key = (stage.tp, layers, first, last, dev.name, ring)
+        key = (stage.tp, layers, first, last, dev.name, ring) + ((moe,) if moe else ())
         if key not in self.blocks:
             c, t = self.plan.collectives, self.plan.training
             units = stage_units(
-                self.plan, stage, dev, first, last, layers, split_w=t.schedule == "zb_h1"
+                self.plan, stage, dev, first, last, layers, split_w=t.schedule == "zb_h1",
+                moe=moe,
             )
             self.blocks[key] = tuple(
                 build_block(
@@ -162,6 +188,7 @@ class _Generator:
             nv = len(chunks[0])
             for i, st in enumerate(rep.stages):
                 ring = self._stage_ring(st)
+                moe = self.moe.stage_costs(r, i) if self.moe is not None else None
                 ranks = np.asarray(plan.stage_ranks(st), dtype=np.int64)
                 label = {ring.label: ",".join(str(ranks[int(x)]) for x in ring.label.split(","))}
                 per_copy = {
@@ -173,7 +200,7 @@ class _Generator:
                     first = i == 0 and k == 0
                     last = i == rep.pp - 1 and k == nv - 1
                     ops = []
-                    for blk in self._blocks(st, layers, first, last, ring):
+                    for blk in self._blocks(st, layers, first, last, ring, moe):
                         base = self.tb.add_tiled(blk.template, m, ranks, per_copy, label)
                         ops.append(_StageOps(base, blk))
                     self.stage_ops[(r, i, k)] = tuple(ops)
@@ -307,19 +334,31 @@ class _Generator:
                     barrier_of[ranks] = ids
                     tb.add_edges(blk.ends[mb], ids[:, None])
         dp = self._dp_setup() if plan.dp > 1 else None
+        sync = "reduce_scatter" if zero else "all_reduce"
         if dp is not None:
-            sync = "reduce_scatter" if zero else "all_reduce"
             tails, _ = self._dp_rings(dp, sync, dp["ready"])
             tb.add_edges(tails, barrier_of[dp["members"]][:, None, :, None])
+        edp = self.moe.edp_setup(self) if self.moe is not None and uses_ep(plan) else None
+        if edp is not None:  # expert gradients over the expert-data-parallel group
+            tails, _ = self._dp_rings(edp, sync, edp["ready"])
+            tb.add_edges(tails, barrier_of[edp["members"]][:, None, :, None])
         for ends, last, st, r, i in last_ends:
             ranks = np.asarray(plan.stage_ranks(st), dtype=np.int64)
             dev = plan.device_types[plan.group(st.group).type]
-            params = stage_params(plan.model, st.layers) / st.tp / (plan.dp if zero else 1)
+            params: float | np.ndarray = (
+                stage_params(plan.model, st.layers) / st.tp / (plan.dp if zero else 1))
+            if self.moe is not None and uses_ep(plan):  # experts: own count, EDP-sharded
+                edp_n = plan.dp // len(group_replicas(plan, r, i, "ep"))
+                routed = routed_expert_params(plan.model, st.layers)
+                params = params - routed / st.tp / (plan.dp if zero else 1) + np.array(
+                    [self.moe.expert_params_of(r, i, k) for k in range(st.tp)]
+                ) / (edp_n if zero else 1)
             ids = tb.add_ops(
                 len(ranks),
                 kind=KIND_COMPUTE,
                 rank=ranks,
-                duration_ns=optimizer_time_ns(params, dev),
+                duration_ns=(optimizer_time_ns(params, dev) if not isinstance(params, np.ndarray)
+                             else np.array([optimizer_time_ns(float(x), dev) for x in params])),
                 phase=PHASE_INDEX["optim"],
                 replica=r,
                 stage=i,
@@ -337,6 +376,8 @@ class _Generator:
                 self._param_gather(dp)
             else:
                 self._dp_rings(dp, "all_gather", optim_of[dp["members"]])
+        if edp is not None and zero:  # experts' all-gather after the step (not overlapped)
+            self._dp_rings(edp, "all_gather", optim_of[edp["members"]])
 
     def _param_gather(self, dp: dict[str, Any]) -> None:
         """ZeRO all-gather overlapped with the forward (Megatron-Core ``overlap_param_gather``).
@@ -550,7 +591,8 @@ class _Generator:
             "ranks": ranks,
             "op_counts": {
                 "by_kind": {k: int(kinds[i]) for i, k in enumerate(KINDS)},
-                "by_phase": {p: int(phases[i]) for i, p in enumerate(PHASES)},
+                "by_phase": {p: int(phases[i]) for i, p in enumerate(PHASES)
+                             if p not in OPTIONAL_PHASES or phases[i]},
             },
             "num_ops": int(len(ops_kind)),
             "num_deps": int(num_deps),
@@ -569,7 +611,9 @@ class _Generator:
                 "global_batch": t.global_batch,
                 "micro_batch": t.micro_batch,
                 "seq_len": m.seq_len,
-                "tokens_per_iteration": mbs * t.micro_batch * m.seq_len,
+                # a CP group's cp replicas share each sequence (cp is one per plan)
+                "tokens_per_iteration": mbs * t.micro_batch * m.seq_len
+                // plan.replicas[0].stages[0].cp,
                 "schedule": t.schedule,
                 "dp": plan.dp,
                 "replicas": [
@@ -591,6 +635,10 @@ def generate(plan: Plan) -> Trace:
     """The trace of one training iteration of ``plan`` (pure: same plan, identical frames)."""
     gen = _Generator(plan)
     gen.add_stages()
+    if gen.moe is not None:
+        gen.moe.emit(gen)
+    if plan.replicas[0].stages[0].cp > 1:
+        emit_cp(gen)
     gen.add_transfers()
     gen.add_dp_and_optimizer()
     ops, deps, colls = gen.tb.frames()

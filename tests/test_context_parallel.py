@@ -1,0 +1,106 @@
+"""Context parallelism: K/V ring bytes, compute split, batch accounting, memory, plan errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from xsim_adapters.api import generate, run
+from xsim_adapters.errors import PlanError
+from xsim_adapters.plan import plan_from_dict
+from xsim_adapters.plan.memory import stage_memory
+from xsim_adapters.trace.schema import KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
+
+S, H, HEADS, KV = 4096, 1024, 16, 4  # seq_len, hidden, heads, kv heads (GQA) of the test model
+
+
+def cp_plan(cp: int = 4, tp: int = 2, dp: int = 4, **training: Any):
+    return plan_from_dict({
+        "name": "cp-test",
+        "model": {"layers": 2, "hidden": H, "ffn_hidden": 4096, "heads": HEADS,
+                  "kv_heads": KV, "seq_len": S, "vocab": 32000},
+        "training": {"global_batch": 2 * dp // cp, "micro_batch": 1,
+                     "sequence_parallel": tp > 1, **training},
+        "device_groups": {"h100": {"type": "H100-80GB", "nodes": 1, "gpus_per_node": 8}},
+        "replicas": {"uniform": {"group": "h100", "tp": tp, "pp": 1, "dp": dp, "cp": cp}},
+    })
+
+
+@pytest.mark.parametrize(("cp", "tp", "dp"), [(4, 2, 4), (2, 1, 8), (8, 1, 8)])
+def test_ring_bytes_per_layer_are_the_kv_size_times_cp_minus_one(cp, tp, dp):
+    trace = generate(cp_plan(cp, tp, dp))
+    kv = 2 * 1 * (S // cp) * max(1, KV // tp) * (H // HEADS) * 2  # K and V, bf16
+    ops = trace.ops
+    flows = ops[(ops["kind"] == KIND_FLOW) & (ops["phase"] == PHASE_INDEX["cp"])]
+    rings = trace.collectives[trace.collectives["kind"] == "cp_ring"]
+    groups, mbs = dp // cp, 2
+    assert len(rings) == 2 * 2 * mbs * groups  # layers x (fwd, bwd) x micro-batches x groups
+    per = flows.groupby(["collective", "rank"])["bytes"].agg(["sum", "count"])
+    assert (per["count"] == cp - 1).all()
+    fwd_like = per["sum"] == kv * (cp - 1)  # forward: K/V once per step
+    bwd_like = per["sum"] == 2 * kv * (cp - 1)  # backward: K/V and dK/dV
+    assert (fwd_like | bwd_like).all()
+    assert fwd_like.sum() == bwd_like.sum() == 2 * mbs * groups * cp * tp
+    # every flow goes to the next CP rank at the same TP position (replica + 1 = rank + tp*1)
+    nxt = flows["rank"] + tp
+    ring_wrap = flows["rank"] % (cp * tp) + tp >= cp * tp
+    nxt[ring_wrap] -= cp * tp
+    assert (flows["dst"] == nxt).all()
+
+
+def test_cp_ranks_compute_one_cpth_of_the_flops():
+    dense, ctx = generate(cp_plan(1, 2, 4)), generate(cp_plan(4, 2, 4))
+    def per_rank(trace):
+        c = trace.ops[(trace.ops["kind"] == KIND_COMPUTE) & (trace.ops["phase"] == 0)]
+        return c.groupby(["rank", "microbatch"])["flops"].sum().mean()
+    assert per_rank(ctx) == pytest.approx(per_rank(dense) / 4, rel=1e-9)
+
+
+def test_tokens_and_batch_split_per_cp_group():
+    plan = cp_plan(2, 1, 8)
+    assert [r.micro_batches for r in plan.replicas] == [2] * 8  # 8 sequences over 4 CP groups
+    assert generate(plan).manifest["workload"]["tokens_per_iteration"] == 8 * S
+
+
+def test_memory_per_rank_shrinks_with_cp():
+    a = stage_memory(cp_plan(1, 2, 4, global_batch=8), 0, 0)
+    b = stage_memory(cp_plan(4, 2, 4, global_batch=8), 0, 0)
+    assert b.weights == a.weights
+    assert b.activations == pytest.approx(a.activations / 4, rel=0.02)
+
+
+def test_ring_exchange_shows_as_cp_communication():
+    plan = cp_plan(4, 2, 4)
+    from xsim_adapters.metrics.summary import summary
+    trace = generate(plan)
+    s = summary(trace, run(plan, trace=trace))
+    assert s["phases_rank_ns"]["cp"] > 0
+
+
+@pytest.mark.parametrize(("kw", "msg"), [
+    ({"cp": 3, "tp": 1, "dp": 6}, r"cp: 2 x cp must divide model.seq_len 4096"),
+    ({"cp": 8, "tp": 1, "dp": 4, "global_batch": 8}, r"cp: must divide the 4 replicas"),
+    ({"cp": 2, "tp": 2, "dp": 4, "schedule": "zb_h1"}, r"cp: cannot be combined with training"),
+])
+def test_cp_plan_errors(kw, msg):
+    with pytest.raises(PlanError, match=msg):
+        cp_plan(**kw)
+
+
+def test_tp_collectives_and_pipeline_sends_carry_the_local_chunk():
+    plan = plan_from_dict({
+        "name": "cp-pp",
+        "model": {"layers": 4, "hidden": H, "ffn_hidden": 4096, "heads": HEADS, "kv_heads": KV,
+                  "seq_len": S, "vocab": 32000},
+        "training": {"global_batch": 4, "micro_batch": 1, "sequence_parallel": True},
+        "device_groups": {"h100": {"type": "H100-80GB", "nodes": 2, "gpus_per_node": 8}},
+        "replicas": {"uniform": {"group": "h100", "tp": 2, "pp": 2, "dp": 4, "cp": 2}},
+    })
+    trace = generate(plan)
+    colls = trace.collectives
+    local = 1 * (S // 2) * H * 2  # b x s/cp x h x bf16
+    assert set(colls.loc[colls["kind"] == "reduce_scatter", "bytes"]) <= {local}
+    pp = trace.ops[(trace.ops["kind"] == KIND_FLOW) & (trace.ops["phase"] == PHASE_INDEX["pp"])]
+    assert pp.groupby(["collective"])["bytes"].sum().eq(local).all()
+    assert run(plan, trace=trace).makespan_ns > 0

@@ -1,0 +1,239 @@
+"""Expert parallelism: all-to-all bytes, closed-form time, lowering, routing, plan checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from xsim_adapters.api import generate, run
+from xsim_adapters.errors import PlanError
+from xsim_adapters.plan import plan_from_dict
+from xsim_adapters.plan.model import MoESpec
+from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
+from xsim_adapters.workload.alltoall import lower_alltoall
+from xsim_adapters.workload.moe import popularity, routing_counts
+from xsim_adapters.workload.nccl import (
+    NVLINK_BW_EFFICIENCY,
+    RING_BASE_LATENCY_US,
+    RING_STEP_LATENCY_US,
+)
+
+H, S, K, E = 1024, 1024, 2, 8  # hidden, seq_len, top_k, experts of the test model
+
+
+def moe_plan(ep: int = 8, tp: int = 1, dp: int = 8, nodes: int = 1, cp: int = 1,
+             moe: dict[str, Any] | None = None, **training: Any):
+    spec = {"num_experts": E, "top_k": K, "expert_ffn_hidden": 1024, **(moe or {})}
+    return plan_from_dict({
+        "name": "moe-test",
+        "model": {"layers": 2, "hidden": H, "ffn_hidden": 2048, "heads": 8, "seq_len": S,
+                  "vocab": 32000, "moe": spec},
+        "training": {"global_batch": 2 * dp // cp, "micro_batch": 1,
+                     "sequence_parallel": tp > 1, **training},
+        "device_groups": {"h100": {"type": "H100-80GB", "nodes": nodes, "gpus_per_node": 8}},
+        "replicas": {"uniform": {"group": "h100", "tp": tp, "pp": 1, "dp": dp, "ep": ep,
+                                 "cp": cp}},
+    })
+
+
+def a2a_flows(trace):
+    ops = trace.ops
+    return ops[(ops["kind"] == KIND_FLOW) & (ops["phase"] == PHASE_INDEX["ep"])]
+
+
+@pytest.mark.parametrize(("ep", "tp", "dp"), [(8, 1, 8), (4, 2, 8), (2, 2, 4)])
+def test_uniform_routing_each_rank_sends_and_receives_the_closed_form(ep, tp, dp):
+    trace = generate(moe_plan(ep=ep, tp=tp, dp=dp, nodes=2 if tp * dp > 8 else 1))
+    flows = a2a_flows(trace)
+    tokens = S // tp  # sequence parallel: b*s/tp tokens per rank
+    expect = tokens * H * 2 * K * (ep - 1) // ep  # bf16
+    colls = trace.collectives[trace.collectives["kind"] == "all_to_all"]
+    # 2 layers x 4 exchanges (dispatch, combine, and both backward) x micro-batches x groups
+    assert len(colls) == 2 * 4 * 2 * (dp * tp // ep)
+    for _, grp in flows.groupby("collective"):
+        sent = grp.groupby("rank")["bytes"].sum()
+        recv = grp.groupby("dst")["bytes"].sum()
+        assert len(sent) == ep and (sent == expect).all()
+        assert len(recv) == ep and (recv == expect).all()
+        assert grp["bytes"].sum() == colls.set_index("collective").loc[
+            grp["collective"].iloc[0], "bytes"]
+
+
+def test_skewed_routing_conserves_totals_and_is_uneven():
+    spec = MoESpec(num_experts=16, top_k=2, expert_ffn_hidden=8, routing="zipf",
+                   zipf_exponent=1.2)
+    c = routing_counts(spec, layer=3, tokens=1000, members=4, seed=7)
+    assert (c.sum(axis=1) == 1000 * 2).all()  # every token's k picks are routed
+    assert (c <= 1000).all()  # no expert picked twice by one token
+    assert c.sum(axis=0).max() > 3 * c.sum(axis=0).min()
+    assert popularity(spec, 3, 7).max() <= 0.5 + 1e-12  # capped at 1/k
+    again = routing_counts(spec, layer=3, tokens=1000, members=4, seed=7)
+    assert np.array_equal(c, again)  # deterministic for a seed
+    assert not np.array_equal(c, routing_counts(spec, layer=3, tokens=1000, members=4, seed=8))
+    # in the trace: an uneven all-to-all-v whose totals still equal the assignments sent off-rank
+    trace = generate(moe_plan(moe={"routing": "zipf", "zipf_exponent": 1.5}))
+    flows = a2a_flows(trace)
+    per_coll = flows.groupby("collective")["bytes"].sum()
+    sent = flows.groupby(["collective", "rank"])["bytes"].sum()
+    assert sent.max() > 1.5 * sent.min()
+    colls = trace.collectives.set_index("collective")
+    assert (per_coll == colls.loc[per_coll.index, "bytes"]).all()
+    # expert compute follows the load: the busiest rank's experts take longest
+    exp = trace.ops[(trace.ops["kind"] == KIND_COMPUTE) & (trace.ops["layer_start"] == 0)]
+    assert exp.groupby("rank")["duration_ns"].sum().nunique() > 1
+
+
+def test_capacity_factor_drops_at_the_source():
+    spec = MoESpec(num_experts=8, top_k=2, expert_ffn_hidden=8, routing="zipf",
+                   zipf_exponent=2.0, capacity_factor=1.0)
+    c = routing_counts(spec, layer=0, tokens=800, members=2, seed=0)
+    assert c.max() == 800 * 2 // 8  # ceil(1.0 * T k / E)
+    assert (c.sum(axis=1) < 1600).all()
+
+
+def test_closed_form_alltoall_time_on_one_nvswitch_server():
+    """8 ranks on one NVSwitch: every flow of a rank shares its link (450 GB/s), so the
+    exchange takes the NCCL delay + 2 hops of scale-up latency + sent bytes / 450 GB/s."""
+    plan = moe_plan()
+    trace = generate(plan)
+    tl = run(plan, trace=trace)
+    ops = trace.ops.join(tl.frame.set_index("op_id")[["start_ns", "end_ns"]], on="op_id")
+    c0 = ops[ops["collective"] == trace.collectives.query("kind == 'all_to_all'")
+             ["collective"].iloc[0]]
+    flows, bars = c0[c0["kind"] == KIND_FLOW], c0[c0["kind"] == KIND_BARRIER]
+    sent = S * H * 2 * K * 7 / 8
+    bw = 450.0  # H100 scale-up GB/s = bytes per ns
+    delay = (RING_BASE_LATENCY_US[2] + RING_STEP_LATENCY_US["nvlink"][2]) * 1e3 + (
+        sent / bw * (1 / NVLINK_BW_EFFICIENCY - 1))
+    assert (bars["duration_ns"] == round(delay)).all()
+    assert flows["start_ns"].min() == bars["end_ns"].max()
+    span = flows["end_ns"].max() - flows["start_ns"].min()
+    latency = 2 * plan.network.scale_up.latency_us * 1e3
+    assert span == pytest.approx(sent / bw + latency, rel=1e-6)
+
+
+class _Info:
+    def __init__(self, servers: list[int]) -> None:
+        self.server = np.array(servers)
+        self.scaleup_GBps = np.full(len(servers), 450.0)
+
+
+def test_hierarchical_lowering_aggregates_per_rail():
+    g = 8  # 2 servers x 4 members
+    m = np.full((g, g), 100, dtype=np.int64)
+    np.fill_diagonal(m, 0)
+    info = _Info([0, 0, 0, 0, 1, 1, 1, 1])
+    ex = lower_alltoall(m, list(range(g)), info, "hierarchical")  # type: ignore[arg-type]
+    cross = ex.step == 1
+    # one forwarded flow per (proxy, its rail peer on the other server): 4 x 2
+    assert cross.sum() == 8
+    assert (info.server[ex.src[cross]] != info.server[ex.dst[cross]]).all()
+    assert (ex.src[cross] % 4 == ex.dst[cross] % 4).all()  # rail aligned
+    assert ex.nbytes[cross].sum() == 2 * 4 * 4 * 100  # every cross-server byte, once
+    assert (info.server[ex.src[~cross]] == info.server[ex.dst[~cross]]).all()
+    direct = lower_alltoall(m, list(range(g)), info, "direct")  # type: ignore[arg-type]
+    assert direct.nbytes.sum() == m.sum() and len(direct.src) == g * (g - 1)
+
+
+def test_hierarchical_plan_runs_and_moves_fewer_cross_server_flows():
+    plan_d = moe_plan(ep=16, tp=2, dp=8, nodes=2, moe={"num_experts": 16})
+    plan_h = moe_plan(ep=16, tp=2, dp=8, nodes=2,
+                      moe={"num_experts": 16, "alltoall": "hierarchical"})
+    td, th = generate(plan_d), generate(plan_h)
+    fd, fh = a2a_flows(td), a2a_flows(th)
+    assert len(fh) < len(fd)
+    assert (fd["bytes"].sum() < fh["bytes"].sum())  # intra-server hops carry bytes twice
+
+    def bars(t):
+        o = t.ops
+        return o[(o["kind"] == KIND_BARRIER) & (o["phase"] == PHASE_INDEX["ep"])]
+    # one barrier per sender, plus one per forwarding proxy (its second NCCL call)
+    exchanges = len(td.collectives.query("kind == 'all_to_all'"))
+    assert len(bars(td)) == exchanges * 16
+    assert len(bars(th)) == exchanges * (16 + 16)
+    assert run(plan_h).makespan_ns > 0
+
+
+@pytest.mark.parametrize(("kw", "msg"), [
+    ({"ep": 3, "tp": 2, "dp": 4}, r"ep: must be 1 or a multiple of the stage's tp 2"),
+    ({"ep": 16, "tp": 1, "dp": 8}, r"ep: must be at most model.moe.num_experts 8"),
+    ({"ep": 2, "tp": 2, "dp": 4, "sequence_parallel": False},
+     r"tp: an MoE model with tp > 1 needs training.sequence_parallel: true"),
+])
+def test_ep_plan_errors(kw, msg):
+    with pytest.raises(PlanError, match=msg):
+        moe_plan(**kw)
+
+
+def test_ep_needs_an_moe_model():
+    d = {"name": "x", "model": "tiny-gpt", "training": {"global_batch": 8, "micro_batch": 1},
+         "device_groups": {"h100": {"type": "H100-80GB", "nodes": 1, "gpus_per_node": 8}},
+         "replicas": {"uniform": {"group": "h100", "tp": 1, "pp": 1, "dp": 8, "ep": 8}}}
+    with pytest.raises(PlanError, match=r"replicas\.uniform\.ep: needs model\.moe"):
+        plan_from_dict(d)
+
+
+def test_expert_gradients_sync_over_the_expert_data_parallel_group():
+    plan = moe_plan(ep=8, tp=1, dp=16, nodes=2)
+    trace = generate(plan)
+    colls = trace.collectives
+    dp = colls[(colls["phase"] == PHASE_INDEX["dp"]) & (colls["sync_group"] == -1)]
+    # one ring per EP position (8), over the same position of the 2 EP groups
+    assert len(dp) == 8
+    assert sorted(dp["ranks"]) == sorted(f"{p},{p + 8}" for p in range(8))
+    expert = 3 * H * 1024  # one expert's parameters
+    assert (dp["bytes"] == 2 * 1 * expert * 2).all()  # 2 MoE layers x 1 expert x bf16
+
+
+def test_moe_metrics_report_load_exchange_time_and_straggler():
+    from xsim_adapters.metrics.moe import (
+        exchange_times,
+        expert_load,
+        expert_ops,
+        expert_stragglers,
+        layer_exchange_summary,
+    )
+
+    plan = moe_plan(moe={"routing": "zipf", "zipf_exponent": 1.5})
+    trace = generate(plan)
+    tl = run(plan, trace=trace)
+    load = expert_load(plan)
+    assert len(load) == 2 * E  # 2 layers x 8 experts, one EP group
+    assert (load.groupby("layer")["tokens"].sum() == 8 * S * K).all()  # 8 ranks x T x k
+    assert load["rank_load_factor"].max() > 1.2
+    times = exchange_times(trace, tl)
+    assert len(times) == len(trace.collectives.query("kind == 'all_to_all'"))
+    assert ((times["exposed_ns"] >= 0) & (times["exposed_ns"] <= times["span_ns"])).all()
+    assert set(layer_exchange_summary(times)["layer"]) == {0, 1}
+    # 8 ranks x 2 layers x (fwd, bwd) x 2 micro-batches expert ops; the hot rank straggles
+    assert len(expert_ops(trace)) == 8 * 2 * 2 * 2
+    st = expert_stragglers(trace, tl)
+    assert (st["straggler_ns"] > 0).all()
+    balanced = moe_plan()
+    bt = generate(balanced)
+    assert (expert_stragglers(bt, run(balanced, trace=bt))["straggler_ns"] < 1).all()
+
+
+def test_by_speed_placement_follows_peak_times_efficiency():
+    from xsim_adapters.workload.moe import expert_counts
+
+    spec = MoESpec(num_experts=60, top_k=4, expert_ffn_hidden=8, placement="by_speed")
+    h100, a100 = 989 * 0.803, 312 * (271.2 / 312)
+    counts = expert_counts(spec, [h100] * 8 + [a100] * 8)
+    assert sum(counts) == 60
+    ideal = [60 * s / (8 * h100 + 8 * a100) for s in [h100] * 8 + [a100] * 8]
+    assert all(abs(c - x) < 1 for c, x in zip(counts, ideal, strict=True))
+    assert min(counts[:8]) > max(counts[8:])
+    uniform = MoESpec(num_experts=64, top_k=4, expert_ffn_hidden=8)
+    assert expert_counts(uniform, [h100] * 8 + [a100] * 8) == [4] * 16
+
+
+def test_full_recompute_repeats_the_forward_exchanges():
+    trace = generate(moe_plan(recompute="full"))
+    colls = trace.collectives[trace.collectives["kind"] == "all_to_all"]
+    assert len(colls) == 2 * 6 * 2  # layers x (fwd 2, recompute 2, bwd 2) x micro-batches
+    ops = trace.ops
+    rec = ops[(ops["phase"] == PHASE_INDEX["recompute"]) & (ops["kind"] == KIND_COMPUTE)]
+    assert len(rec) == 8 * 2 * 2 * 4  # ranks x layers x micro-batches x (attn, pre, experts, post)

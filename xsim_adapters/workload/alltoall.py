@@ -1,0 +1,385 @@
+"""Expert-parallel all-to-all(v): lowering to flows, its NCCL cost, and the MoE planner.
+
+NCCL has no all-to-all kernel: Megatron-Core's token dispatcher calls
+``torch.distributed.all_to_all_single``, which NCCL runs as one group of sends and receives,
+one pair per peer, all in flight together. Lowerings (``model.moe.alltoall``):
+
+- ``direct``: one flow per (source, destination) member pair with bytes > 0 (own tokens stay
+  local, no flow). The destination's next compute waits for every flow into it.
+- ``hierarchical``: intra-server exchange first. Member ``i`` sends what it has for member ``j``
+  on another server to its proxy: the member on ``i``'s server at ``j``'s position among the
+  group's members of ``j``'s server (so the proxy and ``j`` share a rail), together with what
+  it has for that proxy itself; each proxy forwards, once everything for it has arrived, one
+  flow per destination server (rail-aligned, the sum over its server's members). Needs an equal
+  member count on every server of the group; otherwise the group falls back to ``direct``
+  (recorded in the collective's ``algorithm``).
+
+NCCL cost (``collectives.nccl_cost``): one timed barrier per member before its first send, of
+the Simple protocol's base latency plus one step latency of the slowest link type it sends
+over (the p2p operations of a group run concurrently), plus the time NCCL's NVLink efficiency
+adds to its intra-server bytes; a hierarchical proxy pays a second barrier (Simple base + one
+network step) before it forwards. Constants from :mod:`.nccl` (their one home).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..plan.model import Plan
+from ..plan.moe import expert_params, is_moe_layer, moe_layers_in
+from ..plan.parallel import ep_ranks, group_replicas
+from ..trace.schema import KIND_BARRIER, KIND_FLOW, PHASE_INDEX
+from .moe import (
+    alltoall_matrix,
+    expert_counts,
+    experts_time_ns,
+    local_tokens,
+    owner_of_experts,
+    routing_counts,
+    side_costs,
+)
+from .moe_units import MoELayerCost, StageMoE
+from .nccl import NVLINK_BW_EFFICIENCY, RING_BASE_LATENCY_US, RING_STEP_LATENCY_US
+from .rings import RankInfo, ring_delay_ns
+
+SIMPLE = 2  # index of the Simple protocol in nccl.PROTOCOLS (p2p runs Simple)
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One all-to-all lowered on ``members`` (global ranks): flows as index arrays."""
+
+    src: np.ndarray  # (F,) member index of each flow's source
+    dst: np.ndarray  # (F,) member index of each flow's destination
+    nbytes: np.ndarray  # (F,)
+    step: np.ndarray  # (F,) 0: first (or only) phase, 1: forwarded by a proxy
+    algorithm: str
+
+
+def lower_alltoall(matrix: np.ndarray, members: list[int], info: RankInfo,
+                   method: str) -> Exchange:
+    """Flows of an all-to-all whose member i sends ``matrix[i, j]`` bytes to member j."""
+    g = len(members)
+    server = np.array([int(info.server[r]) for r in members])
+    by_server: dict[int, list[int]] = {}
+    for j, s in enumerate(server):
+        by_server.setdefault(int(s), []).append(j)
+    sizes = {len(v) for v in by_server.values()}
+    if method != "hierarchical" or len(by_server) < 2 or len(sizes) != 1:
+        off = ~np.eye(g, dtype=bool) & (matrix > 0)
+        si, di = np.nonzero(off)
+        algo = "alltoall:direct" if method == "direct" else "alltoall:hierarchical->direct"
+        return Exchange(si, di, matrix[si, di], np.zeros(len(si), dtype=np.int64), algo)
+    pos = np.zeros(g, dtype=np.int64)
+    for lst in by_server.values():
+        for k, j in enumerate(lst):
+            pos[j] = k
+    first = np.zeros((g, g), dtype=np.int64)  # intra-server flows i -> proxy (or final j)
+    second = np.zeros((g, g), dtype=np.int64)  # proxy -> destination on another server
+    for i in range(g):
+        for j in range(g):
+            b = int(matrix[i, j])
+            if b <= 0 or i == j:
+                continue
+            if server[i] == server[j]:
+                first[i, j] += b
+                continue
+            p = by_server[int(server[i])][pos[j]]
+            if p != i:
+                first[i, p] += b
+            second[p, j] += b
+    i1, j1 = np.nonzero(first)
+    i2, j2 = np.nonzero(second)
+    return Exchange(
+        np.concatenate([i1, i2]), np.concatenate([j1, j2]),
+        np.concatenate([first[i1, j1], second[i2, j2]]),
+        np.concatenate([np.zeros(len(i1), np.int64), np.ones(len(i2), np.int64)]),
+        "alltoall:hierarchical",
+    )
+
+
+def alltoall_delay_ns(ex: Exchange, members: list[int], info: RankInfo) -> np.ndarray:
+    """(G,) NCCL's extra cost per member before its sends (see the module docstring), ns."""
+    g = len(members)
+    out = np.zeros(g, dtype=np.int64)
+    for i in range(g):
+        sel = ex.src == i
+        if not sel.any():
+            continue
+        a = members[i]
+        peers = [members[int(j)] for j in ex.dst[sel]]
+        intra = [info.server[a] == info.server[b] for b in peers]
+        link = "nvlink" if all(intra) else "net"
+        lat_us = RING_BASE_LATENCY_US[SIMPLE] + RING_STEP_LATENCY_US[link][SIMPLE]
+        nv_bytes = float(ex.nbytes[sel][np.array(intra)].sum())
+        bw = float(info.scaleup_GBps[a])
+        extra = nv_bytes / bw * (1.0 / NVLINK_BW_EFFICIENCY - 1.0) if bw > 0 else 0.0
+        out[i] = int(round(lat_us * 1e3 + extra))
+    return out
+
+
+@dataclass(frozen=True)
+class GroupRouting:
+    """Routing of one EP group (stage index ``stage``) for each MoE layer."""
+
+    members: list[int]  # global ranks, EP order
+    replicas: list[int]
+    stage: int
+    experts: list[int]  # experts held per member
+    counts: dict[int, np.ndarray]  # layer -> (G, E) assignments
+    matrix: dict[int, np.ndarray]  # layer -> (G, G) dispatch bytes
+
+
+class MoEPlanner:
+    """Routing, per-stage costs and the all-to-all emission of a plan's MoE layers."""
+
+    def __init__(self, plan: Plan, info: RankInfo) -> None:
+        self.plan = plan
+        self.info = info
+        self.groups: dict[tuple[int, int], GroupRouting] = {}
+
+    def group(self, replica: int, stage: int) -> GroupRouting:
+        """The EP group of ``replicas[replica].stages[stage]`` with its routing (cached)."""
+        reps = group_replicas(self.plan, replica, stage, "ep")
+        key = (reps[0], stage)
+        if key not in self.groups:
+            self.groups[key] = self._route(reps, stage)
+        return self.groups[key]
+
+    def _route(self, reps: list[int], stage: int) -> GroupRouting:
+        plan = self.plan
+        moe = plan.model.moe
+        assert moe is not None
+        st = plan.replicas[reps[0]].stages[stage]
+        members = ep_ranks(plan, reps[0], stage) if st.ep > 1 else [plan.stage_ranks(st)[0]]
+        speeds = []
+        for r in members:
+            g, _, _ = plan.rank_info(r)
+            dt = plan.device_types[g.type]
+            speeds.append(dt.peak_tflops * dt.efficiency)
+        ex = expert_counts(moe, speeds)
+        owner = owner_of_experts(ex)
+        # ep 1: one "member" (the TP group) routes all b*s tokens; ep > 1: each its local ones
+        tokens = local_tokens(plan, st.tp, st.cp) if st.ep > 1 else (
+            plan.training.micro_batch * plan.model.seq_len // st.cp)
+        tb = plan.model.hidden * plan.model.dtype_bytes
+        counts, matrix = {}, {}
+        for layer in range(*st.layers):
+            if is_moe_layer(plan.model, layer):
+                c = routing_counts(moe, layer, tokens, len(members), plan.seed)
+                counts[layer] = c
+                matrix[layer] = alltoall_matrix(c, owner, tb)
+        return GroupRouting(members, reps, stage, ex, counts, matrix)
+
+    def stage_costs(self, replica: int, stage: int) -> StageMoE | None:
+        """The MoE layer costs of one stage's local ranks (None: no MoE layer in it)."""
+        plan = self.plan
+        if plan.model.moe is None:
+            return None
+        st = plan.replicas[replica].stages[stage]
+        gr = self.group(replica, stage)
+        if not gr.counts:
+            return None
+        dev = plan.device_types[plan.group(st.group).type]
+        side = side_costs(plan, dev, local_tokens(plan, st.tp, st.cp), 1)
+        first_expert = np.concatenate([[0], np.cumsum(gr.experts)])
+        if st.ep > 1:
+            offset = gr.replicas.index(replica) * st.tp
+            local = [offset + k for k in range(st.tp)]
+        else:
+            local = [0]
+        items = []
+        for layer, c in gr.counts.items():
+            fwd, bwd, fl = [], [], []
+            for j in local:
+                load = c[:, first_expert[j]:first_expert[j + 1]].sum(axis=0)
+                tp = 1 if st.ep > 1 else st.tp
+                ns_f, flops = experts_time_ns(plan, dev, load, tp, False)
+                ns_b, _ = experts_time_ns(plan, dev, load, tp, True)
+                fwd.append(ns_f)
+                bwd.append(ns_b)
+                fl.append(flops)
+            items.append((layer, MoELayerCost(
+                side.pre_fwd_ns, side.post_fwd_ns, side.pre_bwd_ns, side.post_bwd_ns,
+                side.pre_flops, tuple(fwd), tuple(bwd), tuple(fl))))
+        return StageMoE(st.ep, tuple(items))
+
+    # ---- expert gradients -------------------------------------------------------------
+    def expert_params_of(self, replica: int, stage: int, local: int) -> int:
+        """Routed-expert parameters held by local rank ``local`` of a stage (ep > 1)."""
+        plan = self.plan
+        st = plan.replicas[replica].stages[stage]
+        gr = self.group(replica, stage)
+        j = gr.replicas.index(replica) * st.tp + local
+        return gr.experts[j] * expert_params(plan.model) * moe_layers_in(plan.model, st.layers)
+
+    def edp_setup(self, gen: Any) -> dict[str, Any] | None:
+        """Rings of the expert-data-parallel gradient sync, in the form of
+        ``_Generator._dp_setup``: one ring per (stage, EP position) over that position in every
+        EP group; each member is ready after its stage's last compute of the iteration."""
+        plan = self.plan
+        rep0 = plan.replicas[0]
+        g = group_replicas(plan, 0, 0, "ep")
+        heads = list(range(0, plan.dp, len(g)))
+        if len(heads) < 2:
+            return None
+        rows: list[dict[str, Any]] = []
+        for i, st in enumerate(rep0.stages):
+            groups = [ep_ranks(plan, h, i) for h in heads]
+            for p in range(st.ep):
+                r_in, local = divmod(p, st.tp)
+                nbytes = self.expert_params_of(r_in, i, local) * plan.model.dtype_bytes
+                if nbytes <= 0:
+                    continue
+                members = [grp[p] for grp in groups]
+                ready = []
+                for h in heads:
+                    r = h + r_in
+                    kind, c, mb = (int(x) for x in gen.order(r, i)[-1])
+                    ready.append(int(gen.stage_ops[(r, i, c)][kind].last[mb][local]))
+                rows.append({"members": members, "nbytes": nbytes, "ready": ready,
+                             "layers": st.layers})
+        if not rows:
+            return None
+        perms, sizes, labels = [], [], []
+        kinds = ("all_reduce", "reduce_scatter", "all_gather")
+        delays: dict[str, list[int]] = {k: [] for k in kinds}
+        for row in rows:
+            orders, sz = gen._ring(row["members"], row["nbytes"])
+            pos = {rk: k for k, rk in enumerate(row["members"])}
+            perms.append([[pos[rk] for rk in o] for o in orders])
+            sizes.append(sz)
+            labels.append(",".join(map(str, orders[0])))
+            if plan.collectives.nccl_cost:
+                for kd in kinds:
+                    delays[kd].append(ring_delay_ns(self.info, kd, orders, sz))
+        return {
+            "members": np.array([r["members"] for r in rows], dtype=np.int64),
+            "perm": np.array(perms, dtype=np.int64),
+            "sizes": np.array(sizes, dtype=np.int64),
+            "delays": {k: np.array(v, dtype=np.int64) for k, v in delays.items() if v},
+            "labels": np.array(labels, dtype=object),
+            "nbytes": np.array([r["nbytes"] for r in rows], dtype=np.int64),
+            "chunk": np.full(len(rows), -1, dtype=np.int64),
+            "sync_group": np.full(len(rows), -1, dtype=np.int64),
+            "layer_start": np.array([r["layers"][0] for r in rows], dtype=np.int64),
+            "layer_stop": np.array([r["layers"][1] for r in rows], dtype=np.int64),
+            "ready": np.array([r["ready"] for r in rows], dtype=np.int64),
+        }
+
+    # ---- emission ------------------------------------------------------------------------
+    def emit(self, gen: Any) -> None:
+        """Add the dispatch and combine all-to-alls of every EP group to ``gen``'s builder."""
+        plan = self.plan
+        done: set[tuple[int, int]] = set()
+        for r, rep in enumerate(plan.replicas):
+            for i, st in enumerate(rep.stages):
+                if st.ep <= 1:
+                    continue
+                gr = self.group(r, i)
+                if (gr.replicas[0], i) in done or not gr.matrix:
+                    continue
+                done.add((gr.replicas[0], i))
+                for k in range(len(gen.chunks[r][i])):
+                    self._emit_chunk(gen, gr, k)
+
+    def _mark_ids(self, gen: Any, gr: GroupRouting, chunk: int, key: tuple) -> np.ndarray | None:
+        """(m, G) global op ids of mark ``key`` on every member, or None if no block has it."""
+        cols = []
+        for r in gr.replicas:
+            ops = gen.stage_ops[(r, gr.stage, chunk)]
+            hit = next((o.marks[key] for o in ops if key in o.marks), None)
+            if hit is None:
+                return None
+            cols.append(hit)
+        return np.concatenate(cols, axis=1)
+
+    def _emit_chunk(self, gen: Any, gr: GroupRouting, chunk: int) -> None:
+        moe = self.plan.model.moe
+        assert moe is not None
+        for layer, mat in gr.matrix.items():
+            for phase in ("fwd", "recompute", "bwd"):
+                pre = self._mark_ids(gen, gr, chunk, ("moe", layer, "pre", phase))
+                if pre is None:
+                    continue
+                exp = self._mark_ids(gen, gr, chunk, ("moe", layer, "experts", phase))
+                post = self._mark_ids(gen, gr, chunk, ("moe", layer, "post", phase))
+                assert exp is not None and post is not None
+                if phase == "bwd":  # gradients: token owner -> experts, then back
+                    pairs = ((post, exp, mat, "combine_bwd"), (exp, pre, mat.T, "dispatch_bwd"))
+                else:
+                    pairs = ((pre, exp, mat, "dispatch"), (exp, post, mat.T, "combine"))
+                for src_ops, dst_ops, m_, _what in pairs:
+                    self._exchange(gen, gr, layer, np.ascontiguousarray(m_), src_ops, dst_ops,
+                                   moe.alltoall)
+
+    def _exchange(self, gen: Any, gr: GroupRouting, layer: int, matrix: np.ndarray,
+                  src_ops: np.ndarray, dst_ops: np.ndarray, method: str) -> None:
+        tb = gen.tb
+        members = gr.members
+        ex = lower_alltoall(matrix, members, self.info, method)
+        m = src_ops.shape[0]
+        if len(ex.src) == 0:  # everything stayed local: the experts wait on the own tokens
+            tb.add_edges(src_ops, dst_ops)
+            return
+        ranks = np.asarray(members, dtype=np.int64)
+        phase = PHASE_INDEX["ep"]
+        coll = tb.add_collectives(
+            m, kind="all_to_all", phase=phase, bytes=int(matrix.sum() - np.trace(matrix)),
+            ranks=",".join(map(str, members)), algorithm=ex.algorithm, channels=1,
+            layer_start=layer, layer_stop=layer + 1,
+        )
+        nf = len(ex.src)
+        ids = tb.add_ops(
+            m * nf, kind=KIND_FLOW, rank=np.tile(ranks[ex.src], m), dst=np.tile(ranks[ex.dst], m),
+            bytes=np.tile(ex.nbytes, m), phase=phase,
+            replica=np.tile(gen.rank_replica[ranks[ex.src]], m), stage=gr.stage,
+            microbatch=np.repeat(np.arange(m), nf), layer_start=layer, layer_stop=layer + 1,
+            collective=np.repeat(coll, nf), step=np.tile(ex.step, m),
+        ).reshape(m, nf)
+        start = src_ops
+        if self.plan.collectives.nccl_cost:
+            delay = alltoall_delay_ns(ex, members, self.info)
+            senders = np.unique(ex.src)
+            dl = tb.add_ops(
+                m * len(senders), kind=KIND_BARRIER, rank=np.tile(ranks[senders], m),
+                duration_ns=np.tile(delay[senders], m), phase=phase,
+                replica=np.tile(gen.rank_replica[ranks[senders]], m), stage=gr.stage,
+                microbatch=np.repeat(np.arange(m), len(senders)), layer_start=layer,
+                layer_stop=layer + 1, collective=np.repeat(coll, len(senders)),
+            ).reshape(m, len(senders))
+            tb.add_edges(src_ops[:, senders], dl)
+            start = np.full_like(src_ops, -1)
+            start[:, senders] = dl
+        first = ex.step == 0
+        for f in np.nonzero(first)[0]:
+            s = int(ex.src[f])
+            pred = start[:, s] if start[0, s] >= 0 else src_ops[:, s]
+            tb.add_edges(pred, ids[:, f])
+        # Hierarchical: a proxy forwards once everything sent to it has arrived, in a second
+        # NCCL call (its own p2p latency over the network, with collectives.nccl_cost).
+        for p in np.unique(ex.src[~first]):
+            p = int(p)
+            gate = start[:, p] if start[0, p] >= 0 else src_ops[:, p]
+            into = np.nonzero(first & (ex.dst == p))[0]
+            if self.plan.collectives.nccl_cost:
+                lat = (RING_BASE_LATENCY_US[SIMPLE] + RING_STEP_LATENCY_US["net"][SIMPLE]) * 1e3
+                b2 = tb.add_ops(m, kind=KIND_BARRIER, rank=int(ranks[p]),
+                                duration_ns=int(round(lat)), phase=phase,
+                                replica=int(gen.rank_replica[ranks[p]]), stage=gr.stage,
+                                microbatch=np.arange(m), layer_start=layer,
+                                layer_stop=layer + 1, collective=coll)
+                tb.add_edges(gate, b2)
+                for k in into:
+                    tb.add_edges(ids[:, k], b2)
+                gate = b2
+            for f in np.nonzero(~first & (ex.src == p))[0]:
+                tb.add_edges(gate, ids[:, f])
+                if not self.plan.collectives.nccl_cost:
+                    for k in into:
+                        tb.add_edges(ids[:, k], ids[:, f])
+        for q in range(nf):
+            tb.add_edges(ids[:, q], dst_ops[:, int(ex.dst[q])])
