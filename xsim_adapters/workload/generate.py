@@ -37,9 +37,10 @@ from ..trace.schema import (
     SCHEMA_VERSION,
     Trace,
 )
+from .algorithms import lower, merge, tile
 from .blocks import Block, RingSpec, build_block, stage_units, tp_kinds
 from .builder import BulkBuilder
-from .collectives import ring_flows
+from .collectives import RingFlows, ring_flows
 from .compute import ADAM_BYTES_PER_PARAM, optimizer_time_ns, stage_params
 from .dpsync import buckets, chunk_rings, sweep_segments
 from .reshard import DEST, SOURCE, algorithm_label, reshard_transfers
@@ -52,6 +53,7 @@ from .rings import (
     split_bytes,
 )
 from .schedule import BWD, WGRAD, replica_chunks, stage_order
+from .selection import Choice, choose_algorithm
 
 GENERATOR_VERSION = "1"
 
@@ -117,12 +119,17 @@ class _Generator:
         orders, sizes = self._ring(ranks, self.act_bytes)
         pos = {r: k for k, r in enumerate(ranks)}
         perm = tuple(tuple(pos[r] for r in o) for o in orders)
-        delays: tuple[tuple[str, int], ...] = ()
-        if self.plan.collectives.nccl_cost:
-            delays = tuple((k, ring_delay_ns(self.info, k, orders, sizes))
-                           for k in tp_kinds(self.plan))
+        delays: list[tuple[str, int]] = []
+        choices: list[tuple[str, Choice]] = []
+        for k in tp_kinds(self.plan):
+            ch = choose_algorithm(self.plan, self.info, ranks, k, self.act_bytes)
+            if ch.algorithm != "ring":
+                choices.append((k, ch))
+                delays.append((k, ch.delay_ns))
+            elif self.plan.collectives.nccl_cost:
+                delays.append((k, ring_delay_ns(self.info, k, orders, sizes)))
         return RingSpec(perm, tuple(sizes), ",".join(map(str, perm[0])), self.algorithm,
-                        delays)
+                        tuple(delays), tuple(choices))
 
     # ---- stages ------------------------------------------------------------------------
     def _blocks(
@@ -376,20 +383,33 @@ class _Generator:
         perms, sizes, labels = [], [], []
         dp_kinds = ("all_reduce", "reduce_scatter", "all_gather")
         delays: dict[str, list[int]] = {k: [] for k in dp_kinds}
+        choices: dict[str, list[Choice]] = {k: [] for k in dp_kinds}
         seen: dict[tuple, tuple[int, ...]] = {}
+        picked: dict[tuple, Choice] = {}
+        info = self.info
         for cr in rings:
             orders, sz = self._ring(list(cr.members), cr.nbytes)
             pos = {rk: k for k, rk in enumerate(cr.members)}
             perms.append([[pos[rk] for rk in o] for o in orders])
             sizes.append(sz)
             labels.append(",".join(map(str, orders[0])))
+            mem = np.asarray(cr.members, dtype=np.int64)
+            shape = (tuple(info.group[mem]), tuple(np.unique(info.server[mem],
+                                                             return_inverse=True)[1]),
+                     tuple(info.local[mem]), cr.nbytes)
+            for kd in dp_kinds:
+                if (kd, *shape) not in picked:
+                    picked[(kd, *shape)] = choose_algorithm(plan, info, list(cr.members), kd,
+                                                            cr.nbytes)
+                choices[kd].append(picked[(kd, *shape)])
             if plan.collectives.nccl_cost:
                 key = (tuple(map(tuple, orders)), tuple(sz))
                 if key not in seen:
                     seen[key] = tuple(ring_delay_ns(self.info, kd, orders, sz)
                                       for kd in dp_kinds)
                 for kd, d in zip(dp_kinds, seen[key], strict=True):
-                    delays[kd].append(d)
+                    ch = choices[kd][-1]
+                    delays[kd].append(d if ch.algorithm == "ring" else ch.delay_ns)
         grad_kind = WGRAD if plan.training.schedule == "zb_h1" else BWD
         last_op: dict[tuple[int, int], np.ndarray] = {}  # (r, s) -> last compute ids (n,)
         last_grad: dict[tuple[int, int, int], int] = {}  # (r, s, chunk) -> last grad micro-batch
@@ -422,6 +442,7 @@ class _Generator:
             "perm": np.array(perms, dtype=np.int64),
             "sizes": np.array(sizes, dtype=np.int64),
             "delays": {k: np.array(v, dtype=np.int64) for k, v in delays.items() if v},
+            "choices": choices,
             "labels": np.array(labels, dtype=object),
             "nbytes": np.array([cr.nbytes for cr in rings], dtype=np.int64),
             "chunk": np.array([cr.chunk for cr in rings], dtype=np.int64),
@@ -441,22 +462,52 @@ class _Generator:
                 return c
         raise ValueError(f"replicas[{replica}].stages[{stage}] holds no layer {layer}")
 
+    def _dp_lowered(self, dp: dict[str, Any], kind: str) -> tuple[RingFlows, Any, Any]:
+        """Flows of every DP instance's ``kind`` (rings vectorized, other algorithms tiled from
+        one template per layout and size), with each instance's algorithm label and channels."""
+        c = self.plan.collectives
+        choices: list[Choice] = dp["choices"][kind]
+        num_i = len(choices)
+        ring_idx = np.array([i for i, ch in enumerate(choices) if ch.algorithm == "ring"],
+                            dtype=np.int64)
+        if len(ring_idx) == num_i:
+            rf = ring_flows(dp["members"], dp["perm"], dp["sizes"], kind, c.granularity,
+                            c.chunks)
+            return rf, self.algorithm, max(1, c.channels)
+        parts: list[tuple[np.ndarray, RingFlows]] = []
+        if len(ring_idx):
+            parts.append((ring_idx, ring_flows(dp["members"][ring_idx], dp["perm"][ring_idx],
+                                               dp["sizes"][ring_idx], kind, c.granularity,
+                                               c.chunks)))
+        groups: dict[tuple, list[int]] = {}
+        for i, ch in enumerate(choices):
+            if ch.algorithm != "ring":
+                groups.setdefault((ch, int(dp["nbytes"][i])), []).append(i)
+        for (ch, nbytes), idx in groups.items():
+            t = lower(ch.algorithm, kind, ch.layout, nbytes, ch.channels, ch.chunks)
+            parts.append((np.asarray(idx), tile(t, dp["members"][idx])))
+        labels = np.array([self.algorithm if ch.algorithm == "ring" else ch.label
+                           for ch in choices], dtype=object)
+        chans = np.array([max(1, c.channels) if ch.algorithm == "ring" else ch.channels
+                          for ch in choices], dtype=np.int64)
+        return merge(parts, num_i), labels, chans
+
     def _dp_rings(
         self, dp: dict[str, Any], kind: str, start_after: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Emit one ``kind`` collective per DP ring; member j of ring i starts after
         ``start_after[i, j]`` (None: no predecessor). Returns the global tails (I, C, n, 2) and
         first flows (I, C, n), or with an NCCL delay the delay barriers (I, 1, n)."""
-        tb, c = self.tb, self.plan.collectives
-        rf = ring_flows(dp["members"], dp["perm"], dp["sizes"], kind, c.granularity, c.chunks)
+        tb = self.tb
+        rf, algos, chans = self._dp_lowered(dp, kind)
         coll = tb.add_collectives(
             len(dp["members"]),
             kind=kind,
             phase=PHASE_INDEX["dp"],
             bytes=dp["nbytes"],
             ranks=dp["labels"],
-            algorithm=self.algorithm,
-            channels=max(1, c.channels),
+            algorithm=algos,
+            channels=chans,
             sync_group=dp["sync_group"],
             layer_start=dp["layer_start"],
             layer_stop=dp["layer_stop"],
