@@ -516,4 +516,4 @@ def parse_algorithms(value: Any, path: str) -> CollectiveAlgorithms:
     m = f.expect_mapping(value, path)
     kinds = [x.name for x in dataclasses.fields(CollectiveAlgorithms)]
     f.check_keys(m, path, kinds)
-    return CollectiveAlgorithms(**{k: f.get_enum(m, k, path, choices, "auto") for k in kinds})
+    return CollectiveAlgorithms(**{k: f.get_enum(m, k, path, choices, "auto") for k in kinds})  # type: ignore[arg-type]
