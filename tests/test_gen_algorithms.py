@@ -6,20 +6,26 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from test_gen_helpers import H100, TINY, make_plan
+from test_gen_helpers import H100, TINY, make_plan, topo_order
 
+from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.bench_collective import bench, bench_plan, lowered_trace
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import plan_from_dict
 from xsim_adapters.plan.model import CollectiveAlgorithms
 from xsim_adapters.plan.serialize import plan_to_dict
+from xsim_adapters.topology import build_topology
+from xsim_adapters.trace.schema import PHASE_INDEX
 from xsim_adapters.workload import generate
 from xsim_adapters.workload.algorithms import (
     dtree_parents,
     layout_of,
+    merge,
     staged_flows,
+    tile,
     tree_flows,
 )
+from xsim_adapters.workload.collectives import ring_flows
 from xsim_adapters.workload.nccl import (
     NVLINK_BW_EFFICIENCY_BY_CC,
     NVLS_CHANNELS,
@@ -238,3 +244,38 @@ def test_generator_lowers_h100_tp_all_reduce_by_nvls_and_ring_on_request() -> No
         "algorithm": CollectiveAlgorithms("ring", "ring", "ring")}))
     rtp = ring.collectives[ring.collectives["kind"] == "all_reduce"]
     assert all(a.startswith("ring") for a in rtp["algorithm"])
+
+
+def test_dp_sync_across_servers_runs_as_tree_with_exact_bytes() -> None:
+    # 16 single-GPU replicas on 2 servers: small per-layer gradient buckets -> NCCL's tree
+    plan = make_plan([[("h100", i, i + 1, 0, 4)] for i in range(16)], micro_batches=[1] * 16)
+    trace = generate(plan)
+    colls = trace.collectives
+    dp = colls[colls["phase"] == PHASE_INDEX["dp"]].set_index("collective")
+    assert len(dp) and all(a.startswith("tree:") for a in dp["algorithm"])
+    flows = trace.ops[(trace.ops["kind"] == 1) & trace.ops["collective"].isin(dp.index)]
+    per = flows.groupby("collective")["bytes"].sum()
+    for cid, total in per.items():
+        assert total == 2 * 15 * dp.at[cid, "bytes"]  # every tree edge, both ways
+    order, _ = topo_order(trace)
+    assert len(order) == trace.num_ops  # acyclic
+    tl = FlowBackend().run(trace, build_topology(plan), {})
+    assert (tl.frame["end_ns"] >= tl.frame["start_ns"]).all()
+
+
+def test_merge_keeps_instances_edges_and_gates_of_each_part() -> None:
+    members = np.arange(24).reshape(3, 8)
+    perm = np.tile(np.arange(8), (2, 1, 1))
+    ring = ring_flows(members[[0, 2]], perm, np.array([[800], [1600]]), "all_reduce")
+    tree = tile(tree_flows(_layout(1, 8), 4000, 2, 2), members[[1]])
+    out = merge([(np.array([0, 2]), ring), (np.array([1]), tree)], 3)
+    assert out.size == ring.size + tree.size
+    assert out.start.shape == (3, 2, 8) and out.tails.shape[:3] == (3, 2, 8)
+    for i in range(3):
+        assert set(out.src[out.instance == i]) == set(members[i])
+    assert int(out.nbytes[out.instance == 1].sum()) == 2 * 7 * 4000
+    assert int(out.nbytes[out.instance == 2].sum()) == 14 * 1600
+    # the tree's edges and gates point into its own flows
+    tree_ids = np.nonzero(out.instance == 1)[0]
+    assert np.isin(out.start[1], tree_ids).all() and np.isin(out.tails[1], tree_ids).all()
+    assert np.isin(out.succ[out.pred >= ring.size], tree_ids).all()
