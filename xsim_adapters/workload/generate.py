@@ -37,10 +37,8 @@ from ..trace.schema import (
     SCHEMA_VERSION,
     Trace,
 )
-from .algorithms import lower, merge, tile
 from .blocks import Block, RingSpec, build_block, stage_units, tp_kinds
 from .builder import BulkBuilder
-from .collectives import RingFlows, ring_flows
 from .compute import ADAM_BYTES_PER_PARAM, optimizer_time_ns, stage_params
 from .dpsync import buckets, chunk_rings, sweep_segments
 from .reshard import DEST, SOURCE, algorithm_label, reshard_transfers
@@ -53,7 +51,7 @@ from .rings import (
     split_bytes,
 )
 from .schedule import BWD, WGRAD, replica_chunks, stage_order
-from .selection import Choice, choose_algorithm
+from .selection import Choice, choose_algorithm, lower_instances
 
 GENERATOR_VERSION = "1"
 
@@ -462,36 +460,6 @@ class _Generator:
                 return c
         raise ValueError(f"replicas[{replica}].stages[{stage}] holds no layer {layer}")
 
-    def _dp_lowered(self, dp: dict[str, Any], kind: str) -> tuple[RingFlows, Any, Any]:
-        """Flows of every DP instance's ``kind`` (rings vectorized, other algorithms tiled from
-        one template per layout and size), with each instance's algorithm label and channels."""
-        c = self.plan.collectives
-        choices: list[Choice] = dp["choices"][kind]
-        num_i = len(choices)
-        ring_idx = np.array([i for i, ch in enumerate(choices) if ch.algorithm == "ring"],
-                            dtype=np.int64)
-        if len(ring_idx) == num_i:
-            rf = ring_flows(dp["members"], dp["perm"], dp["sizes"], kind, c.granularity,
-                            c.chunks)
-            return rf, self.algorithm, max(1, c.channels)
-        parts: list[tuple[np.ndarray, RingFlows]] = []
-        if len(ring_idx):
-            parts.append((ring_idx, ring_flows(dp["members"][ring_idx], dp["perm"][ring_idx],
-                                               dp["sizes"][ring_idx], kind, c.granularity,
-                                               c.chunks)))
-        groups: dict[tuple, list[int]] = {}
-        for i, ch in enumerate(choices):
-            if ch.algorithm != "ring":
-                groups.setdefault((ch, int(dp["nbytes"][i])), []).append(i)
-        for (ch, nbytes), idx in groups.items():
-            t = lower(ch.algorithm, kind, ch.layout, nbytes, ch.channels, ch.chunks)
-            parts.append((np.asarray(idx), tile(t, dp["members"][idx])))
-        labels = np.array([self.algorithm if ch.algorithm == "ring" else ch.label
-                           for ch in choices], dtype=object)
-        chans = np.array([max(1, c.channels) if ch.algorithm == "ring" else ch.channels
-                          for ch in choices], dtype=np.int64)
-        return merge(parts, num_i), labels, chans
-
     def _dp_rings(
         self, dp: dict[str, Any], kind: str, start_after: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -499,7 +467,10 @@ class _Generator:
         ``start_after[i, j]`` (None: no predecessor). Returns the global tails (I, C, n, 2) and
         first flows (I, C, n), or with an NCCL delay the delay barriers (I, 1, n)."""
         tb = self.tb
-        rf, algos, chans = self._dp_lowered(dp, kind)
+        c = self.plan.collectives
+        rf, algos, chans = lower_instances(
+            dp["members"], dp["perm"], dp["sizes"], dp["nbytes"], dp["choices"][kind], kind,
+            c.granularity, c.chunks, self.algorithm, max(1, c.channels))
         coll = tb.add_collectives(
             len(dp["members"]),
             kind=kind,

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..plan.model import Plan
-from .algorithms import Layout, layout_of, lower, nominal_ns
-from .collectives import RingFlows
+from .algorithms import Layout, layout_of, lower, merge, nominal_ns, tile
+from .collectives import RingFlows, ring_flows
 from .nccl import Fabric, choose, delay_ns
 from .rings import RankInfo
 
@@ -118,3 +118,36 @@ def template(algorithm: str, kind: str, layout: Layout, nbytes: int, plan: Plan)
     """The lowering template of a templated algorithm with the plan's channels and chunks."""
     return lower(algorithm, kind, layout, nbytes,
                  *template_args(algorithm, layout, nbytes, plan))
+
+
+def lower_instances(members: np.ndarray, perm: np.ndarray, sizes: np.ndarray,
+                    nbytes: np.ndarray, choices: Sequence[Choice], kind: str, granularity: str,
+                    chunks: int, ring_label: str, ring_channels: int
+                    ) -> tuple[RingFlows, object, object]:
+    """Flows of I instances of ``kind`` (``members`` (I, n); rings: ``perm`` (I, C, n) and
+    ``sizes`` (I, C)): rings vectorized, other algorithms tiled from one template per layout
+    and size. Returns the flows, each instance's algorithm label and channel count (scalars
+    when every instance is a ring)."""
+    num_i = len(choices)
+    ring_idx = np.array([i for i, ch in enumerate(choices) if ch.algorithm == "ring"],
+                        dtype=np.int64)
+    if len(ring_idx) == num_i:
+        return (ring_flows(members, perm, sizes, kind, granularity, chunks), ring_label,
+                ring_channels)
+    parts: list[tuple[np.ndarray, RingFlows]] = []
+    if len(ring_idx):
+        parts.append((ring_idx, ring_flows(members[ring_idx], perm[ring_idx], sizes[ring_idx],
+                                           kind, granularity, chunks)))
+    groups: dict[tuple[Choice, int], list[int]] = {}
+    for i, ch in enumerate(choices):
+        if ch.algorithm != "ring":
+            groups.setdefault((ch, int(nbytes[i])), []).append(i)
+    for (ch, size), idx in groups.items():
+        assert ch.layout is not None
+        t = lower(ch.algorithm, kind, ch.layout, size, ch.channels, ch.chunks)
+        parts.append((np.asarray(idx), tile(t, members[idx])))
+    labels = np.array([ring_label if ch.algorithm == "ring" else ch.label for ch in choices],
+                      dtype=object)
+    chans = np.array([ring_channels if ch.algorithm == "ring" else ch.channels
+                      for ch in choices], dtype=np.int64)
+    return merge(parts, num_i), labels, chans
