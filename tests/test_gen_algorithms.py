@@ -279,3 +279,11 @@ def test_merge_keeps_instances_edges_and_gates_of_each_part() -> None:
     tree_ids = np.nonzero(out.instance == 1)[0]
     assert np.isin(out.start[1], tree_ids).all() and np.isin(out.tails[1], tree_ids).all()
     assert np.isin(out.succ[out.pred >= ring.size], tree_ids).all()
+
+
+def test_nvls_needs_three_members_per_server() -> None:
+    # sym_kernels.cc: multimem for > 2 ranks; with 2 NVLS would move 1.5 S per link vs S
+    two = Fabric(2, 1, 2, 450.0, INF, "nvlink", 90, True)
+    assert choose("all_reduce", 1 << 30, two).algorithm == "ring"
+    three = Fabric(3, 1, 3, 450.0, INF, "nvlink", 90, True)
+    assert choose("all_reduce", 1 << 30, three).algorithm == "nvls"

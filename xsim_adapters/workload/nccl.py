@@ -76,6 +76,10 @@ NVLS_EFFICIENCY = {90: 0.85, 100: 0.74}
 # nvls.cc NVLS_NCHANNELS_SM90 = 16, NVLS_NCHANNELS_SM100 = 32 (24 on one NVL domain); tuning.cc
 # scales NVLS bandwidth by (nChannels - 1) / nChannels.
 NVLS_CHANNELS = {90: 16, 100: 24}
+# NVLS needs > 2 GPUs per server: NCCL's symmetric kernels use multimem (NVLS) only for teams of
+# more than 2 ranks (src/sym_kernels.cc ``hasLsaMultimem = nvlsSupport && nRanks > 2``); with 2,
+# NVLS moves S + S/2 over each link where a ring moves S (docs/collectives.md). Ranks.
+NVLS_MIN_RANKS_PER_SERVER = 3
 # tuning.cc ring all-reduce across nodes with >= 64 bytes per rank and channel: latency x1.4 on
 # >= SM80 (x1.9 before). Dimensionless.
 NET_SIMPLE_LATENCY_FACTOR = 1.4
@@ -165,13 +169,13 @@ def ring_steps(kind: str, n: int) -> int:
 def available(kind: str, fab: Fabric) -> tuple[str, ...]:
     """Algorithms NCCL's tuner considers for ``kind`` on ``fab`` (``auto`` picks among them):
     ring always; tree for all-reduce; NVLS (NVLSTree across servers) for all-reduce where every
-    server has NVLink SHARP and holds >= 2 members. Hierarchical is not an NCCL algorithm."""
+    server has NVLink SHARP and holds >= 3 members. Hierarchical is not an NCCL algorithm."""
     if fab.n < 2:
         return ("ring",)
     out = ["ring"]
     if kind == "all_reduce":
         out.append("tree")
-        if fab.nvls and fab.ppn >= 2 and arch(fab.cc) in NVLS_EFFICIENCY:
+        if fab.nvls and fab.ppn >= NVLS_MIN_RANKS_PER_SERVER and arch(fab.cc) in NVLS_EFFICIENCY:
             out.append("nvls")
     return tuple(out)
 

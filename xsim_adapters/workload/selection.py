@@ -3,7 +3,7 @@
 ``collectives.algorithm`` (per kind) is ``auto`` (NCCL's tuner rule, :func:`.nccl.choose`),
 ``ring``, ``tree``, ``nvls`` or ``hierarchical``. A requested algorithm the group cannot run
 falls back to ``ring`` (recorded in the trace's ``collectives.algorithm`` column): tree and NVLS
-lower all-reduce only, NVLS needs NVLink SHARP on every member's server and >= 2 members per
+lower all-reduce only, NVLS needs NVLink SHARP on every member's server and >= 3 members per
 server, hierarchical and NVLS need the same member count on every server.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 from ..plan.model import Plan
 from .algorithms import Layout, layout_of, lower, merge, nominal_ns, tile
 from .collectives import RingFlows, ring_flows
-from .nccl import Fabric, choose, delay_ns
+from .nccl import NVLS_MIN_RANKS_PER_SERVER, Fabric, choose, delay_ns
 from .rings import RankInfo
 
 # A scale-up rate at or below PCIe Gen5 x16 (64 GB/s per direction, Hopper blog) is taken to be
@@ -76,7 +76,7 @@ def choose_algorithm(plan: Plan, info: RankInfo, ranks: Sequence[int], kind: str
     ok = {"ring", "tree", "nvls", "hierarchical"}
     if kind != "all_reduce":
         ok -= {"tree", "nvls"}
-    if not (fab.nvls and fab.ppn >= 2):
+    if not (fab.nvls and fab.ppn >= NVLS_MIN_RANKS_PER_SERVER):
         ok.discard("nvls")
     if not layout.uniform:
         ok -= {"nvls", "hierarchical"}
