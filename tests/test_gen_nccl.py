@@ -12,6 +12,8 @@ from xsim_adapters.trace import KIND_BARRIER, TraceBuilder, ring_collective
 from xsim_adapters.trace.schema import PHASE_INDEX
 from xsim_adapters.workload import generate
 from xsim_adapters.workload.nccl import (
+    LL_MAX_BW_1NODE_GBPS,
+    LL_MAX_BW_NET_GBPS,
     NVLINK_BW_EFFICIENCY,
     PROTOCOL_BW_FACTOR,
     PROTOCOLS,
@@ -28,7 +30,10 @@ def test_small_all_reduce_on_one_server_uses_ll_with_the_tuner_latency() -> None
     # 6.6 us base + 14 steps x 0.6 us (tuning.cc Ring LL, NVLink)
     assert c.latency_ns == pytest.approx(15_000.0)
     nominal = 14 / 8 * 1024 / 300.0
-    assert c.bandwidth_ns == pytest.approx(nominal / (0.8 * 0.5) - nominal)
+    # LL: half of NCCL's 240 GB/s NVLink rate, capped at llMaxBw (Ampere, one node: 87.7)
+    ll = min(0.8 * 0.5 * 300.0, LL_MAX_BW_1NODE_GBPS[80])
+    assert ll == 87.7
+    assert c.bandwidth_ns == pytest.approx(nominal * 300.0 / ll - nominal)
 
 
 def test_large_all_reduce_uses_simple_at_nccl_nvlink_rate() -> None:
@@ -46,11 +51,15 @@ def test_the_chosen_protocol_is_the_fastest(size: int) -> None:
     c = ring_cost("all_reduce", 16, size, 2, 25.0, "net", channels=16)
     nominal = 30 / 16 * size / 25.0
     for p, name in enumerate(PROTOCOLS):
-        lat = (RING_BASE_LATENCY_US[p] + 28 * RING_STEP_LATENCY_US["nvlink"][p]
-               + 2 * RING_STEP_LATENCY_US["net"][p]) * 1e3
+        # intra-server steps cost at least the network post overhead (1 us, x3 for Simple)
+        intra = max(RING_STEP_LATENCY_US["nvlink"][p], 3.0 if name == "Simple" else 1.0)
+        lat = (RING_BASE_LATENCY_US[p] + 28 * intra + 2 * RING_STEP_LATENCY_US["net"][p]) * 1e3
         if name == "Simple" and size / (16 * 16) >= 64:
             lat *= 1.4
-        other = lat + nominal / PROTOCOL_BW_FACTOR[p] - nominal
+        bw = 25.0 * PROTOCOL_BW_FACTOR[p]
+        if name == "LL":
+            bw = min(bw, LL_MAX_BW_NET_GBPS[0])
+        other = lat + nominal * 25.0 / bw - nominal
         assert c.total_ns <= other + 1e-6
 
 
@@ -103,7 +112,8 @@ def test_two_dgx_a100_all_reduce_reaches_the_measured_192_GBps() -> None:
 def test_bench_trace_moves_exactly_the_ring_bytes() -> None:
     plan = bench_plan("A100-80GB", 2, 8)
     s = (1 << 20) + 3
-    trace, _ = lowered_trace(plan, "all_reduce", s)
+    trace, _, algo = lowered_trace(plan, "all_reduce", s)
+    assert algo.startswith("ring:")
     flows = trace.ops[trace.ops["kind"] == 1]
     # every channel's bytes c_k are cut into 16 segments; each rank sends 2 x 15 of them
     assert flows["bytes"].sum() == 2 * 15 * s

@@ -1,8 +1,9 @@
 """validation/nccl_allreduce.py: simulated all-reduce busbw against the nccl-tests curves.
 
-Thresholds are what the ring model reaches today (see docs/collectives.md for the full table):
-A100 within 10% from 256 MiB up and never slower than measured (what it leaves out only costs
-time); H100 with rings only within 10% of the public ring-only figure (~370 GB/s).
+Thresholds are what the model reaches today (see docs/collectives.md for the full table): A100
+(auto: rings) within 10% from 256 MiB up and never slower than measured (what it leaves out only
+costs time); H100 with rings only within 10% of the public ring-only figure (~370 GB/s); H100 and
+H200 with auto (NVLS from ~2 MiB) within 10% of the measured curves from 128 MiB to 8 GiB.
 """
 
 from __future__ import annotations
@@ -31,5 +32,13 @@ def test_a100_all_reduce_busbw_within_10_percent_from_256_MiB() -> None:
 
 def test_h100_ring_reaches_the_public_ring_only_figure() -> None:
     # nccl-tests #212: H100 all-reduce with rings only reaches about 370 GB/s busbw
-    frame = bench(bench_plan("H100-80GB", 1, 8), "all_reduce", [8 << 30])
+    frame = bench(bench_plan("H100-80GB", 1, 8), "all_reduce", [8 << 30], algorithm="ring")
     assert frame["busbw"].iloc[0] == pytest.approx(370.0, rel=0.10)
+
+
+def test_h100_h200_auto_nvls_within_10_percent_from_128_MiB() -> None:
+    sizes = [128 << 20, 1 << 30, 8 << 30]
+    frame = compare(devices={"H100_80GB_ND_H100_v5_GBps": "H100-80GB",
+                             "H200_ND_H200_v5_GBps": "H200"}, sizes=sizes)
+    assert len(frame) == 2 * len(sizes)
+    assert (frame["error"].abs() <= 0.10).all(), frame

@@ -3,7 +3,8 @@
 Reproduces ``nccl_allreduce_busbw_8gpu_azure.csv`` (Azure ND A100 v4 / H100 v5 / H200 v5,
 nccl-tests ``all_reduce_perf`` in-place busbw; see the shared validation README) with
 ``xsim bench-collective`` on the flow backend, from the configurations alone (device preset,
-one server of 8, the generator's ring lowering and NCCL cost model; nothing fitted to it).
+one server of 8, ``--algorithm auto``: the algorithm and protocol NCCL's tuner would pick, the
+generator's lowering of it and NCCL's cost model; nothing fitted to it).
 
     python validation/nccl_allreduce.py [--measured CSV] [-o OUT]
 
@@ -11,8 +12,8 @@ Also a source of the validation suite (``python -m validation``: SOURCE ``nccl-a
 one case per device and size, the A100 bandwidth and latency points in the fast subset). It
 writes OUT/nccl_allreduce.csv (size, device, measured, simulated, error) and
 OUT/nccl_allreduce.png, and prints the median and worst error per device and size band.
-The simulator lowers rings only: H100/H200 were measured with NVLS (NVLink SHARP) available,
-which a ring cannot reach (public ring-only H100 figure: ~370 GB/s, nccl-tests #212).
+H100/H200 were measured with NVLS (NVLink SHARP) available; ``auto`` picks NVLS there from
+the size where NCCL's tuner does (a ring alone reaches ~370 GB/s, nccl-tests #212).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def cases() -> list[Case]:
                 measured=float(getattr(r, col)),
                 predict=lambda d=dev, s=size: _predict(d, s),
                 fast=dev == "A100-80GB" and size in FAST_SIZES,
-                notes="ring only; measured with NVLS available" if dev != "A100-80GB" else "",
+                notes="auto (NCCL tuner rule); NVLS available" if dev != "A100-80GB"
+                else "auto (NCCL tuner rule)",
             ))
     return out
 

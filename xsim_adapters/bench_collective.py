@@ -11,6 +11,7 @@ and all-gather (nccl-tests ``doc/PERFORMANCE.md``), both in GB/s.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,11 @@ import pandas as pd
 
 from .errors import PlanError
 from .plan import plan_from_dict
-from .plan.model import Plan
+from .plan.model import CollectiveAlgorithms, Plan
 from .topology import build_topology
 from .trace import TraceBuilder, ring_collective
+from .trace.schema import KIND_BARRIER, KIND_FLOW
+from .workload.algorithms import lower
 from .workload.rings import (
     RankInfo,
     channel_orders,
@@ -30,8 +33,10 @@ from .workload.rings import (
     ring_order,
     split_bytes,
 )
+from .workload.selection import choose_algorithm
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+ALGORITHM_CHOICES = ("auto", "ring", "tree", "nvls", "hierarchical")
 MIN_BYTES, MAX_BYTES = 1 << 10, 8 << 30
 
 
@@ -57,11 +62,26 @@ def bench_plan(device: str, servers: int, gpus_per_server: int, nic_gbps: float 
 
 
 def lowered_trace(plan: Plan, kind: str, nbytes: int, channels: int = 0,
-                  nccl_cost: bool = True) -> tuple[Any, int]:
+                  nccl_cost: bool = True, algorithm: str = "ring") -> tuple[Any, int, str]:
     """The trace of one ``kind`` of ``nbytes`` over every rank of ``plan`` (as the generator
-    lowers it); returns (trace, op id of the closing barrier)."""
+    lowers it) with ``algorithm`` (``auto`` chooses as NCCL's tuner); returns (trace, op id of
+    the closing barrier, the algorithm:protocol that ran)."""
     info = RankInfo(plan)
     ranks = list(range(plan.num_ranks))
+    if algorithm != "ring":
+        p = replace(plan, collectives=replace(
+            plan.collectives, nccl_cost=nccl_cost, channels=max(1, channels),
+            algorithm=CollectiveAlgorithms(algorithm, algorithm, algorithm)))  # type: ignore[arg-type]
+        choice = choose_algorithm(p, info, ranks, kind, nbytes)
+        if choice.algorithm != "ring":
+            assert choice.layout is not None
+            t = lower(choice.algorithm, kind, choice.layout, nbytes, choice.channels,
+                      choice.chunks)
+            tb = TraceBuilder(plan.num_ranks)
+            start = tb.barrier()
+            tails = add_template(tb, t, ranks, start, choice.delay_ns, collective=0)
+            end = tb.barrier(deps=tails)
+            return tb.build(), end, choice.label
     base = ring_order(info, ranks, plan.collectives.ring_order)
     orders = channel_orders(info, base, channels_for(info, ranks, channels))
     sizes = split_bytes(nbytes, [ring_bottleneck_GBps(info, o) for o in orders])
@@ -71,7 +91,42 @@ def lowered_trace(plan: Plan, kind: str, nbytes: int, channels: int = 0,
     last = ring_collective(tb, base, nbytes, kind=kind, ready=start, collective=0,
                            delay_ns=delay, orders=orders, sizes=sizes)
     end = tb.barrier(deps=last)
-    return tb.build(), end
+    proto = ring_cost_protocol(info, kind, orders, sizes) if nccl_cost else "Simple"
+    return tb.build(), end, f"ring:{proto}"
+
+
+def ring_cost_protocol(info: RankInfo, kind: str, orders: list[list[int]],
+                       sizes: list[int]) -> str:
+    """The protocol NCCL's tuner picks for the ring (its first channel), for the report."""
+    from .workload.nccl import ring_cost
+
+    o, s = orders[0], sizes[0]
+    hops = [(o[i], o[(i + 1) % len(o)]) for i in range(len(o))]
+    slow = min(hops, key=lambda h: info.link_GBps(*h))
+    link = "nvlink" if info.server[slow[0]] == info.server[slow[1]] else "net"
+    servers = len({int(info.server[r]) for r in o})
+    return ring_cost(kind, len(o), int(s), servers, info.link_GBps(*slow), link,
+                     len(orders)).protocol
+
+
+def add_template(tb: TraceBuilder, t: Any, ranks: list[int], ready: int, delay_ns: int,
+                 collective: int = -1, phase: str = "dp") -> list[int]:
+    """Add template ``t`` (a :class:`RingFlows` over member positions) to ``tb`` on ``ranks``:
+    each member's gate flows wait for ``ready`` (and a timed barrier of ``delay_ns`` on that
+    member if > 0). Returns every member's tail flows."""
+    first: list[list[int]] = [[ready] for _ in ranks]
+    if delay_ns > 0:
+        first = [[tb.add(KIND_BARRIER, r, phase=phase, deps=f, duration_ns=delay_ns,
+                         collective=collective)] for r, f in zip(ranks, first, strict=True)]
+    ids = [tb.add(KIND_FLOW, ranks[int(t.src[j])], phase=phase, dst=ranks[int(t.dst[j])],
+                  bytes=int(t.nbytes[j]), collective=collective, step=int(t.step[j]),
+                  channel=int(t.channel[j])) for j in range(t.size)]
+    for p, q in zip(t.pred.tolist(), t.succ.tolist(), strict=True):
+        tb.dep(ids[p], ids[q])
+    gates = {(int(g), m) for m in range(len(ranks)) for g in t.start[0, :, m]}
+    for g, m in sorted(gates):
+        tb.dep(first[m], ids[g])
+    return sorted({ids[int(x)] for x in t.tails[0].reshape(-1)})
 
 
 def bus_factor(kind: str, n: int) -> float:
@@ -90,8 +145,9 @@ def sweep_sizes(lo: int = MIN_BYTES, hi: int = MAX_BYTES) -> list[int]:
 
 def bench(plan: Plan, kind: str = "all_reduce", sizes: list[int] | None = None,
           backend: str = "flow", options: dict[str, Any] | None = None, channels: int = 0,
-          nccl_cost: bool = True) -> pd.DataFrame:
-    """One row per size: size (bytes), time_us, algbw and busbw (GB/s)."""
+          nccl_cost: bool = True, algorithm: str = "auto") -> pd.DataFrame:
+    """One row per size: size (bytes), time_us, algbw and busbw (GB/s), and the
+    ``algorithm`` (algorithm:protocol) that ran."""
     from .backends.registry import get_backend
 
     be = get_backend(backend)
@@ -99,12 +155,12 @@ def bench(plan: Plan, kind: str = "all_reduce", sizes: list[int] | None = None,
     n = plan.num_ranks
     rows = []
     for s in sizes or sweep_sizes():
-        trace, end = lowered_trace(plan, kind, s, channels, nccl_cost)
+        trace, end, algo = lowered_trace(plan, kind, s, channels, nccl_cost, algorithm)
         tl = be.run(trace, topo, dict(options or {}))
         t_ns = float(tl.frame["end_ns"].iloc[end])
         algbw = s / t_ns  # bytes per ns = GB/s
         rows.append({"size": s, "time_us": t_ns / 1e3, "algbw": algbw,
-                     "busbw": algbw * bus_factor(kind, n)})
+                     "busbw": algbw * bus_factor(kind, n), "algorithm": algo})
     return pd.DataFrame(rows)
 
 
@@ -149,6 +205,9 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--kind", choices=KINDS, default="all_reduce", help="The collective.")
     sp.add_argument("--channels", type=int, default=0,
                     help="Ring channels; 0 (default): two per NIC a server's members use.")
+    sp.add_argument("--algorithm", choices=ALGORITHM_CHOICES, default="auto",
+                    help="Collective algorithm; auto (default) chooses as NCCL's tuner "
+                         "(docs/collectives.md); one the group cannot run falls back to ring.")
     sp.add_argument("-b", "--minbytes", default="1K", help="Smallest size (default 1K).")
     sp.add_argument("-e", "--maxbytes", default="8G", help="Largest size (default 8G).")
     sp.add_argument("--backend", default="flow", help="The backend (default flow).")
@@ -165,12 +224,13 @@ def cmd_bench_collective(args: argparse.Namespace) -> int:
     plan = bench_plan(args.device, args.servers, args.gpus_per_server, args.nic_gbps)
     sizes = sweep_sizes(_size(args.minbytes), _size(args.maxbytes))
     frame = bench(plan, args.kind, sizes, args.backend, channels=args.channels,
-                  nccl_cost=not args.no_nccl_cost)
+                  nccl_cost=not args.no_nccl_cost, algorithm=args.algorithm)
     print(f"# {args.kind} on {args.servers} x {args.gpus_per_server} {args.device}, "
           f"backend {args.backend}")
-    print(f"{'size':>12} {'time(us)':>10} {'algbw':>8} {'busbw':>8}")
+    print(f"{'size':>12} {'time(us)':>10} {'algbw':>8} {'busbw':>8}  algorithm")
     for r in frame.itertuples():
-        print(f"{r.size:>12} {r.time_us:>10.1f} {r.algbw:>8.2f} {r.busbw:>8.2f}")
+        print(f"{r.size:>12} {r.time_us:>10.1f} {r.algbw:>8.2f} {r.busbw:>8.2f}  "
+              f"{r.algorithm}")
     if args.output:
         out = Path(args.output)
         out.mkdir(parents=True, exist_ok=True)

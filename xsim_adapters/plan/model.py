@@ -28,6 +28,7 @@ Precision = Literal["bf16", "fp16", "fp8", "tf32", "fp32"]
 Resharding = Literal["lcm", "gather_p2p_scatter", "direct"]
 Granularity = Literal["step", "chunked"]
 RingOrder = Literal["hetero_aware", "natural"]
+Algorithm = Literal["auto", "ring", "tree", "nvls", "hierarchical"]
 ScaleOutTopology = Literal["leaf_spine", "fat_tree"]
 LinkEventKind = Literal["degrade", "fail", "restore"]
 
@@ -165,6 +166,11 @@ class DeviceType:
     bf16: bool = True  # False: no bf16 tensor cores (V100, T4, RTX 20); bf16 runs as fp16
     sm_count: int = 0  # SMs (NVIDIA) or CUs (AMD) a GEMM spreads over; 0: no wave model
     hbm_efficiency: float = 0.8  # achieved fraction of hbm_GBps (median of measured copies)
+    # CUDA compute capability x 10 (80 Ampere, 90 Hopper, 100 Blackwell): selects NCCL's
+    # per-architecture tuner constants (workload/nccl.py); 0: unknown (Ampere constants).
+    compute_capability: int = 0
+    # NVLink SHARP (NVLS): the server's NVSwitches (gen3+) reduce and multicast in the switch.
+    nvls: bool = False
     # Optional measured per-layer times: absolute path of a CSV with columns
     # tp, micro_batch, seq_len, fwd_layer_us, bwd_layer_us (see docs/plan.md).
     profile: str | None = None
@@ -273,6 +279,19 @@ class Replica:
 
 
 @dataclass(frozen=True)
+class CollectiveAlgorithms:
+    """The algorithm of each collective kind (``auto``: NCCL's tuner rule, docs/collectives.md)."""
+
+    all_reduce: Algorithm = "auto"
+    reduce_scatter: Algorithm = "auto"
+    all_gather: Algorithm = "auto"
+
+    def of(self, kind: str) -> str:
+        """The algorithm asked for ``kind`` (``auto`` for kinds without a field)."""
+        return str(getattr(self, kind, "auto"))
+
+
+@dataclass(frozen=True)
 class CollectivesSpec:
     resharding: Resharding = "lcm"
     channels: int = 1  # rings per collective; bytes split by each ring's bottleneck bandwidth
@@ -281,6 +300,7 @@ class CollectivesSpec:
     ring_order: RingOrder = "hetero_aware"
     dp_bucket_layers: int = 1  # DP sync granularity along a segment (layers per bucket)
     nccl_cost: bool = True  # NCCL latency + protocol efficiency as a delay before each ring
+    algorithm: CollectiveAlgorithms = field(default_factory=CollectiveAlgorithms)
 
 
 @dataclass(frozen=True)

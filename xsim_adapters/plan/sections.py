@@ -19,6 +19,8 @@ from . import _fields as f
 from . import limits as lim
 from .model import (
     DTYPE_BYTES,
+    Algorithm,
+    CollectiveAlgorithms,
     CollectivesSpec,
     DeviceType,
     ExplicitLink,
@@ -54,6 +56,8 @@ DEVICE_KEYS = (
     "hbm_efficiency",
     "bf16",
     "sm_count",
+    "compute_capability",
+    "nvls",
     "profile",
     "source",
 )
@@ -241,6 +245,11 @@ def parse_device_type(
         values["bf16"] = f.get_bool(m, "bf16", path)
     if "sm_count" in m:
         values["sm_count"] = f.get_int(m, "sm_count", path, minimum=0)
+    if "compute_capability" in m:
+        values["compute_capability"] = f.get_int(m, "compute_capability", path, minimum=0,
+                                                 maximum=1000, limit="CUDA compute capability x 10")
+    if "nvls" in m:
+        values["nvls"] = f.get_bool(m, "nvls", path)
     if "source" in m:
         values["source"] = f.get_str(m, "source", path)
     if "profile" in m:
@@ -501,4 +510,19 @@ def parse_collectives(value: Any, path: str) -> CollectivesSpec:
         dp_bucket_layers=f.get_int(m, "dp_bucket_layers", path, d.dp_bucket_layers,
                                    maximum=lim.MAX_LAYERS, limit="the model's layers at most"),
         nccl_cost=f.get_bool(m, "nccl_cost", path, d.nccl_cost),
+        algorithm=parse_algorithms(m.get("algorithm", "auto"), f.join(path, "algorithm")),
     )
+
+
+def parse_algorithms(value: Any, path: str) -> CollectiveAlgorithms:
+    """``collectives.algorithm``: one algorithm for every kind, or a mapping per kind."""
+    choices = get_args(Algorithm)
+    if isinstance(value, str):
+        if value not in choices:
+            raise PlanError(path, f"expected one of {', '.join(choices)} or a mapping per "
+                                  f"collective kind (got {value!r})")
+        return CollectiveAlgorithms(value, value, value)  # type: ignore[arg-type]
+    m = f.expect_mapping(value, path)
+    kinds = [x.name for x in dataclasses.fields(CollectiveAlgorithms)]
+    f.check_keys(m, path, kinds)
+    return CollectiveAlgorithms(**{k: f.get_enum(m, k, path, choices, "auto") for k in kinds})  # type: ignore[arg-type]

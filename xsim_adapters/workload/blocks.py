@@ -21,6 +21,7 @@ import numpy as np
 
 from ..plan.model import DeviceType, Plan, Stage
 from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, LAYER_EMBEDDING, PHASE_INDEX
+from .algorithms import lower
 from .builder import BulkBuilder, Template
 from .collectives import RingFlows, ring_flows
 from .compute import embedding_cost, head_cost, layer_costs
@@ -35,6 +36,7 @@ from .passes import (
     selective_recompute_ns,
     split_ns,
 )
+from .selection import Choice
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ class RingSpec:
     label: str  # channel-0 order, local indices, comma-joined
     algorithm: str
     delays: tuple[tuple[str, int], ...] = ()  # (collective kind, NCCL delay ns before a ring)
+    # Kinds lowered by another algorithm than the ring: their Choice (workload.selection)
+    choices: tuple[tuple[str, Choice], ...] = ()
 
 
 def tp_kinds(plan: Plan) -> tuple[str, ...]:
@@ -334,8 +338,15 @@ def build_block(
         tails = (pieces[1] if split else pieces[-1])[:, None]  # where the collectives start
         prev_tails = prev_early = None
         for kind in u.kinds if n > 1 else ():
+            choice = dict(ring.choices).get(kind)
             if kind not in lowered:
-                lowered[kind] = ring_flows(local[None], perm, sizes, kind, granularity, chunks)
+                if choice is None:
+                    lowered[kind] = ring_flows(local[None], perm, sizes, kind, granularity,
+                                               chunks)
+                else:
+                    assert choice.layout is not None
+                    lowered[kind] = lower(choice.algorithm, kind, choice.layout, tp_bytes,
+                                          choice.channels, choice.chunks)
             rf = lowered[kind]
             coll = tb.add_collectives(
                 1,
@@ -343,8 +354,8 @@ def build_block(
                 phase=tp_phase,
                 bytes=tp_bytes,
                 ranks=ring.label,
-                algorithm=ring.algorithm,
-                channels=perm.shape[1],
+                algorithm=ring.algorithm if choice is None else choice.label,
+                channels=perm.shape[1] if choice is None else choice.channels,
                 layer_start=u.layer_start,
                 layer_stop=u.layer_stop,
             )

@@ -43,7 +43,6 @@ from ..trace.schema import (
 from .alltoall import MoEPlanner
 from .blocks import Block, RingSpec, build_block, stage_units, tp_kinds
 from .builder import BulkBuilder
-from .collectives import ring_flows
 from .compute import ADAM_BYTES_PER_PARAM, optimizer_time_ns, stage_params
 from .context import emit_cp
 from .dpsync import buckets, chunk_rings, sweep_segments
@@ -59,6 +58,7 @@ from .rings import (
     split_bytes,
 )
 from .schedule import BWD, WGRAD, replica_chunks, stage_order
+from .selection import Choice, choose_algorithm, lower_instances
 
 GENERATOR_VERSION = "1"
 
@@ -145,12 +145,17 @@ class _Generator:
         orders, sizes = self._ring(ranks, self.act_bytes)
         pos = {r: k for k, r in enumerate(ranks)}
         perm = tuple(tuple(pos[r] for r in o) for o in orders)
-        delays: tuple[tuple[str, int], ...] = ()
-        if self.plan.collectives.nccl_cost:
-            delays = tuple((k, ring_delay_ns(self.info, k, orders, sizes))
-                           for k in tp_kinds(self.plan))
+        delays: list[tuple[str, int]] = []
+        choices: list[tuple[str, Choice]] = []
+        for k in tp_kinds(self.plan):
+            ch = choose_algorithm(self.plan, self.info, ranks, k, self.act_bytes)
+            if ch.algorithm != "ring":
+                choices.append((k, ch))
+                delays.append((k, ch.delay_ns))
+            elif self.plan.collectives.nccl_cost:
+                delays.append((k, ring_delay_ns(self.info, k, orders, sizes)))
         return RingSpec(perm, tuple(sizes), ",".join(map(str, perm[0])), self.algorithm,
-                        delays)
+                        tuple(delays), tuple(choices))
 
     # ---- stages ------------------------------------------------------------------------
     def _blocks(
@@ -421,20 +426,33 @@ class _Generator:
         perms, sizes, labels = [], [], []
         dp_kinds = ("all_reduce", "reduce_scatter", "all_gather")
         delays: dict[str, list[int]] = {k: [] for k in dp_kinds}
+        choices: dict[str, list[Choice]] = {k: [] for k in dp_kinds}
         seen: dict[tuple, tuple[int, ...]] = {}
+        picked: dict[tuple, Choice] = {}
+        info = self.info
         for cr in rings:
             orders, sz = self._ring(list(cr.members), cr.nbytes)
             pos = {rk: k for k, rk in enumerate(cr.members)}
             perms.append([[pos[rk] for rk in o] for o in orders])
             sizes.append(sz)
             labels.append(",".join(map(str, orders[0])))
+            mem = np.asarray(cr.members, dtype=np.int64)
+            shape = (tuple(info.group[mem]), tuple(np.unique(info.server[mem],
+                                                             return_inverse=True)[1]),
+                     tuple(info.local[mem]), cr.nbytes)
+            for kd in dp_kinds:
+                if (kd, *shape) not in picked:
+                    picked[(kd, *shape)] = choose_algorithm(plan, info, list(cr.members), kd,
+                                                            cr.nbytes)
+                choices[kd].append(picked[(kd, *shape)])
             if plan.collectives.nccl_cost:
                 key = (tuple(map(tuple, orders)), tuple(sz))
                 if key not in seen:
                     seen[key] = tuple(ring_delay_ns(self.info, kd, orders, sz)
                                       for kd in dp_kinds)
                 for kd, d in zip(dp_kinds, seen[key], strict=True):
-                    delays[kd].append(d)
+                    ch = choices[kd][-1]
+                    delays[kd].append(d if ch.algorithm == "ring" else ch.delay_ns)
         grad_kind = WGRAD if plan.training.schedule == "zb_h1" else BWD
         last_op: dict[tuple[int, int], np.ndarray] = {}  # (r, s) -> last compute ids (n,)
         last_grad: dict[tuple[int, int, int], int] = {}  # (r, s, chunk) -> last grad micro-batch
@@ -467,6 +485,7 @@ class _Generator:
             "perm": np.array(perms, dtype=np.int64),
             "sizes": np.array(sizes, dtype=np.int64),
             "delays": {k: np.array(v, dtype=np.int64) for k, v in delays.items() if v},
+            "choices": choices,
             "labels": np.array(labels, dtype=object),
             "nbytes": np.array([cr.nbytes for cr in rings], dtype=np.int64),
             "chunk": np.array([cr.chunk for cr in rings], dtype=np.int64),
@@ -492,16 +511,19 @@ class _Generator:
         """Emit one ``kind`` collective per DP ring; member j of ring i starts after
         ``start_after[i, j]`` (None: no predecessor). Returns the global tails (I, C, n, 2) and
         first flows (I, C, n), or with an NCCL delay the delay barriers (I, 1, n)."""
-        tb, c = self.tb, self.plan.collectives
-        rf = ring_flows(dp["members"], dp["perm"], dp["sizes"], kind, c.granularity, c.chunks)
+        tb = self.tb
+        c = self.plan.collectives
+        rf, algos, chans = lower_instances(
+            dp["members"], dp["perm"], dp["sizes"], dp["nbytes"], dp["choices"][kind], kind,
+            c.granularity, c.chunks, self.algorithm, max(1, c.channels))
         coll = tb.add_collectives(
             len(dp["members"]),
             kind=kind,
             phase=PHASE_INDEX["dp"],
             bytes=dp["nbytes"],
             ranks=dp["labels"],
-            algorithm=self.algorithm,
-            channels=max(1, c.channels),
+            algorithm=algos,
+            channels=chans,
             sync_group=dp["sync_group"],
             layer_start=dp["layer_start"],
             layer_stop=dp["layer_stop"],

@@ -1,45 +1,300 @@
-"""NCCL's cost of a ring collective beyond moving its bytes: one home for its constants.
+"""NCCL's cost model of a collective beyond moving its bytes: one home for its constants.
 
 The network simulators move a collective's bytes at the links' rates; what NCCL adds on top is
-(a) latency: a base latency per launch plus a latency per ring step, by protocol and link type,
-and (b) protocol bandwidth efficiency: LL carries 4 data bytes per 8 on the wire (flag words),
-LL128 120 per 128, Simple the whole line; and NVLink itself reaches NCCL's per-link rate, not
-the spec rate. NCCL's tuner picks, per call, the protocol with the least predicted time
-(``ncclTopoGetAlgoTime``: ``t = latency + bytes / bandwidth``); so does :func:`ring_cost`.
+(a) latency: a base latency per call plus a latency per step or hop, by algorithm, protocol and
+link type, and (b) bandwidth efficiency: LL carries 4 data bytes per 8 on the wire (flag words),
+LL128 120 per 128, Simple the whole line; NVLink reaches NCCL's per-link rate, not the spec
+rate; NVLS reaches ``nvlsEfficiency`` of it. NCCL's tuner predicts, per call, the time of every
+(algorithm, protocol) pair (``ncclTopoGetAlgoTime``: ``t = latency + bytes / bandwidth``) and
+runs the fastest; :func:`tuner_table` reproduces that table from the group's topology and
+:func:`choose` picks from it (``collectives.algorithm: auto``).
 
-The lowering turns the result into one timed delay per ring member, before its first send
-(``extra_ns``): the latency plus the time the protocol's lower bandwidth adds at the ring's
-nominal bottleneck rate. The flows still carry exactly the collective's bytes, so a congested
-network slows them as before; the delay is a fixed cost (exact on an uncongested network).
+The lowering turns the chosen pair into one timed delay per member before its first send
+(``extra_ns``): the latency plus the time the protocol's and the link's lower bandwidth add to
+the lowering's flows at nominal rates (:func:`algo_cost`). The flows still carry exactly the
+collective's bytes, so a congested network slows them as before.
 
-Sources (NVIDIA/nccl@5067397, NCCL 2.30.7, as tabled in ``reference/gpu-calibration.md`` §6-7):
-``src/graph/tuning.cc`` (``baseLatencies``, ``hwLatencies``, protocol bandwidth factors, the
-latency formula) and ``src/graph/topo.h`` (``SM80_NVLINK_BW`` per NVLink).
+Sources: NVIDIA/nccl@5067397 (NCCL 2.30.7) ``src/graph/tuning.cc`` (``baseLatencies``,
+``hwLatencies``, ``llMaxBws``, ``nvlsEfficiency``, the per-algorithm bandwidth refinements,
+``treeCorrectionFactor``, ``getNetOverhead``, ``ncclTopoGetAlgoTime``), ``src/graph/topo.h``
+(``SM80_NVLINK_BW`` ... per NVLink, ``PCI_BW``), ``src/transport/nvls.cc``
+(``NVLS_NCHANNELS_SM90`` / ``SM100``); tabled in ``reference/gpu-calibration.md`` §6-7.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 PROTOCOLS = ("LL", "LL128", "Simple")
+ALGORITHMS = ("ring", "tree", "nvls", "hierarchical")
 
-# tuning.cc baseLatencies[Ring] (LL, LL128, Simple), microseconds per collective call.
-RING_BASE_LATENCY_US = (6.6, 14.0, 8.4)
-# tuning.cc hwLatencies[hw][Ring] (LL, LL128, Simple), microseconds per ring step.
-RING_STEP_LATENCY_US = {
-    "nvlink": (0.6, 1.9, 3.4),
-    "pci": (1.0, 2.5, 5.7),
-    "net": (2.7, 4.0, 14.0),
+# tuning.cc baseLatencies (LL, LL128, Simple), microseconds per collective call.
+BASE_LATENCY_US = {
+    "ring": (6.6, 14.0, 8.4),
+    "tree": (6.8, 14.0, 8.4),
+    "nvls": (0.0, 0.0, 0.0),  # NVLS and NVLSTree
 }
+# tuning.cc hwLatencies[hw][algorithm] (LL, LL128, Simple), microseconds per step (ring) or
+# per hop (tree); NVLS: per call over NVLink / per network hop (NVLSTree's row on the network).
+HW_LATENCY_US = {
+    "nvlink": {"ring": (0.6, 1.9, 3.4), "tree": (0.6, 1.25, 4.0), "nvls": (0.0, 0.0, 25.0)},
+    "pci": {"ring": (1.0, 2.5, 5.7), "tree": (1.0, 1.9, 4.0), "nvls": (0.0, 0.0, 0.0)},
+    "net": {"ring": (2.7, 4.0, 14.0), "tree": (5.0, 8.5, 14.0), "nvls": (0.0, 0.0, 20.9)},
+}
+# Backwards-compatible names of the ring rows.
+RING_BASE_LATENCY_US = BASE_LATENCY_US["ring"]
+RING_STEP_LATENCY_US = {hw: HW_LATENCY_US[hw]["ring"] for hw in HW_LATENCY_US}
+# tuning.cc getNetOverhead: host post overhead per inter-node ring step, us (x86 Intel / other
+# 1.0; AMD 2.0; we assume Intel), x3 for Simple; it floors the intra-node step latency.
+NET_OVERHEAD_US = 1.0
+NET_OVERHEAD_SIMPLE_FACTOR = 3.0
 # tuning.cc: Ring LL bus bandwidth = 0.5 x busBw (half of every LL line is flags); Ring LL128
 # = 0.92 x busBw; Simple = busBw. Dimensionless.
 PROTOCOL_BW_FACTOR = (0.5, 0.92, 1.0)
-# topo.h SM80_NVLINK_BW = 20.0 GB/s per NVLink that carries 25 GB/s per direction (NVLink3,
-# Ampere blog): NCCL's rings reach 20/25 of the spec NVLink rate. Dimensionless.
-NVLINK_BW_EFFICIENCY = 20.0 / 25.0
-# tuning.cc: a multi-node Simple ring all-reduce with >= 64 bytes per rank and channel has its
-# latency x1.4 on >= SM80. Dimensionless.
+# tuning.cc, Tree all-reduce: busBw x 0.92; Tree LL: busBw / 3.8; Tree LL128: x 7/9 on one
+# node, x 120/128 across nodes. Dimensionless.
+TREE_BW_FACTOR = 0.92
+TREE_LL_BW_FACTOR = 1.0 / 3.8
+TREE_LL128_BW_FACTOR_1NODE = 7.0 / 9.0
+TREE_LL128_BW_FACTOR_NET = 120.0 / 128.0
+# tuning.cc llMaxBws, GB/s: one node by architecture (Volta, Ampere, Hopper, Blackwell); several
+# nodes by CPU (row 0, Intel: 2 nodes, >= 4 nodes). Caps the LL protocol's bandwidth.
+LL_MAX_BW_1NODE_GBPS = {70: 39.0, 80: 87.7, 90: 141.0, 100: 282.0}
+LL_MAX_BW_NET_GBPS = (39.0, 20.4)  # (2 nodes, more)
+# tuning.cc treeCorrectionFactor[protocol][log2(bytes / 64)], 64 B .. 256 MB (Tree all-reduce).
+TREE_CORRECTION = (
+    (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0,
+     1.0, 1.0, 1.0),
+    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9,
+     1.0, 1.0, 1.0),
+    (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9,
+     .9),
+)
+# tuning.cc nvlsEfficiency by architecture (Hopper 0.85, Blackwell 0.74). Dimensionless.
+NVLS_EFFICIENCY = {90: 0.85, 100: 0.74}
+# nvls.cc NVLS_NCHANNELS_SM90 = 16, NVLS_NCHANNELS_SM100 = 32 (24 on one NVL domain); tuning.cc
+# scales NVLS bandwidth by (nChannels - 1) / nChannels.
+NVLS_CHANNELS = {90: 16, 100: 24}
+# NVLS needs > 2 GPUs per server: NCCL's symmetric kernels use multimem (NVLS) only for teams of
+# more than 2 ranks (src/sym_kernels.cc ``hasLsaMultimem = nvlsSupport && nRanks > 2``); with 2,
+# NVLS moves S + S/2 over each link where a ring moves S (docs/collectives.md). Ranks.
+NVLS_MIN_RANKS_PER_SERVER = 3
+# tuning.cc ring all-reduce across nodes with >= 64 bytes per rank and channel: latency x1.4 on
+# >= SM80 (x1.9 before). Dimensionless.
 NET_SIMPLE_LATENCY_FACTOR = 1.4
+# topo.h per-NVLink bandwidth NCCL's topology search assumes, over the spec rate of one NVLink
+# per direction (NVLink2/3/4 25 GB/s, NVLink5 50 GB/s; Ampere/Hopper blogs, gpu-calibration.md):
+# SM70 20/25, SM80 20/25, SM90 20.6/25, SM100 40.1/50. Dimensionless.
+NVLINK_BW_EFFICIENCY_BY_CC = {70: 20.0 / 25.0, 80: 20.0 / 25.0, 90: 20.6 / 25.0,
+                              100: 40.1 / 50.0}
+NVLINK_BW_EFFICIENCY = NVLINK_BW_EFFICIENCY_BY_CC[80]
+# topo.h PCI_BW = 12 GB/s for a PCIe Gen3 x16 link of 15.75 GB/s per direction. Dimensionless.
+PCI_BW_EFFICIENCY = 12.0 / 15.75
+
+
+def arch(cc: int) -> int:
+    """NCCL's architecture class of a compute capability x 10: 70, 80, 90 or 100 (0 -> 80)."""
+    if cc >= 100:
+        return 100
+    if cc >= 90:
+        return 90
+    if cc >= 80 or cc == 0:
+        return 80
+    return 70
+
+
+def link_efficiency(link: str, cc: int) -> float:
+    """NCCL's reachable fraction of a link's nominal rate (``nvlink``, ``pci``; ``net`` 1)."""
+    if link == "nvlink":
+        return NVLINK_BW_EFFICIENCY_BY_CC[arch(cc)]
+    if link == "pci":
+        return PCI_BW_EFFICIENCY
+    return 1.0
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """What NCCL's tuner sees of a group of ranks (rates nominal, GB/s, one direction)."""
+
+    n: int  # ranks
+    servers: int
+    ppn: int  # ranks on the fullest server
+    intra_GBps: float  # slowest scale-up rate of a member (inf with one rank per server)
+    nic_GBps: float  # slowest member NIC (inf on one server)
+    intra_link: str = "nvlink"  # "nvlink" or "pci"
+    cc: int = 80  # smallest compute capability x 10 among the members
+    nvls: bool = False  # every member's server does NVLink SHARP
+    channels: int = 1  # ring channels (for the ring plateau rule)
+
+    @property
+    def bus_nominal_GBps(self) -> float:
+        """Per-rank bus bandwidth at nominal rates: the scale-up rate, or on several servers
+        the smaller of it and the server's aggregate NIC rate (rail-aligned channels)."""
+        if self.servers < 2:
+            return self.intra_GBps
+        return min(self.intra_GBps, self.ppn * self.nic_GBps)
+
+    @property
+    def bus_GBps(self) -> float:
+        """NCCL's busBw (nChannels x per-channel graph bandwidth): nominal x link efficiency."""
+        intra = self.intra_GBps * link_efficiency(self.intra_link, self.cc)
+        if self.servers < 2:
+            return intra
+        return min(intra, self.ppn * self.nic_GBps)
+
+
+@dataclass(frozen=True)
+class AlgoCost:
+    """NCCL's predicted cost of one (algorithm, protocol) for one call."""
+
+    algorithm: str
+    protocol: str
+    latency_us: float
+    algbw_GBps: float  # NCCL's algorithm bandwidth (bytes per rank / time)
+    bw_ratio: float  # nominal bus bandwidth / the protocol's bus bandwidth (>= 1 slows flows)
+
+    def time_us(self, nbytes: int) -> float:
+        """``ncclTopoGetAlgoTime``: latency + bytes / (1000 x algbw)."""
+        return self.latency_us + nbytes / (1000.0 * self.algbw_GBps)
+
+
+def ring_steps(kind: str, n: int) -> int:
+    """Ring steps of a collective over ``n`` ranks (all-reduce 2(n-1), otherwise n-1)."""
+    if n < 2:
+        return 0
+    return 2 * (n - 1) if kind == "all_reduce" else n - 1
+
+
+def available(kind: str, fab: Fabric) -> tuple[str, ...]:
+    """Algorithms NCCL's tuner considers for ``kind`` on ``fab`` (``auto`` picks among them):
+    ring always; tree for all-reduce; NVLS (NVLSTree across servers) for all-reduce where every
+    server has NVLink SHARP and holds >= 3 members. Hierarchical is not an NCCL algorithm."""
+    if fab.n < 2:
+        return ("ring",)
+    out = ["ring"]
+    if kind == "all_reduce":
+        out.append("tree")
+        if fab.nvls and fab.ppn >= NVLS_MIN_RANKS_PER_SERVER and arch(fab.cc) in NVLS_EFFICIENCY:
+            out.append("nvls")
+    return tuple(out)
+
+
+def _ll_max(fab: Fabric) -> float:
+    if fab.servers == 1:
+        return LL_MAX_BW_1NODE_GBPS[arch(fab.cc)]
+    return LL_MAX_BW_NET_GBPS[0 if fab.servers <= 2 else 1]
+
+
+def _ll128_enabled(fab: Fabric) -> bool:
+    # tuning.cc: LL128 on by default for NVLink (or PCIe-bridge) paths on SM70/80/90/100.
+    return fab.intra_link == "nvlink" and fab.cc in (0, 70, 80, 90, 100)
+
+
+def tuner_table(kind: str, nbytes: int, fab: Fabric) -> list[AlgoCost]:
+    """Every (algorithm, protocol) NCCL's tuner would consider for ``kind`` of ``nbytes`` per
+    rank on ``fab``, with its latency and bandwidth (tuning.cc ``ncclTopoTuneModel``)."""
+    n, nodes = fab.n, fab.servers
+    bus = fab.bus_GBps
+    nominal = fab.bus_nominal_GBps
+    steps = ring_steps(kind, n)
+    intra_hw = fab.intra_link
+    out: list[AlgoCost] = []
+    for algo in available(kind, fab):
+        for p, proto in enumerate(PROTOCOLS):
+            if algo == "nvls" and proto != "Simple":
+                continue
+            if proto == "LL128" and not _ll128_enabled(fab):
+                continue
+            lat = _latency_us(algo, kind, p, fab, steps, intra_hw, nbytes)
+            if algo == "ring":
+                bw = bus * PROTOCOL_BW_FACTOR[p]
+                if proto == "LL":
+                    bw = min(_ll_max(fab), bw)
+                algbw = bw * n / steps
+            elif algo == "tree":
+                bw = bus * TREE_BW_FACTOR
+                if proto == "LL":
+                    bw = min(bw * TREE_LL_BW_FACTOR, _ll_max(fab))
+                elif proto == "LL128":
+                    bw *= TREE_LL128_BW_FACTOR_1NODE if nodes == 1 else TREE_LL128_BW_FACTOR_NET
+                log = int(math.log2(max(nbytes >> 6, 1)))
+                corr = TREE_CORRECTION[p][log] if 0 <= log < 23 else 1.0
+                bw *= corr
+                algbw = bw * 0.5
+            else:  # nvls (one server) / NVLSTree (several)
+                a = arch(fab.cc)
+                ch = NVLS_CHANNELS[a]
+                # The switch link's reachable rate; NCCL counts it twice for an all-reduce
+                # (reduce and broadcast pipelined), an accounting of its own busBw: the
+                # lowering's flows carry the bytes each link really moves (algorithms.py), so
+                # their slowdown is the link rate ratio alone.
+                link = (fab.intra_GBps * link_efficiency(fab.intra_link, fab.cc)
+                        * NVLS_EFFICIENCY[a] * (ch - 1) / ch)
+                bw = link * 2.0
+                if nodes > 1:
+                    bw = min(bw, fab.ppn * fab.nic_GBps * (2.0 if nodes <= 2 else 1.0))
+                algbw = bw * n / ring_steps("all_reduce", n)
+                out.append(AlgoCost(algo, proto, lat, algbw, fab.intra_GBps / link))
+                continue
+            out.append(AlgoCost(algo, proto, lat, algbw, nominal / bw if bw > 0 else 1.0))
+    return out
+
+
+def _latency_us(algo: str, kind: str, p: int, fab: Fabric, steps: int, intra_hw: str,
+                nbytes: int) -> float:
+    nodes = fab.servers
+    if algo == "ring":
+        intra = HW_LATENCY_US[intra_hw]["ring"][p]
+        inter_row = "tree" if fab.ppn == 1 else "ring"  # ppn = 1: fully exposed (tuning.cc)
+        inter = HW_LATENCY_US["net"][inter_row][p]
+        if nodes > 1:
+            ovh = NET_OVERHEAD_US * (NET_OVERHEAD_SIMPLE_FACTOR if p == 2 else 1.0)
+            intra = max(intra, ovh)
+        n_inter = 0 if nodes < 2 else (2 if kind == "all_reduce" else 1) * (nodes - 1)
+        lat = BASE_LATENCY_US["ring"][p] + (steps - n_inter) * intra + n_inter * inter
+        if (p == 2 and nodes > 1 and kind == "all_reduce"
+                and nbytes / (max(1, fab.channels) * fab.n) >= 64):
+            lat *= NET_SIMPLE_LATENCY_FACTOR
+        return lat
+    if algo == "tree":
+        intra = HW_LATENCY_US[intra_hw]["tree"][p]
+        inter = HW_LATENCY_US["net"]["tree"][p]
+        return BASE_LATENCY_US["tree"][p] + 2 * ((fab.ppn - 1) * intra
+                                                 + int(math.log2(nodes)) * inter)
+    # NVLS on one server: the NVLink hop only; NVLSTree: + 2 log2(nodes) network hops.
+    lat = HW_LATENCY_US["nvlink"]["nvls"][p]
+    if nodes > 1:
+        lat += 2 * int(math.log2(nodes)) * HW_LATENCY_US["net"]["nvls"][p]
+    return lat
+
+
+def choose(kind: str, nbytes: int, fab: Fabric, algorithm: str = "auto") -> AlgoCost:
+    """The (algorithm, protocol) NCCL would run: the least predicted time among
+    :func:`tuner_table`, restricted to ``algorithm`` unless ``auto``. ``hierarchical`` (not an
+    NCCL algorithm) is costed as its three ring phases (:func:`hierarchical_cost`)."""
+    if algorithm == "hierarchical":
+        return hierarchical_cost(kind, nbytes, fab)
+    table = tuner_table(kind, nbytes, fab)
+    if algorithm != "auto":
+        table = [c for c in table if c.algorithm == algorithm] or [
+            c for c in table if c.algorithm == "ring"]
+    return min(table, key=lambda c: c.time_us(nbytes))
+
+
+def hierarchical_cost(kind: str, nbytes: int, fab: Fabric) -> AlgoCost:
+    """Intra-server ring reduce-scatter, inter-server ring all-reduce per rail, intra-server
+    ring all-gather (all-reduce; other kinds are one intra and one inter ring): NCCL's ring
+    latencies per step of each phase, its protocol picked as for a ring over all ranks."""
+    ring = choose(kind, nbytes, fab, "ring")
+    p = PROTOCOLS.index(ring.protocol)
+    m, nodes = fab.ppn, fab.servers
+    intra = HW_LATENCY_US[fab.intra_link]["ring"][p]
+    inter = HW_LATENCY_US["net"]["ring"][p]
+    intra_steps = (2 if kind == "all_reduce" else 1) * (m - 1)
+    inter_steps = ring_steps(kind, nodes)
+    lat = BASE_LATENCY_US["ring"][p] + intra_steps * intra + inter_steps * inter
+    return AlgoCost("hierarchical", ring.protocol, lat, ring.algbw_GBps, ring.bw_ratio)
 
 
 @dataclass(frozen=True)
@@ -48,7 +303,7 @@ class RingCost:
 
     protocol: str
     latency_ns: float  # base + per-step latency
-    bandwidth_ns: float  # extra time from protocol and NVLink efficiency at the nominal rate
+    bandwidth_ns: float  # extra time from protocol and link efficiency at the nominal rate
 
     @property
     def total_ns(self) -> float:
@@ -60,15 +315,14 @@ class RingCost:
         return int(round(self.latency_ns + self.bandwidth_ns))
 
 
-def ring_steps(kind: str, n: int) -> int:
-    """Ring steps of a collective over ``n`` ranks (all-reduce 2(n-1), otherwise n-1)."""
-    if n < 2:
-        return 0
-    return 2 * (n - 1) if kind == "all_reduce" else n - 1
+def delay_ns(cost: AlgoCost, flow_ns: float) -> int:
+    """The timed delay standing for ``cost`` in front of a lowering whose flows take
+    ``flow_ns`` at nominal rates: latency + flow_ns x (bw_ratio - 1), ns."""
+    return int(round(cost.latency_us * 1e3 + max(0.0, flow_ns * (cost.bw_ratio - 1.0))))
 
 
 def ring_cost(kind: str, n: int, nbytes: int, servers: int, bottleneck_GBps: float,
-              bottleneck_link: str, channels: int = 1) -> RingCost:
+              bottleneck_link: str, channels: int = 1, cc: int = 80) -> RingCost:
     """NCCL's protocol choice and extra cost for a ring ``kind`` of ``nbytes`` (per rank) over
     ``n`` ranks on ``servers`` servers, whose slowest hop runs at ``bottleneck_GBps`` (nominal)
     over a link of type ``bottleneck_link`` (``nvlink``, ``pci`` or ``net``).
@@ -80,21 +334,15 @@ def ring_cost(kind: str, n: int, nbytes: int, servers: int, bottleneck_GBps: flo
     steps = ring_steps(kind, n)
     if steps == 0 or nbytes <= 0:
         return RingCost("Simple", 0.0, 0.0)
-    inter = 0 if servers < 2 else (2 if kind == "all_reduce" else 1) * (servers - 1)
     intra_link = "nvlink" if bottleneck_link == "net" else bottleneck_link
-    eff = NVLINK_BW_EFFICIENCY if bottleneck_link == "nvlink" else 1.0
+    ppn = max(1, -(-n // servers))
+    inf = float("inf")
+    if bottleneck_link == "net":
+        fab = Fabric(n, servers, ppn, inf, bottleneck_GBps / ppn, intra_link, cc,
+                     channels=channels)
+    else:
+        fab = Fabric(n, servers, ppn, bottleneck_GBps, inf, intra_link, cc, channels=channels)
+    cost = choose(kind, nbytes, fab, "ring")
     nominal_ns = steps / n * nbytes / bottleneck_GBps  # bytes / (GB/s) = ns
-    best: RingCost | None = None
-    for p, name in enumerate(PROTOCOLS):
-        lat_us = (RING_BASE_LATENCY_US[p]
-                  + (steps - inter) * RING_STEP_LATENCY_US[intra_link][p]
-                  + inter * RING_STEP_LATENCY_US["net"][p])
-        if (name == "Simple" and servers > 1 and kind == "all_reduce"
-                and nbytes / (channels * n) >= 64):
-            lat_us *= NET_SIMPLE_LATENCY_FACTOR
-        bw_ns = nominal_ns / (eff * PROTOCOL_BW_FACTOR[p]) - nominal_ns
-        cost = RingCost(name, lat_us * 1e3, bw_ns)
-        if best is None or cost.total_ns < best.total_ns:
-            best = cost
-    assert best is not None
-    return best
+    return RingCost(cost.protocol, cost.latency_us * 1e3,
+                    max(0.0, nominal_ns * (cost.bw_ratio - 1.0)))
