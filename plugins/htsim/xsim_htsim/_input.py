@@ -167,7 +167,7 @@ def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> In
         fwd[r_idx] = f_rid
         rev[r_idx] = b_rid
     lines.append(f"routes {len(table)}")
-    scale_up_link = topology.scale_up_links()
+    scale_up_link = topology.server_links()  # NVLink and PCIe: fluid-timed
     route_su = []
     for key in table:  # dicts keep insertion order: route id = position
         hops = np.frombuffer(key, dtype=np.int64)
