@@ -93,10 +93,15 @@ def _matrix(
                 parsed.append(None)
             elif v is None:
                 parsed.append(None)
-            else:
-                bound = {"at_least": lim.MIN_RATE, "at_most": lim.MAX_RATE} if positive else {
-                    "positive": False, "at_most": lim.MAX_TIME_US}
-                parsed.append(f.get_number({j: v}, j, rpath, **bound))  # type: ignore[arg-type]
+            else:  # an int key: the message names the cell as rpath[j]
+                cell: Any = {j: v}
+                key: Any = j
+                if positive:
+                    parsed.append(f.get_number(cell, key, rpath, at_least=lim.MIN_RATE,
+                                               at_most=lim.MAX_RATE))
+                else:
+                    parsed.append(f.get_number(cell, key, rpath, positive=False,
+                                               at_most=lim.MAX_TIME_US))
         out.append(tuple(parsed))
     return tuple(out)
 

@@ -64,9 +64,11 @@ def parse_server(value: Any, path: str) -> ServerSpec:
     if fabric == "pcie" and pcie is None:
         pcie = PcieSpec()
     nvlink = _parse_nvlink(m["nvlink"], f.join(path, "nvlink")) if "nvlink" in m else ()
-    rate = {"at_least": lim.MIN_RATE, "at_most": lim.MAX_RATE}
-    nvlink_GBps = f.get_number(m, "nvlink_GBps", path, **rate) if "nvlink_GBps" in m else None
-    pair_GBps = f.get_number(m, "pair_GBps", path, **rate) if "pair_GBps" in m else None
+    nvlink_GBps, pair_GBps = (
+        f.get_number(m, key, path, at_least=lim.MIN_RATE, at_most=lim.MAX_RATE)
+        if key in m else None
+        for key in ("nvlink_GBps", "pair_GBps")
+    )
     if fabric == "nvlink_mesh" and not nvlink:
         raise PlanError(
             f.join(path, "nvlink"), "required with fabric nvlink_mesh: a list of [a, b, links] "

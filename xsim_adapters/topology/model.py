@@ -12,8 +12,9 @@ Links (``links`` frame, ``link_id`` dense 0..L-1 equal to the row index): direct
 ``link_id`` int32, ``src`` int32, ``dst`` int32 (node ids), ``gbps`` float64 (capacity in Gb/s),
 ``latency_ns`` float64 (propagation + switching), ``tier`` str (``scale_up``: NVLink and
 NVSwitch; ``pcie``: PCIe links inside a server; ``nic``: NIC to leaf; ``fabric``: between
-switches; ``measured``: between sites of ``network.measured``; ``explicit``). A cable is two directed links. Several links between the same pair
-are allowed (multi-edge) and are distinct link ids.
+switches; ``measured``: between sites of ``network.measured``; ``explicit``). A cable is two
+directed links. Several links between the same pair are allowed (multi-edge) and are distinct
+link ids.
 
 Routing is deterministic ECMP: :meth:`Topology.path` gives the link ids a flow crosses, from
 its source GPU to its destination GPU, chosen among equal-cost shortest paths by a hash of

@@ -49,8 +49,8 @@ def server_profile(plan: Plan, group: DeviceGroup) -> ServerProfile:
     ]
     nics = add_server(g, spec, dev, members, 0, plan.network.scale_up.latency_us * 1e3, 0)
     leaf = g.node("leaf", "leaf0")
-    for nic in nics:
-        g.cable(nic.node, leaf, nic.gbps, 0.0, "nic")
+    for port in nics:
+        g.cable(port.node, leaf, port.gbps, 0.0, "nic")
     nodes, links = g.frames()
     router = Router(nodes, links)
     gbps = links["gbps"].to_numpy(dtype=np.float64)
