@@ -1,21 +1,23 @@
-"""Build the :class:`Topology` of a plan: scale-up stars, NICs, and the scale-out fabric.
+"""Build the :class:`Topology` of a plan: servers, NICs, the scale-out fabric, measured sites.
 
 What is built (node names in brackets; see ``docs/topology.md``):
 
-- one GPU node per global rank [``gpu<rank>``] and one NVSwitch per server [``nvs<server>``];
-  each GPU has a cable (two directed links) to its NVSwitch at its type's ``scaleup_GBps`` x 8
-  Gb/s with ``scale_up.latency_us``, and a NIC cable to its leaf at its group's ``nic_gbps``
-  (default: its type's)
-  with ``scale_out.latency_us``;
+- one GPU node per global rank [``gpu<rank>``] and each server's inside, by its server fabric
+  (:mod:`.servers`: NVSwitch [``nvs<server>``], NVLink mesh, PCIe tree, NICs); with the
+  defaults (NVSwitch, one NIC per GPU) each GPU has a cable to its NVSwitch at its type's
+  ``scaleup_GBps`` x 8 Gb/s with ``scale_up.latency_us`` and a NIC cable to its leaf at its
+  group's ``nic_gbps`` (default: its type's) with ``scale_out.latency_us``;
 - ``leaf_spine``: ``nodes_per_leaf`` consecutive servers per leaf [``leaf<i>``]; or, with
-  ``rail_optimized``, one pod of all servers where GPU ``i`` of every server is on rail leaf
+  ``rail_optimized``, one pod of all servers where NIC ``i`` of every server is on rail leaf
   ``i``. A leaf's uplink capacity is its attached NIC capacity / ``oversubscription``, realized
   as ``ceil(that / link_gbps)`` links spread round-robin over the spines [``spine<j>``]
   (more uplinks than spines gives parallel links). ``spines == 0`` derives the spine count as
   the largest uplink count of any leaf, so each leaf has at most one link to each spine;
-- ``fat_tree``: a 3-tier k-ary fat tree whose hosts are the GPU NICs, in rank order: edge
+- ``fat_tree``: a 3-tier k-ary fat tree whose hosts are the NICs, in rank order: edge
   switches [``leaf<i>``, kind ``leaf``] of k/2 hosts, aggregation [``spine<i>``, kind
   ``spine``] and core [``core<i>``] switches; only the pods that hold GPUs are built;
+- ``network.measured``: one such fabric per site, a gateway [``gw<i>``] on each site's top
+  tier, and a directed link per measured pair of sites (tier ``measured``);
 - ``network.links``: extra cables between named nodes (new names become new nodes whose kind is
   the name without trailing digits); ``network.events``: resolved to every directed link
   between the two named nodes.

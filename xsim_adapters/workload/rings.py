@@ -129,7 +129,7 @@ def ring_delay_ns(info: RankInfo, kind: str, orders: Sequence[Sequence[int]],
             continue
         hops = [(order[i], order[(i + 1) % n]) for i in range(n)]
         slow = min(hops, key=lambda h: info.link_GBps(*h))
-        link = "nvlink" if info.server[slow[0]] == info.server[slow[1]] else "net"
+        link = info.link_kind(*slow)  # nvlink | pci | net, from the server fabric
         servers = len({int(info.server[r]) for r in order})
         cost = ring_cost(kind, n, int(nbytes), servers, info.link_GBps(*slow), link, len(orders))
         worst = max(worst, cost.extra_ns)
