@@ -324,3 +324,24 @@ def test_shipped_plans_keep_the_nvswitch_default() -> None:
     topo = build_topology(plan_from_dict(_plan(groups)))
     assert set(topo.nodes["kind"]) == {"gpu", "nvswitch", "leaf"}
     assert np.array_equal(topo.nodes["node_id"].to_numpy()[:16], np.arange(16))
+
+
+def test_packet_backends_time_all_pcie_server_flows_fluid(tmp_path) -> None:
+    """An intra-server flow over PCIe only is fluid-timed under scale_up=fluid (as NVLink
+    flows are); a flow through the NIC is a packet flow over its whole path, PCIe included."""
+    xsim_htsim_input = pytest.importorskip("xsim_htsim._input")
+    g = _pcie_group(gpus_per_switch=4)
+    g["nodes"] = 2
+    g["server"]["nics"] = "per_server"
+    topo = build_topology(plan_from_dict(_plan({"g": g})))
+    tiers = topo.links["tier"].to_numpy()
+    server = topo.server_links()
+    assert not topo.scale_up_links()[tiers == "pcie"].any()  # a PCIe hop is not scale_up
+    intra, inter = topo.path(0, 5, 1), topo.path(0, 9, 2)
+    assert set(tiers[intra]) == {"pcie"} and server[intra].all()
+    assert {"pcie", "nic"} <= set(tiers[inter]) and not server[inter].all()
+    tb = TraceBuilder(16)
+    tb.flow(0, 5, 1000)
+    tb.flow(0, 9, 1000)
+    info = xsim_htsim_input.write_input(tb.build(), topo, tmp_path / "in.txt")
+    assert (info.flows, info.scale_up_flows) == (2, 1)
