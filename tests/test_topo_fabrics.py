@@ -236,6 +236,16 @@ def test_measured_matrix_from_csv(tmp_path) -> None:
     plan = plan_from_dict(d, base_dir=str(tmp_path))
     assert plan.network.measured.sites == (("a",), ("b",))
     assert plan.network.measured.gbps == ((None, 100.0), (100.0, None))
+    assert plan.network.measured.latency_us == ((None, 20.0), (20.0, None))
+    (tmp_path / "bad.csv").write_text("src,dst,gbps,latency_us\na,b,fast,20\n")
+    with pytest.raises(PlanError, match=r"^network\.measured \(.*bad\.csv, line 2\): expected "
+                                        r"numbers in columns gbps and latency_us$"):
+        plan_from_dict(_sites("bad.csv"), base_dir=str(tmp_path))
+    (tmp_path / "cols.csv").write_text("from,to,gbps\na,b,1\n")
+    with pytest.raises(PlanError, match=r"^network\.measured: expected CSV columns src, dst, "
+                                        r"gbps, latency_us in the header line of .*; missing "
+                                        r"src, dst$"):
+        plan_from_dict(_sites("cols.csv"), base_dir=str(tmp_path))
 
 
 @pytest.mark.parametrize("measured, message", [
