@@ -23,6 +23,9 @@ SERVER_KEYS = ("fabric", "pcie", "nvlink", "nvlink_GBps", "pair_GBps", "nics")
 PCIE_KEYS = ("gen", "lanes", "gpus_per_switch", "uplink_lanes", "host_bridge_GBps", "latency_us")
 PCIE_GENS = range(1, 7)
 PCIE_LANE_WIDTHS = (1, 2, 4, 8, 16, 32)
+# pair_GBps builds a cable per GPU pair (n(n-1)/2 per server); bounded by the largest NVLink
+# domain announced (NVIDIA Rubin Ultra NVL576: 576 GPUs), so a typo cannot build millions.
+MAX_PAIR_CEILING_GPUS = 576
 
 # NVIDIA DGX-1 with Tesla V100 System Architecture (whitepaper WP-08437-002), "DGX-1 NVLink
 # Network Topology": a cube with GPUs at its corners, all twelve edges NVLinks (some doubled) and
@@ -223,6 +226,12 @@ def check_server(spec: ServerSpec, gpus_per_node: int, path: str, group: str) ->
                 f"the mesh must connect all {gpus_per_node} GPUs of group {group}; GPU "
                 f"{missing[0]} has no NVLink path to GPU 0",
             )
+    if spec.pair_GBps is not None and gpus_per_node > MAX_PAIR_CEILING_GPUS:
+        raise PlanError(
+            f.join(path, "pair_GBps"),
+            f"a per-pair ceiling needs at most {MAX_PAIR_CEILING_GPUS} GPUs per server "
+            f"(MAX_PAIR_CEILING_GPUS; group {group} has {gpus_per_node})",
+        )
     if isinstance(spec.nics, tuple) and len(spec.nics) != gpus_per_node:
         raise PlanError(
             f.join(path, "nics"),
