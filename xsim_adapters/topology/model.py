@@ -79,6 +79,7 @@ class Topology:
         stand in for, so the packet backends' ``scale_up=fluid`` mode times a flow whose whole
         path is such links with the fluid model, as it does NVLink flows. A flow that crosses a
         NIC is a packet flow over all of its path, its PCIe hops included (queues at PCIe rate).
+        The two kinds do not see each other on a PCIe link they share (docs/topology.md).
         """
         return self.links["tier"].astype(str).isin(SERVER_TIERS).to_numpy()
 
