@@ -73,6 +73,10 @@ HAND = {
     "whatif-slow-gpu": {"params": LLAMA2_7B_PARAMS, "dp": 2},
     "congested-incast-slow-nic": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 1,
                                   "reshard_bytes": 2 * 8 * (1 * 2048 * 4096 * BF16_BYTES)},
+    # the server-fabric and measured-matrix examples cut Llama-2-7B to 8 layers as well
+    "dgx1-v100-cube-mesh": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 2},
+    "pcie-rtx4090": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 4},
+    "two-site-measured": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 2},
 }
 
 

@@ -11,6 +11,7 @@ from ..errors import PlanError
 from . import _fields as f
 from . import limits as lim
 from .bounded_yaml import parse_yaml
+from .measured import check_sites
 from .memory import check_feasible
 from .model import DeviceType, Plan
 from .perturb import parse_perturb
@@ -124,7 +125,9 @@ def plan_from_dict(d: Any, base_dir: str | None = None, *, feasibility: bool = T
     defined = _parse_device_types(d.get("device_types", {}), base_dir)
     known = {**_device_presets(), **defined}
     groups = parse_groups(d["device_groups"], "device_groups", known)
-    network = parse_network(d.get("network", {}), "network")
+    network = parse_network(d.get("network", {}), "network", base_dir)
+    if network.measured is not None:
+        check_sites(network.measured, groups, "network.measured")
     collectives = parse_collectives(d.get("collectives", {}), "collectives")
     perturb = parse_perturb(d.get("perturb", {}), "perturb", groups)
     used = {g.type: known[g.type] for g in groups}

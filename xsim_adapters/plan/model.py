@@ -31,6 +31,8 @@ RingOrder = Literal["hetero_aware", "natural"]
 Algorithm = Literal["auto", "ring", "tree", "nvls", "hierarchical"]
 ScaleOutTopology = Literal["leaf_spine", "fat_tree"]
 LinkEventKind = Literal["degrade", "fail", "restore"]
+ServerFabric = Literal["nvswitch", "pcie", "nvlink_mesh"]
+NicLayout = Literal["per_gpu", "per_pair", "per_server"]
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 Router = Literal["softmax_topk", "sigmoid_topk"]
@@ -139,6 +141,38 @@ class TrainingSpec:
         return self.global_batch // self.micro_batch
 
 
+@dataclass(frozen=True)
+class PcieSpec:
+    """A server's PCIe tree: GPUs under PCIe switches under one host bridge (root complex).
+
+    Link rates come from the PCIe spec per generation and lane count (``topology/servers.py``).
+    """
+
+    gen: int = 4  # PCIe generation of every link in the tree (1..6)
+    lanes: int = 16  # lanes of each GPU's link
+    gpus_per_switch: int = 2  # consecutive local GPUs per PCIe switch; 0: GPUs on root ports
+    uplink_lanes: int = 16  # lanes of each switch's link to the host bridge
+    host_bridge_GBps: float | None = None  # peer-to-peer limit through the root complex; None: none
+    latency_us: float = 0.105  # per PCIe link (one switch traversal), see topology/servers.py
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """How the GPUs of one server are wired to each other and to their NICs (docs/topology.md).
+
+    ``nvlink`` lists ``(a, b, links)`` between local GPU indices: the mesh of ``nvlink_mesh``, or
+    the NVLink bridges of a ``pcie`` server. ``nics``: a layout name, or the local NIC index of
+    every local GPU.
+    """
+
+    fabric: ServerFabric = "nvswitch"
+    pcie: PcieSpec | None = None  # None: no PCIe tree (pcie fabric: PcieSpec() defaults)
+    nvlink: tuple[tuple[int, int, int], ...] = ()
+    nvlink_GBps: float | None = None  # per NVLink (mesh) or per bridge, one direction
+    pair_GBps: float | None = None  # nvswitch: one GPU pair's ceiling, one direction
+    nics: NicLayout | tuple[int, ...] = "per_gpu"
+
+
 ProfileRow = tuple[int, int, int, float, float]
 """One measured row of a profile CSV: tp, micro_batch, seq_len, fwd_layer_us, bwd_layer_us."""
 
@@ -178,6 +212,8 @@ class DeviceType:
     # file I/O): (tp, micro_batch, seq_len, fwd_layer_us, bwd_layer_us), in file order.
     profile_rows: tuple[ProfileRow, ...] = ()
     source: str = ""  # where the numbers come from
+    # How servers of this type are wired inside (default: an NVSwitch star, one NIC per GPU).
+    server: ServerSpec = field(default_factory=ServerSpec)
 
 
 @dataclass(frozen=True)
@@ -188,7 +224,8 @@ class DeviceGroup:
     type: str  # key into Plan.device_types
     nodes: int
     gpus_per_node: int
-    nic_gbps: float | None = None  # this group's NIC Gb/s per GPU (None: the device type's)
+    nic_gbps: float | None = None  # Gb/s of each NIC of this group (None: the device type's)
+    server: ServerSpec | None = None  # this group's server wiring (None: the device type's)
 
     @property
     def num_devices(self) -> int:
@@ -239,11 +276,25 @@ class LinkEvent:
 
 
 @dataclass(frozen=True)
+class MeasuredSpec:
+    """Measured bandwidth and latency between sites (each site: one or more device groups).
+
+    ``gbps[i][j]`` / ``latency_us[i][j]``: from site i to site j (None: no direct path; the
+    diagonal is always None: inside a site the scale-out fabric applies).
+    """
+
+    sites: tuple[tuple[str, ...], ...]
+    gbps: tuple[tuple[float | None, ...], ...]
+    latency_us: tuple[tuple[float | None, ...], ...]
+
+
+@dataclass(frozen=True)
 class NetworkSpec:
     scale_out: ScaleOut = field(default_factory=ScaleOut)
     scale_up: ScaleUp = field(default_factory=ScaleUp)
     links: tuple[ExplicitLink, ...] = ()
     events: tuple[LinkEvent, ...] = ()
+    measured: MeasuredSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -352,6 +403,10 @@ class Plan:
         """Global ranks of a stage's TP group, in device order."""
         off = self.group_rank_offset(stage.group)
         return tuple(range(off + stage.devices[0], off + stage.devices[1]))
+
+    def server_spec(self, group: DeviceGroup) -> ServerSpec:
+        """The server wiring of ``group``: its own, else its device type's."""
+        return group.server if group.server is not None else self.device_types[group.type].server
 
     def rank_info(self, rank: int) -> tuple[DeviceGroup, int, int]:
         """(group, device index in group, global server index) of a global rank."""

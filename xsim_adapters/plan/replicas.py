@@ -18,9 +18,10 @@ from . import limits as lim
 from .layout import apportion, even_split, ranges_from_counts, stage_speed
 from .model import DeviceGroup, DeviceType, ModelSpec, Replica, ScaleUp, Stage, TrainingSpec
 from .parallel import check_cp_uniform, check_groups, check_stage_ep_cp
+from .server import check_server, parse_server
 
 GROUP_KEYS = ("type", "nodes", "gpus_per_node")
-GROUP_OPTIONAL_KEYS = ("nic_gbps",)
+GROUP_OPTIONAL_KEYS = ("nic_gbps", "server")
 STAGE_KEYS = ("group", "devices", "tp", "layers", "ep", "cp")
 REPLICA_KEYS = ("stages", "auto_layers", "batch_share", "micro_batches")
 UNIFORM_KEYS = ("group", "tp", "pp", "dp", "devices", "batch_share", "micro_batches", "ep", "cp")
@@ -66,7 +67,14 @@ def parse_groups(
             gpus_per_node=f.get_int(g, "gpus_per_node", gpath, maximum=lim.MAX_DEVICES,
                                     limit=limit),
             nic_gbps=(f.get_number(g, "nic_gbps", gpath) if "nic_gbps" in g else None),
+            server=(parse_server(g["server"], f.join(gpath, "server"))
+                    if g.get("server") is not None else None),
         )
+        if group.server is not None:
+            check_server(group.server, group.gpus_per_node, f.join(gpath, "server"), name)
+        else:
+            check_server(known_types[typ].server, group.gpus_per_node,
+                         f.join(f.join("device_types", typ), "server"), name)
         devices += group.num_devices
         if devices > lim.MAX_DEVICES:
             raise PlanError(

@@ -17,6 +17,7 @@ from typing import Any, get_args
 from ..errors import PlanError
 from . import _fields as f
 from . import limits as lim
+from .measured import parse_measured
 from .model import (
     DTYPE_BYTES,
     Algorithm,
@@ -43,6 +44,7 @@ from .model import (
     TrainingSpec,
 )
 from .moe import parse_moe
+from .server import parse_server
 
 MODEL_SHAPE_KEYS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "seq_len", "vocab")
 MODEL_KEYS = ("preset", "name", *MODEL_SHAPE_KEYS, "dtype", "gated_mlp", "moe")
@@ -60,6 +62,7 @@ DEVICE_KEYS = (
     "nvls",
     "profile",
     "source",
+    "server",
 )
 PROFILE_COLUMNS = ("tp", "micro_batch", "seq_len", "fwd_layer_us", "bwd_layer_us")
 TRAINING_KEYS = tuple(x.name for x in dataclasses.fields(TrainingSpec))
@@ -230,6 +233,10 @@ def parse_device_type(
     m = f.expect_mapping(value, path)
     f.check_keys(m, path, DEVICE_KEYS, () if base else DEVICE_NUMBER_KEYS)
     values: dict[str, Any] = dataclasses.asdict(base) if base else {"name": name}
+    if base:
+        values["server"] = base.server  # asdict turned the nested spec into a dict
+    if "server" in m:
+        values["server"] = parse_server(m["server"], f.join(path, "server"))
     for key in DEVICE_NUMBER_KEYS:
         if key in m:
             values[key] = f.get_number(
@@ -387,10 +394,13 @@ def _check_profile_cell(
 # ---------------------------------------------------------------- network
 
 
-def parse_network(value: Any, path: str) -> NetworkSpec:
-    """The ``network:`` section (every part optional) -> NetworkSpec."""
+def parse_network(value: Any, path: str, base_dir: str | None = None) -> NetworkSpec:
+    """The ``network:`` section (every part optional) -> NetworkSpec.
+
+    ``base_dir`` resolves a relative ``measured`` CSV path (default: the working directory).
+    """
     m = f.expect_mapping(value, path)
-    f.check_keys(m, path, ("scale_out", "scale_up", "links", "events"))
+    f.check_keys(m, path, ("scale_out", "scale_up", "links", "events", "measured"))
     so = _parse_scale_out(m.get("scale_out", {}), f.join(path, "scale_out"))
     su = _parse_scale_up(m.get("scale_up", {}), f.join(path, "scale_up"))
     links = tuple(
@@ -401,7 +411,11 @@ def parse_network(value: Any, path: str) -> NetworkSpec:
         _parse_event(x, f.join(f.join(path, "events"), i))
         for i, x in enumerate(f.expect_list(m.get("events", []), f.join(path, "events")))
     )
-    return NetworkSpec(scale_out=so, scale_up=su, links=links, events=events)
+    measured = (
+        parse_measured(m["measured"], f.join(path, "measured"), so.latency_us, base_dir)
+        if m.get("measured") is not None else None
+    )
+    return NetworkSpec(scale_out=so, scale_up=su, links=links, events=events, measured=measured)
 
 
 def _parse_scale_out(value: Any, path: str) -> ScaleOut:

@@ -16,6 +16,7 @@ import yaml
 from .._atomic import write_text_atomic
 from .model import Plan
 from .perturb import perturb_to_dict
+from .server import server_to_plain
 
 
 def _plain(obj: Any) -> Any:
@@ -53,6 +54,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         entry = _plain(dt)
         del entry["name"]
         del entry["profile_rows"]  # read again from ``profile`` when the plan is loaded
+        entry["server"] = server_to_plain(dt.server)
         for key in ("profile", "source"):  # unset: leave out rather than write null / ""
             if not entry[key]:
                 del entry[key]
@@ -66,6 +68,12 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             r["micro_batches"] = rep.micro_batches
         replicas.append(r)
     network = _plain(plan.network)
+    ms = plan.network.measured
+    if ms is None:
+        network.pop("measured", None)
+    else:
+        network["measured"] = {"groups": [list(x) for x in ms.sites], "gbps": _plain(ms.gbps),
+                               "latency_us": _plain(ms.latency_us)}
     return {
         "name": plan.name,
         "seed": plan.seed,
@@ -74,7 +82,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "device_types": types,
         "device_groups": {
             g.name: {"type": g.type, "nodes": g.nodes, "gpus_per_node": g.gpus_per_node,
-                     **({} if g.nic_gbps is None else {"nic_gbps": g.nic_gbps})}
+                     **({} if g.nic_gbps is None else {"nic_gbps": g.nic_gbps}),
+                     **({} if g.server is None else {"server": server_to_plain(g.server)})}
             for g in plan.device_groups
         },
         "network": network,

@@ -1,16 +1,20 @@
 """The topology: one graph built from the plan, the same network for every backend.
 
 Nodes (``nodes`` frame, ``node_id`` dense 0..N-1 equal to the row index):
-``node_id`` int32, ``kind`` str (``gpu``, ``nvswitch``, ``leaf``, ``spine``, ``core``, or a
-kind named by an explicit link), ``name`` str (unique, e.g. ``gpu12``, ``nvs3``, ``leaf0``,
-``spine1``), ``rank`` int32 (global rank for a GPU, else -1), ``server`` int32 (global server
-index for GPUs and NVSwitches, else -1).
+``node_id`` int32, ``kind`` str (``gpu``, ``nvswitch``, ``nvlink_port``, ``pcie_switch``,
+``host_bridge``, ``nic``, ``leaf``, ``spine``, ``core``, ``gateway``, or a kind named by an
+explicit link), ``name`` str (unique, e.g. ``gpu12``, ``nvs3``, ``nvp5``, ``psw2``, ``hb1``,
+``hbx1``, ``nic7``, ``leaf0``, ``spine1``, ``gw0``), ``rank`` int32 (global rank for a GPU,
+else -1), ``server`` int32 (global server index for GPUs and every node inside a server, else
+-1).
 
 Links (``links`` frame, ``link_id`` dense 0..L-1 equal to the row index): directed.
 ``link_id`` int32, ``src`` int32, ``dst`` int32 (node ids), ``gbps`` float64 (capacity in Gb/s),
-``latency_ns`` float64 (propagation + switching), ``tier`` str (``scale_up``, ``nic``,
-``fabric``, ``explicit``). A cable is two directed links. Several links between the same pair
-are allowed (multi-edge) and are distinct link ids.
+``latency_ns`` float64 (propagation + switching), ``tier`` str (``scale_up``: NVLink and
+NVSwitch; ``pcie``: PCIe links inside a server; ``nic``: NIC to leaf; ``fabric``: between
+switches; ``measured``: between sites of ``network.measured``; ``explicit``). A cable is two
+directed links. Several links between the same pair are allowed (multi-edge) and are distinct
+link ids.
 
 Routing is deterministic ECMP: :meth:`Topology.path` gives the link ids a flow crosses, from
 its source GPU to its destination GPU, chosen among equal-cost shortest paths by a hash of
@@ -27,13 +31,16 @@ import pandas as pd
 
 #: The ``tier`` of scale-up links (NVLink / NVSwitch inside one server).
 TIER_SCALE_UP = "scale_up"
+#: The tiers of links inside one server: NVLink/NVSwitch and PCIe.
+SERVER_TIERS = (TIER_SCALE_UP, "pcie")
 
 
 def is_scale_up_path(scale_up_link: np.ndarray, path: np.ndarray) -> bool:
-    """Whether a flow on ``path`` (link ids) is a scale-up flow: a non-empty path every link of
-    which is a scale-up link (``scale_up_link``: bool per link id, from
-    :meth:`Topology.scale_up_links`). The packet backends time such flows with their fluid
-    (max-min) model under ``scale_up=fluid``; this is the one definition both use."""
+    """Whether a flow on ``path`` (link ids) stays on the links of ``scale_up_link`` (bool per
+    link id): a non-empty path every link of which is marked. With
+    :meth:`Topology.server_links` as the mask (what both packet backends pass) this is an
+    intra-server flow (NVLink and/or PCIe), which they time with their fluid (max-min) model
+    under ``scale_up=fluid``; this is the one definition both use."""
     p = np.asarray(path, dtype=np.int64)
     return bool(len(p)) and bool(scale_up_link[p].all())
 
@@ -64,6 +71,17 @@ class Topology:
     def scale_up_links(self) -> np.ndarray:
         """Bool per link id: the link is a scale-up (NVLink/NVSwitch) link."""
         return (self.links["tier"].astype(str) == TIER_SCALE_UP).to_numpy()
+
+    def server_links(self) -> np.ndarray:
+        """Bool per link id: the link is inside a server (NVLink/NVSwitch or PCIe).
+
+        PCIe is lossless and credit-based, with no congestion control a packet transport could
+        stand in for, so the packet backends' ``scale_up=fluid`` mode times a flow whose whole
+        path is such links with the fluid model, as it does NVLink flows. A flow that crosses a
+        NIC is a packet flow over all of its path, its PCIe hops included (queues at PCIe rate).
+        The two kinds do not see each other on a PCIe link they share (docs/topology.md).
+        """
+        return self.links["tier"].astype(str).isin(SERVER_TIERS).to_numpy()
 
     def path(self, src_rank: int, dst_rank: int, key: int) -> np.ndarray:
         """Link ids (int32, in order) from GPU ``src_rank`` to GPU ``dst_rank`` for flow ``key``."""

@@ -2,10 +2,13 @@
 
 Rules (the same for every backend, so "the same plan" means the same paths everywhere):
 
-- GPUs never forward: a path touches a GPU only at its two ends.
-- Two GPUs of the same server talk over the scale-up domain (``tier == "scale_up"`` links,
-  GPU -> NVSwitch -> GPU); GPUs of different servers over every other link (NICs, fabric,
-  explicit links). If a plane has no route, the whole graph is tried before giving up.
+- GPUs do not forward, with one exception: on NVLink (``scale_up`` links only) a path may cross
+  one intermediate GPU, as NCCL's P2P does between GPUs of an NVLink mesh without a direct link
+  (NVIDIA/nccl ``src/graph/paths.cc``: NVLink paths through one intermediate GPU).
+- Two GPUs of the same server talk over NVLink (``scale_up`` links: GPU -> NVSwitch -> GPU,
+  or a mesh) if they can, else over the server's NVLink and PCIe links; GPUs of different
+  servers over every link but NVLink (PCIe, NICs, fabric, measured and explicit links). If a
+  plane has no route, the whole graph is tried before giving up.
 - Among equal-cost (fewest hops) paths, each hop picks one of its candidate next links (sorted by
   link id) by a stable hash of the flow key and the hop index. The key is first reduced to one
   of ``BUCKETS`` buckets, so paths are cached per (source node, destination node, bucket) and
@@ -71,9 +74,13 @@ def _gather_ranges(offsets: np.ndarray, starts_of: np.ndarray) -> np.ndarray:
 class _Plane:
     """A subset of the links with CSR adjacency, and BFS distances cached per destination."""
 
-    def __init__(self, mask: np.ndarray, src: np.ndarray, dst: np.ndarray, n: int) -> None:
+    def __init__(
+        self, mask: np.ndarray, src: np.ndarray, dst: np.ndarray, n: int,
+        gpu_relay: bool = False,
+    ) -> None:
         ids = np.flatnonzero(mask).astype(np.int64)
         self.n = n
+        self.gpu_relay = gpu_relay  # a GPU one hop from the target may forward
         in_off, in_order = _csr(dst[ids], n)
         self.in_off = in_off
         self.in_src = src[ids][in_order]
@@ -102,7 +109,8 @@ class _Plane:
             srcs = np.unique(srcs[dist[srcs] < 0])
             d += 1
             dist[srcs] = d
-            frontier = srcs[~is_gpu[srcs]]  # a GPU may start a path but never forwards one
+            # a GPU may start a path but forwards none (on NVLink: only as the last relay)
+            frontier = srcs if (self.gpu_relay and d == 1) else srcs[~is_gpu[srcs]]
         out = dist.tolist()
         self._dist[target] = out
         return out
@@ -119,10 +127,13 @@ class Router:
         self.server = nodes["server"].to_numpy(dtype=np.int64)
         src = links["src"].to_numpy(dtype=np.int64)
         dst = links["dst"].to_numpy(dtype=np.int64)
-        scale_up = (links["tier"].astype(str) == "scale_up").to_numpy()
+        tier = links["tier"].astype(str)
+        scale_up = (tier == "scale_up").to_numpy()
+        server = scale_up | (tier == "pcie").to_numpy()
         everything = np.ones(len(links), dtype=bool)
         self._planes = {
-            "scale_up": _Plane(scale_up, src, dst, n),
+            "scale_up": _Plane(scale_up, src, dst, n, gpu_relay=True),
+            "server": _Plane(server, src, dst, n),
             "scale_out": _Plane(~scale_up, src, dst, n),
             "all": _Plane(everything, src, dst, n),
         }
@@ -156,10 +167,12 @@ class Router:
         if s == t:
             return np.zeros(0, dtype=np.int32), False
         same_server = self.server[s] >= 0 and self.server[s] == self.server[t]
-        first = "scale_up" if same_server else "scale_out"
-        out = self._walk(self._planes[first], s, t, bucket)
-        if out is None:
-            out = self._walk(self._planes["all"], s, t, bucket)
+        order = ("scale_up", "server", "all") if same_server else ("scale_out", "all")
+        out = None
+        for name in order:
+            out = self._walk(self._planes[name], s, t, bucket)
+            if out is not None:
+                break
         if out is None:
             raise PlanError(
                 "network", f"no route from {self.names[s]} to {self.names[t]} in the topology"
@@ -182,7 +195,8 @@ class Router:
             cands = [
                 (link, v)
                 for link, v in zip(plane.out_links[u], plane.out_dsts[u], strict=True)
-                if dist[v] == want and (v == t or not is_gpu[v])
+                if dist[v] == want
+                and (v == t or not is_gpu[v] or (plane.gpu_relay and want == 1))
             ]
             if len(cands) == 1:
                 link, u = cands[0]

@@ -26,11 +26,20 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..plan.model import Plan
+from ..topology.profile import ServerProfile, server_profile, site_GBps
 from .nccl import ring_cost
 
 
 class RankInfo:
-    """Per-rank arrays (server, NIC Gb/s, scale-up GB/s) of a plan, indexed by global rank."""
+    """Per-rank facts of a plan, indexed by global rank, and per-pair bandwidth queries.
+
+    Arrays: ``server``, ``group``, ``local`` (index in its server), ``site`` (of
+    ``network.measured``; 0 without), ``nic_gbps`` (line rate of the rank's NIC, Gb/s),
+    ``scaleup_GBps`` (the type's NVLink GB/s), ``nic`` (global NIC index, numbered server by
+    server), ``nic_local`` (NIC index inside the server: the rail), ``scaleout_GBps`` (the rank's
+    share of its NIC, capped by its PCIe route to it, GB/s). Pair queries come from the server
+    fabric the topology builds (:func:`xsim_adapters.topology.profile.server_profile`).
+    """
 
     def __init__(self, plan: Plan) -> None:
         n = plan.num_ranks
@@ -39,24 +48,56 @@ class RankInfo:
         self.scaleup_GBps = np.zeros(n, dtype=np.float64)
         self.group = np.zeros(n, dtype=np.int64)
         self.local = np.zeros(n, dtype=np.int64)
-        off = node_off = 0
+        self.site = np.zeros(n, dtype=np.int64)
+        self.nic = np.zeros(n, dtype=np.int64)
+        self.nic_local = np.zeros(n, dtype=np.int64)
+        self.scaleout_GBps = np.zeros(n, dtype=np.float64)
+        self._profiles: list[ServerProfile] = []
+        ms = plan.network.measured
+        site_of = {} if ms is None else {x: i for i, st in enumerate(ms.sites) for x in st}
+        off = node_off = nic_off = 0
         for gi, g in enumerate(plan.device_groups):
             dt = plan.device_types[g.type]
+            prof = server_profile(plan, g)
+            self._profiles.append(prof)
             d = np.arange(g.num_devices)
             sl = slice(off, off + g.num_devices)
-            self.server[sl] = node_off + d // g.gpus_per_node
+            local = d % g.gpus_per_node
+            node = d // g.gpus_per_node
+            nics_per_server = int(prof.nic.max()) + 1 if len(prof.nic) else 0
+            self.server[sl] = node_off + node
             self.nic_gbps[sl] = g.nic_gbps if g.nic_gbps is not None else dt.nic_gbps
             self.scaleup_GBps[sl] = dt.scaleup_GBps
             self.group[sl] = gi
-            self.local[sl] = d % g.gpus_per_node
+            self.local[sl] = local
+            self.site[sl] = site_of.get(g.name, 0)
+            self.nic_local[sl] = prof.nic[local]
+            self.nic[sl] = nic_off + node * nics_per_server + prof.nic[local]
+            self.scaleout_GBps[sl] = prof.scaleout_GBps[local]
             off += g.num_devices
             node_off += g.nodes
+            nic_off += g.nodes * nics_per_server
+        self._site_GBps = site_GBps(plan)
 
     def link_GBps(self, a: int, b: int) -> float:
-        """Bandwidth between two ranks, GB/s: min scale-up if same server, else min NIC."""
+        """Bandwidth from rank ``a`` to rank ``b``, GB/s: inside a server, the bottleneck of
+        their route in the server fabric; across servers, the smaller of the two ranks' NIC
+        shares (and of the measured path between their sites)."""
         if self.server[a] == self.server[b]:
-            return float(min(self.scaleup_GBps[a], self.scaleup_GBps[b]))
-        return float(min(self.nic_gbps[a], self.nic_gbps[b])) / 8.0
+            prof = self._profiles[int(self.group[a])]
+            return float(prof.pair_GBps[self.local[a], self.local[b]])
+        bw = float(min(self.scaleout_GBps[a], self.scaleout_GBps[b]))
+        if self._site_GBps is not None and self.site[a] != self.site[b]:
+            bw = min(bw, float(self._site_GBps[self.site[a], self.site[b]]))
+        return bw
+
+    def link_kind(self, a: int, b: int) -> str:
+        """NCCL's link type between two ranks: ``nvlink`` (an NVLink-only route inside a
+        server), ``pci`` (a route inside a server that crosses PCIe) or ``net`` (servers)."""
+        if self.server[a] != self.server[b]:
+            return "net"
+        prof = self._profiles[int(self.group[a])]
+        return prof.pair_kind[int(self.local[a])][int(self.local[b])]
 
 
 def ring_order(info: RankInfo, ranks: Sequence[int], policy: str) -> list[int]:
@@ -88,7 +129,7 @@ def ring_delay_ns(info: RankInfo, kind: str, orders: Sequence[Sequence[int]],
             continue
         hops = [(order[i], order[(i + 1) % n]) for i in range(n)]
         slow = min(hops, key=lambda h: info.link_GBps(*h))
-        link = "nvlink" if info.server[slow[0]] == info.server[slow[1]] else "net"
+        link = info.link_kind(*slow)  # nvlink | pci | net, from the server fabric
         servers = len({int(info.server[r]) for r in order})
         cost = ring_cost(kind, n, int(nbytes), servers, info.link_GBps(*slow), link, len(orders))
         worst = max(worst, cost.extra_ns)

@@ -5,7 +5,7 @@ Format (text, one record per line, integers only, ``#`` lines ignored)::
     xsim-htsim 3
     nodes <N>
     links <L>
-    <src_node> <dst_node> <bps> <latency_ps> <from_gpu 0|1>      L lines, link id = line order
+    <src_node> <dst_node> <bps> <latency_ps> <from_host 0|1>     L lines, link id = line order
     events <E>
     <at_ps> <link_id> <bps>                                       E lines in time order
     routes <R>
@@ -18,11 +18,14 @@ Format (text, one record per line, integers only, ``#`` lines ignored)::
     <k> <succ_op> ...                                            N_ops lines: successors of op i
     end
 
-Routes are the topology's own ECMP paths (``Topology.path(src, dst, op_id)`` forward and
-``Topology.path(dst, src, op_id)`` for ACKs), deduplicated in order of first use, so htsim
-routes every flow exactly as the flow backend does. ``su`` is 1 when the flow's forward route
-is a scale-up path (``topology.model.is_scale_up_path``, the definition ns-3 uses too: an
-intra-server NVLink/NVSwitch flow, which the driver times with its fluid model under
+``from_host`` is 1 for a link whose queue is a host's, not a switch port's: links leaving a GPU
+or a NIC node, and PCIe links (lossless and credit-based: they back-pressure, never trim or
+drop), so NDP/EQDS trim only at Ethernet switch ports. Routes are the topology's own ECMP
+paths (``Topology.path(src, dst, op_id)`` forward and ``Topology.path(dst, src, op_id)`` for
+ACKs), deduplicated in order of first use, so htsim routes every flow exactly as the flow
+backend does. ``su`` is 1 when the flow's forward route stays inside a server
+(``topology.model.is_scale_up_path`` over ``Topology.server_links()``, the definition ns-3 uses
+too: an intra-server NVLink/NVSwitch/PCIe flow, which the driver times with its fluid model under
 ``--scale-up fluid``), else 0 (always 0 for a local flow). The flag depends only on the
 topology, so the file is the same for either scale-up mode. ``events`` are the topology's timed
 link events (``Topology.events``): from ``at_ps`` on, link ``link_id`` serves at ``bps``
@@ -147,8 +150,9 @@ def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> In
             f"htsim: link {bad} has capacity {gbps[bad]} Gb/s; htsim needs every link to have"
             " a positive capacity (a failed link must be removed from the topology)"
         )
-    is_gpu = (nodes["kind"].to_numpy() == "gpu").astype(np.int8)
+    host_node = np.isin(nodes["kind"].to_numpy(), ("gpu", "nic"))
     lsrc = links["src"].to_numpy(dtype=np.int64)
+    from_host = (host_node[lsrc] | (links["tier"].to_numpy() == "pcie")).astype(np.int8)
     ldst = links["dst"].to_numpy(dtype=np.int64)
     bps = np.rint(gbps * 1e9).astype(np.int64)
     lat = np.rint(links["latency_ns"].to_numpy(dtype=np.float64) * 1000.0).astype(np.int64)
@@ -157,7 +161,7 @@ def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> In
         f"{a} {b} {c} {d} {e}"
         for a, b, c, d, e in zip(
             lsrc.tolist(), ldst.tolist(), bps.tolist(), lat.tolist(),
-            is_gpu[lsrc].tolist(), strict=True,
+            from_host.tolist(), strict=True,
         )
     ]
     lines += _event_lines(topology, gbps)
@@ -187,7 +191,7 @@ def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> In
         fwd[r_idx] = f_rid
         rev[r_idx] = b_rid
     lines.append(f"routes {len(table)}")
-    scale_up_link = topology.scale_up_links()
+    scale_up_link = topology.server_links()  # NVLink and PCIe: fluid-timed
     route_su = []
     for key in table:  # dicts keep insertion order: route id = position
         hops = np.frombuffer(key, dtype=np.int64)

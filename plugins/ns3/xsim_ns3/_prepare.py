@@ -136,7 +136,7 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
     links = topology.links
     gbps = links["gbps"].to_numpy(np.float64)
     lat = links["latency_ns"].to_numpy(np.float64)
-    scale_up_link = topology.scale_up_links()
+    scale_up_link = topology.server_links()  # NVLink and PCIe: fluid-timed
     lsrc = links["src"].to_numpy(np.int64)
     ldst = links["dst"].to_numpy(np.int64)
     num_nodes = len(topology.nodes)
