@@ -48,18 +48,30 @@ class Choice:
 
 
 def fabric(plan: Plan, info: RankInfo, ranks: Sequence[int], channels: int = 1) -> Fabric:
-    """What NCCL's tuner sees of ``ranks``."""
+    """What NCCL's tuner sees of ``ranks``: the server fabric decides the intra-server rate
+    and link type (a route crossing PCIe is ``pci``), each GPU's share of its NIC the
+    scale-out rate, and NVLink SHARP needs an NVSwitch server (docs/topology.md)."""
     r = np.asarray(list(ranks), dtype=np.int64)
     servers, counts = np.unique(info.server[r], return_counts=True)
-    types = {plan.device_types[plan.group(g.name).type]
-             for g in (plan.device_groups[int(i)] for i in np.unique(info.group[r]))}
+    groups = [plan.device_groups[int(i)] for i in np.unique(info.group[r])]
+    types = {plan.device_types[g.type] for g in groups}
     intra = float(info.scaleup_GBps[r].min())
+    kinds = set()
+    for s in servers:  # the slowest route between members that share a server
+        mem = r[info.server[r] == s]
+        for a, b in zip(mem[:-1], mem[1:], strict=True):
+            intra = min(intra, info.link_GBps(int(a), int(b)))
+            kinds.add(info.link_kind(int(a), int(b)))
     many = len(servers) > 1
+    pci = "pci" in kinds or intra <= PCIE_MAX_GBPS
+    nvswitch = all(plan.server_spec(g).fabric == "nvswitch" for g in groups)
     return Fabric(
         n=len(r), servers=len(servers), ppn=int(counts.max()),
-        intra_GBps=intra, nic_GBps=float(info.nic_gbps[r].min()) / 8.0 if many else float("inf"),
-        intra_link="pci" if intra <= PCIE_MAX_GBPS else "nvlink",
-        cc=min(t.compute_capability for t in types), nvls=all(t.nvls for t in types),
+        intra_GBps=intra,
+        nic_GBps=float(info.scaleout_GBps[r].min()) if many else float("inf"),
+        intra_link="pci" if pci else "nvlink",
+        cc=min(t.compute_capability for t in types),
+        nvls=nvswitch and all(t.nvls for t in types),
         channels=channels)
 
 
