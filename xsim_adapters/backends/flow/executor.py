@@ -101,6 +101,7 @@ class _Executor:
 
     def run(self) -> FlowResult:  # noqa: C901 - one hot loop, kept together for speed
         t0 = time.perf_counter()
+        c0 = time.thread_time()
         n = self.n
         kind, duration, nbytes = self.kind, self.duration, self.nbytes
         poff, plinks, latency = self.poff, self.plinks, self.latency
@@ -275,6 +276,7 @@ class _Executor:
             next_ev = ev_at[ev_i] if ev_i < n_ev else inf
 
         wall = time.perf_counter() - t0
+        cpu = time.thread_time() - c0
         if progress is not None:
             progress(done, n)
         if done < n:
@@ -287,6 +289,7 @@ class _Executor:
             end_ns=np.asarray(end, dtype=np.float64),
             stats={
                 "wall_s": wall,
+                "cpu_s": cpu,
                 "events": events,
                 "events_per_s": events / wall if wall > 0 else 0.0,
                 "max_active_flows": max_active,

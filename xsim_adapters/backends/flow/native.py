@@ -80,6 +80,7 @@ def run_flows_native(problem: FlowProblem, progress: Progress | None = None) -> 
         end_ns=out["end_ns"],
         stats={
             "wall_s": wall,
+            "cpu_s": float(out["cpu_s"]),
             "events": events,
             "events_per_s": events / wall if wall > 0 else 0.0,
             "max_active_flows": int(out["max_active_flows"]),

@@ -2,12 +2,13 @@
 // xsim_adapters/backends/flow/executor.py (the reference; read its module docstring for the
 // model). Times in ns, sizes in bytes, rates in bytes/ns, capacities given in Gb/s.
 //
-// Determinism: the loop keeps no hash containers. The calendar is a binary heap ordered by
-// (time, key), where key is the op id for an op end and ~slot for a flow's last byte; all
-// entries due at one instant are taken before the rates are re-solved, as in the reference.
-// Within an instant the values computed (start and end = the instant; rates of each connected
-// group of flows) do not depend on the order in which entries are taken, so both engines
-// produce the same timeline bit for bit.
+// Determinism: nothing iterates a hash container. The calendar (calendar.hpp) takes the
+// instants in time order and, within one, the entries in the order they were scheduled (an op
+// id for an op end, ~slot for a flow's last byte); all entries due at one instant are taken
+// before the rates are re-solved, as in the reference. Within an instant the values computed
+// (start and end = the instant; the rates of each connected group of flows) do not depend on
+// the order in which entries are taken, and every floating-point operation is the reference's,
+// so both engines produce the same timeline bit for bit.
 #pragma once
 
 #include <cstddef>
@@ -53,7 +54,10 @@ struct RunResult {
   int64_t events = 0;               // op ends, flow transmission ends, link events (as executor.py)
   int64_t max_active_flows = 0;
   int64_t rate_recomputations = 0;  // connected groups of flows re-solved
-  double wall_s = 0.0;              // the whole native call
+  int64_t solved_flows = 0;         // the sizes of those groups, summed
+  double wall_s = 0.0;              // the whole native call (wall clock)
+  double cpu_s = 0.0;               // the same span in this thread's CPU time (steadier on a
+                                    // shared machine)
   bool aborted = false;             // the progress hook asked to stop
   // Flows still transmitting when the run ended (only when done < num_ops), by op id.
   std::vector<int64_t> active_ops;

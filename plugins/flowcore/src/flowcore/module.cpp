@@ -117,7 +117,9 @@ nb::dict run(In<int8_t> kind, In<int64_t> duration_ns, In<int64_t> nbytes, AnyIn
   out["events"] = res.events;
   out["max_active_flows"] = res.max_active_flows;
   out["rate_recomputations"] = res.rate_recomputations;
+  out["solved_flows"] = res.solved_flows;
   out["wall_s"] = res.wall_s;
+  out["cpu_s"] = res.cpu_s;
   out["active_ops"] = copy_of(res.active_ops);
   out["active_rates"] = copy_of(res.active_rates);
   out["capacity"] = copy_of(res.capacity);
