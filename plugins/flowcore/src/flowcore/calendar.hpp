@@ -6,49 +6,121 @@
 // heap work about tenfold against one heap entry per event. The Python reference keeps the same
 // structure (a heap of times and a dict of lists).
 //
-// The hash map is only looked up, never iterated, so nothing depends on its order.
+// The time -> bucket index is an open-addressing hash table that is only looked up, never
+// iterated, so nothing depends on its layout.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <unordered_map>
 #include <vector>
 
 namespace flowcore {
 
-// A cheap, well-mixed hash of a time's bits (std::hash<double> runs a byte-wise hash).
-struct TimeHash {
-  std::size_t operator()(double t) const noexcept {
+// Time (ns, a finite double) -> bucket number; linear probing with backward-shift deletion.
+class TimeIndex {
+ public:
+  TimeIndex() : keys_(kInitial, kEmpty), vals_(kInitial, 0) {}
+
+  // The slot holding `t`'s bucket number; `fresh` tells whether `t` was just added (then the
+  // caller sets the value).
+  uint32_t& find_or_add(double t, bool& fresh) {
+    if (2 * (size_ + 1) > keys_.size()) grow();
+    const uint64_t k = bits(t);
+    std::size_t i = slot_of(k);
+    while (keys_[i] != kEmpty) {
+      if (keys_[i] == k) {
+        fresh = false;
+        return vals_[i];
+      }
+      i = (i + 1) & (keys_.size() - 1);
+    }
+    keys_[i] = k;
+    ++size_;
+    fresh = true;
+    return vals_[i];
+  }
+
+  // Remove `t` (which must be present) and return its bucket number.
+  uint32_t take(double t) {
+    const uint64_t k = bits(t);
+    const std::size_t mask = keys_.size() - 1;
+    std::size_t i = slot_of(k);
+    while (keys_[i] != k) i = (i + 1) & mask;
+    const uint32_t v = vals_[i];
+    // backward-shift: move later members of the probe run into the hole
+    std::size_t hole = i;
+    for (std::size_t j = (i + 1) & mask; keys_[j] != kEmpty; j = (j + 1) & mask) {
+      const std::size_t home = slot_of(keys_[j]);
+      // j may move to the hole if its home is not cyclically within (hole, j]
+      if (((j - home) & mask) >= ((j - hole) & mask)) {
+        keys_[hole] = keys_[j];
+        vals_[hole] = vals_[j];
+        hole = j;
+      }
+    }
+    keys_[hole] = kEmpty;
+    --size_;
+    return v;
+  }
+
+ private:
+  static constexpr std::size_t kInitial = 1024;
+  static constexpr uint64_t kEmpty = ~uint64_t{0};  // a NaN pattern: never a time
+
+  static uint64_t bits(double t) {
+    if (t == 0.0) t = 0.0;  // -0.0 and 0.0 are one instant
     uint64_t x;
     std::memcpy(&x, &t, sizeof x);
-    x ^= x >> 33;  // the finalizer of MurmurHash3 (public domain)
+    return x;
+  }
+  std::size_t slot_of(uint64_t x) const {
+    x ^= x >> 33;  // the finalizer of MurmurHash3 (public domain): well-mixed low bits
     x *= 0xff51afd7ed558ccdULL;
     x ^= x >> 33;
     x *= 0xc4ceb9fe1a85ec53ULL;
     x ^= x >> 33;
-    return static_cast<std::size_t>(x);
+    return static_cast<std::size_t>(x) & (keys_.size() - 1);
   }
+  void grow() {
+    std::vector<uint64_t> old_keys(keys_.size() * 2, kEmpty);
+    std::vector<uint32_t> old_vals(vals_.size() * 2, 0);
+    old_keys.swap(keys_);
+    old_vals.swap(vals_);
+    const std::size_t mask = keys_.size() - 1;
+    for (std::size_t i = 0; i < old_keys.size(); ++i) {
+      if (old_keys[i] == kEmpty) continue;
+      std::size_t j = slot_of(old_keys[i]);
+      while (keys_[j] != kEmpty) j = (j + 1) & mask;
+      keys_[j] = old_keys[i];
+      vals_[j] = old_vals[i];
+    }
+  }
+
+  std::vector<uint64_t> keys_;
+  std::vector<uint32_t> vals_;
+  std::size_t size_ = 0;
 };
 
 class Calendar {
  public:
   // Schedule `key` at time `t` (ns).
   void push(double t, int32_t key) {
-    const auto [it, fresh] = bucket_of_.try_emplace(t, 0u);
+    bool fresh = false;
+    uint32_t& b = index_.find_or_add(t, fresh);
     if (fresh) {
       if (free_.empty()) {
-        it->second = static_cast<uint32_t>(buckets_.size());
+        b = static_cast<uint32_t>(buckets_.size());
         buckets_.emplace_back();
       } else {
-        it->second = free_.back();
+        b = free_.back();
         free_.pop_back();
       }
       times_.push_back(t);
       std::push_heap(times_.begin(), times_.end(), std::greater<double>{});
     }
-    buckets_[it->second].push_back(key);
+    buckets_[b].push_back(key);
   }
 
   bool empty() const { return times_.empty(); }
@@ -62,9 +134,7 @@ class Calendar {
     const double t = times_.front();
     std::pop_heap(times_.begin(), times_.end(), std::greater<double>{});
     times_.pop_back();
-    const auto it = bucket_of_.find(t);
-    const uint32_t b = it->second;
-    bucket_of_.erase(it);
+    const uint32_t b = index_.take(t);
     out.swap(buckets_[b]);
     buckets_[b].clear();  // keeps its capacity for reuse
     free_.push_back(b);
@@ -72,7 +142,7 @@ class Calendar {
 
  private:
   std::vector<double> times_;  // min-heap of distinct times
-  std::unordered_map<double, uint32_t, TimeHash> bucket_of_;
+  TimeIndex index_;
   std::vector<std::vector<int32_t>> buckets_;
   std::vector<uint32_t> free_;  // buckets not in use
 };

@@ -27,6 +27,7 @@ void MaxMinSolver::solve(std::size_t k, const int32_t* const* paths, const int32
         local_of_[g] = static_cast<int32_t>(m++);
         if (rem_.size() < m) {
           rem_.resize(m);
+          share_.resize(m);
           cnt_.resize(m);
           dec_.resize(m);
         }
@@ -61,18 +62,14 @@ void MaxMinSolver::solve(std::size_t k, const int32_t* const* paths, const int32
     // s = min(rem / cnt over links with cnt > 0), floored at 0
     double s = std::numeric_limits<double>::infinity();
     for (std::size_t j = 0; j < m; ++j) {
-      if (cnt_[j] > 0) {
-        const double share = rem_[j] / static_cast<double>(cnt_[j]);
-        if (share < s) s = share;
-      }
+      share_[j] = cnt_[j] > 0 ? rem_[j] / static_cast<double>(cnt_[j]) : s;  // inf: no flows
+      if (share_[j] < s) s = share_[j];
     }
     if (s < 0.0) s = 0.0;
     const double limit = s + s * kRelTol;
     full_.clear();
     for (std::size_t j = 0; j < m; ++j) {
-      if (cnt_[j] > 0 && rem_[j] / static_cast<double>(cnt_[j]) <= limit) {
-        full_.push_back(static_cast<int32_t>(j));
-      }
+      if (share_[j] <= limit) full_.push_back(static_cast<int32_t>(j));
     }
     for (const int32_t j : full_) {
       for (int64_t e = head_[j]; e < head_[j + 1]; ++e) {

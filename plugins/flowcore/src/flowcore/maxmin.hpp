@@ -39,6 +39,7 @@ class MaxMinSolver {
   uint64_t epoch_ = 0;
   // per local link
   std::vector<double> rem_;
+  std::vector<double> share_;  // rem_ / cnt_ this round (inf for a link without unfrozen flows)
   std::vector<int64_t> cnt_;
   std::vector<int64_t> dec_;
   std::vector<int64_t> head_;     // CSR over entries: flows on each local link
