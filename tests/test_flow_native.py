@@ -264,6 +264,8 @@ def test_native_requested_without_the_core_is_a_one_line_error(monkeypatch) -> N
     msg = str(err.value)
     assert msg.startswith("flow: engine native: the compiled flow core xsim_flowcore is not")
     assert INSTALL_HINT in msg and "\n" not in msg
+    assert FlowBackend.available({"engine": "native"}) == (False, msg[len("flow: "):])
+    assert FlowBackend.available({"engine": "python"}) == (True, "")
     # without the option the backend falls back to the reference and says so
     assert FlowBackend().run(trace, topo, {}).stats["engine"] == "python"
 

@@ -46,7 +46,13 @@ class FlowBackend(Backend):
     options = (*COMMON_OPTIONS, ENGINE)
 
     @classmethod
-    def available(cls) -> tuple[bool, str]:
+    def available(cls, options: Mapping[str, Any] | None = None) -> tuple[bool, str]:
+        """Always, except when ``engine: native`` is asked for and the core is missing (then
+        the reason carries the install command, so the run stops before any work)."""
+        if (options or {}).get("engine") == "native":
+            ok, why = native_status()
+            if not ok:
+                return False, f"engine native: {why}"
         return True, ""
 
     def run(self, trace: Trace, topology: Topology, options: Mapping[str, Any]) -> Timeline:
