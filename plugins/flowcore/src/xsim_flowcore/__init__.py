@@ -9,8 +9,10 @@ plain numpy arrays.
   link_latency_ns, events_at_ns, events_link, events_factor, progress) -> dict``: execute a
   flow DAG (arrays and units as ``xsim_adapters.backends.flow.executor.FlowProblem``); the dict
   holds ``start_ns`` and ``end_ns`` (float64 per op, NaN where an op never finished), ``done``,
-  ``events``, ``max_active_flows``, ``rate_recomputations``, ``wall_s`` and, for a run that got
-  stuck, ``active_ops``, ``active_rates`` (bytes/ns) and ``capacity`` (bytes/ns per link).
+  ``events``, ``max_active_flows``, ``rate_recomputations``, ``solved_flows`` (the sizes of the
+  re-solved groups, summed), ``wall_s`` and ``cpu_s`` (the call, wall and thread CPU seconds)
+  and, for a run that got stuck, ``active_ops``, ``active_rates`` (bytes/ns) and ``capacity``
+  (bytes/ns per link).
 - ``maxmin(flow_offsets, flow_links, capacity) -> ndarray``: max-min fair rates of flows given
   as a CSR of link ids (same unit as ``capacity``).
 - ``INTERFACE_VERSION``: bumped whenever ``run``'s arguments or result change.
