@@ -1,10 +1,18 @@
-"""Benchmark the flow backend: wall seconds, events, events/s and peak memory.
+"""Benchmark the flow backend's two engines: events/s, wall and CPU seconds, peak memory.
 
 Usage::
 
-    python benchmarks/bench_flow.py                       # synthetic 1,024-GPU trace
-    python benchmarks/bench_flow.py --servers 16 --layers 8
-    python benchmarks/bench_flow.py --plan workloads/llama2-70b-1024gpu.yaml   # real generator
+    python benchmarks/bench_flow.py                       # every shipped plan, both engines
+    python benchmarks/bench_flow.py --plans workloads/uneven-layers.yaml --engines native
+    python benchmarks/bench_flow.py --synthetic           # synthetic 1,024-GPU trace
+    python benchmarks/bench_flow.py --synthetic --servers 16 --layers 8
+
+For each plan: ops and events, then per engine (``native``: the compiled core xsim_flowcore;
+``python``: the reference executor) the event loop's wall and CPU seconds and events per
+second of each, and the largest relative difference between the two engines' timelines.
+Events are op ends, flow transmission ends and link events (``Timeline.stats['events']``).
+CPU seconds are the running thread's (``sim_cpu_s``): on a shared machine wall time also
+counts other processes' turns on the cores. The last line is the peak RSS of the process.
 
 The synthetic trace mimics one training iteration on ``servers`` x 8 GPUs (rail-optimized
 leaf-spine): per rank ``layers`` compute ops, each followed by a ring all-reduce over the
@@ -18,6 +26,7 @@ import argparse
 import resource
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -145,9 +154,41 @@ def plan_trace(path: str) -> tuple[Plan, Trace]:
     return plan, generate(plan)
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
+def compare_engines(name: str, trace: Trace, topo, engines: list[str]) -> str:
+    """One markdown row: ops, events, per engine wall s / CPU s / Mevents/s, max rel diff."""
+    cells = [name, f"{trace.num_ops:,}"]
+    frames = []
+    events = None
+    for engine in engines:
+        tl = FlowBackend().run(trace, topo, {"engine": engine})
+        s = tl.stats
+        events = s["events"]
+        cpu = s["sim_cpu_s"]
+        cells += [f"{s['sim_wall_s']:.3f}", f"{cpu:.3f}",
+                  f"{s['events_per_s'] / 1e6:.2f}",
+                  f"{s['events'] / cpu / 1e6:.2f}" if cpu > 0 else "-"]
+        frames.append(tl.frame)
+        print(f"  {name} {engine}: {s}", file=sys.stderr, flush=True)
+    cells.insert(2, f"{events:,}")
+    if len(frames) == 2:
+        diffs = []
+        for col in ("start_ns", "end_ns"):
+            a, b = frames[0][col].to_numpy(), frames[1][col].to_numpy()
+            diffs.append(float(np.max(np.abs(a - b) / np.maximum(np.abs(a), 1.0))))
+        cells.append(f"{max(diffs):.1e}")
+    return "| " + " | ".join(cells) + " |"
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description="Benchmark the flow backend.")
-    ap.add_argument("--plan", help="a plan YAML; needs the workload generator")
+    ap = argparse.ArgumentParser(description="Benchmark the flow backend's engines.")
+    ap.add_argument("--plans", nargs="*", help="plan YAML files (default: every shipped plan)")
+    ap.add_argument("--engines", default="native,python",
+                    help="comma-separated: native, python (default both)")
+    ap.add_argument("--synthetic", action="store_true", help="the synthetic trace instead")
+    ap.add_argument("--plan", help="one plan YAML, detailed report (like --synthetic)")
     ap.add_argument("--servers", type=int, default=128, help="8-GPU servers (synthetic)")
     ap.add_argument("--layers", type=int, default=40, help="compute + TP ring per rank")
     ap.add_argument("--tp-bytes", type=int, default=64 << 20)
@@ -157,6 +198,28 @@ def main() -> None:
                     help="plain leaf-spine (4 servers per leaf): DP rings share uplinks")
     ap.add_argument("--jitter", type=float, default=0.1, help="compute time spread, fraction")
     args = ap.parse_args()
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if not (args.synthetic or args.plan):
+        plans = args.plans or sorted(str(p) for p in (REPO / "workloads").glob("*.yaml"))
+        head = ["plan", "ops", "events"]
+        for e in engines:
+            head += [f"{e} wall s", f"{e} CPU s", f"{e} Mev/s (wall)", f"{e} Mev/s (CPU)"]
+        if len(engines) == 2:
+            head.append("max rel diff")
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for path in plans:
+            plan, trace = plan_trace(path)
+            print(compare_engines(Path(path).stem, trace, build_topology(plan), engines),
+                  flush=True)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"\npeak RSS {peak:,.0f} MiB")
+        return
+    detail(args, engines[0])
+
+
+def detail(args: argparse.Namespace, engine: str) -> None:
+    """The one-trace report: build times, events, events/s, makespan, peak RSS."""
     t0 = time.perf_counter()
     if args.plan:
         plan, trace = plan_trace(args.plan)
@@ -168,12 +231,13 @@ def main() -> None:
     topo = build_topology(plan)
     t2 = time.perf_counter()
     c2 = time.process_time()
-    tl = FlowBackend().run(trace, topo, {})
+    tl = FlowBackend().run(trace, topo, {"engine": engine})
     t3 = time.perf_counter()
     cpu = time.process_time() - c2  # the machine may be shared: CPU time is the steadier number
     s = tl.stats
     kinds = trace.ops["kind"].value_counts().sort_index().to_dict()
-    print(f"ops {trace.num_ops:,} (by kind {kinds}), deps {len(trace.deps):,},"
+    print(f"engine {s['engine']}, ops {trace.num_ops:,} (by kind {kinds}),"
+          f" deps {len(trace.deps):,},"
           f" ranks {topo.num_ranks}, links {len(topo.links):,}")
     print(f"trace build {t1 - t0:.2f} s, topology {t2 - t1:.2f} s, backend run {t3 - t2:.2f} s"
           f" (routing {s['routing_s']:.2f} s, event loop {s['sim_wall_s']:.2f} s)")

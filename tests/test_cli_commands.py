@@ -113,7 +113,7 @@ def test_unknown_option_is_one_line_error_with_suggestion(tmp_path: Path, capsys
     assert rc == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["xsim: error: unknown option 'trasnport' for backend flow; allowed:"
-                   " progress, seed"]
+                   " engine, progress, seed"]
     assert not (tmp_path / "o").exists()  # refused before any work
 
 

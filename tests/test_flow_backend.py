@@ -9,6 +9,7 @@ from test_topo_helpers import TraceBuilder, make_plan, ring_allreduce
 
 from xsim_adapters.backends.flow import FlowBackend, maxmin_rates
 from xsim_adapters.backends.flow.maxmin import _maxmin_numpy, _maxmin_python
+from xsim_adapters.backends.flow.native import native_status
 from xsim_adapters.errors import BackendError
 from xsim_adapters.plan.model import LinkEvent, ScaleOut
 from xsim_adapters.topology import Topology, build_topology
@@ -17,8 +18,22 @@ H100_NIC_BPNS = 400 / 8  # bytes/ns
 H100_NVL_BPNS = 450.0  # 450 GB/s = 450 bytes/ns
 
 
+ENGINE = {"engine": "python"}  # set by the autouse fixture: every test runs on both engines
+
+
+@pytest.fixture(autouse=True, params=["python", "native"])
+def engine(request):
+    """Each closed form below is checked on the Python reference and on the compiled core."""
+    ok, why = native_status()
+    if request.param == "native" and not ok:
+        pytest.skip(why)
+    ENGINE["engine"] = request.param
+    yield request.param
+    ENGINE["engine"] = "python"
+
+
 def run(trace, topo):
-    return FlowBackend().run(trace, topo, {})
+    return FlowBackend().run(trace, topo, dict(ENGINE))
 
 
 def two_servers(**kw):
@@ -276,14 +291,14 @@ def test_progress_stats_and_determinism():
     trace = tb.build()
     calls = []
     tl = FlowBackend().run(trace, topo, {"progress": lambda d, t: calls.append((d, t)),
-                                         "seed": 3})
+                                         "seed": 3, **ENGINE})
     assert calls[-1] == (trace.num_ops, trace.num_ops)
     assert [d for d, _ in calls] == sorted(d for d, _ in calls)
     for key in ("wall_s", "events", "events_per_s", "max_active_flows", "rate_recomputations"):
         assert key in tl.stats
     assert tl.stats["max_active_flows"] == 8
     assert tl.stats["events"] >= 2 * 7 * 8  # every flow's transmission end at least
-    again = FlowBackend().run(trace, topo, {})
+    again = FlowBackend().run(trace, topo, dict(ENGINE))
     pd.testing.assert_frame_equal(tl.frame, again.frame)
     assert FlowBackend.available() == (True, "")
 

@@ -7,6 +7,7 @@ import pytest
 from test_topo_helpers import TraceBuilder, make_plan
 
 from xsim_adapters.backends.flow import FlowBackend
+from xsim_adapters.backends.flow.native import native_status
 from xsim_adapters.plan.model import ScaleOut
 from xsim_adapters.topology import build_topology
 
@@ -34,10 +35,13 @@ def random_trace(seed: int):
     return tb.build()
 
 
+@pytest.mark.parametrize("engine", ["python", "native"])
 @pytest.mark.parametrize("seed", range(6))
-def test_random_dags_respect_edges_paths_and_capacities(seed):
+def test_random_dags_respect_edges_paths_and_capacities(seed, engine):
+    if engine == "native" and not native_status()[0]:
+        pytest.skip(native_status()[1])
     trace = random_trace(seed)
-    tl = FlowBackend().run(trace, TOPO, {})
+    tl = FlowBackend().run(trace, TOPO, {"engine": engine})
     start = tl.frame["start_ns"].to_numpy()
     end = tl.frame["end_ns"].to_numpy()
     ops = trace.ops

@@ -135,7 +135,7 @@ def test_flow_backend_rejects_a_misspelled_option() -> None:
     tb.flow(0, 1, 1000)
     # options are checked first, before the topology is looked at
     with pytest.raises(OptionError, match="unknown option 'trasnport' for backend flow; allowed:"
-                                          " progress, seed"):
+                                          " engine, progress, seed"):
         FlowBackend().run(tb.build(), None, {"trasnport": "udp"})  # type: ignore[arg-type]
 
 

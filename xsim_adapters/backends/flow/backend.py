@@ -10,12 +10,19 @@ import numpy as np
 import pandas as pd
 
 from ...errors import BackendError
-from ...options import COMMON_OPTIONS, check_options
+from ...options import COMMON_OPTIONS, Option, check_options
 from ...topology.model import Topology
 from ...trace.schema import KIND_FLOW, Trace
 from ...trace.timeline import Timeline
 from ..base import Backend
 from .executor import FlowProblem, run_flows
+from .native import native_status, run_flows_native
+
+#: Which executor runs the DAG: the compiled core (xsim_flowcore) or the Python reference.
+ENGINE = Option("engine", "str", None,
+                "native (compiled xsim_flowcore; the default when installed) or python (the"
+                " reference executor); both give the same timeline",
+                choices=("native", "python"))
 
 
 class FlowBackend(Backend):
@@ -23,8 +30,12 @@ class FlowBackend(Backend):
 
     Options (:data:`~xsim_adapters.options.COMMON_OPTIONS`): ``seed`` (accepted; the model has
     no randomness), ``progress`` (``callable(done_ops, total_ops)`` or None, called about every
-    1% of ops). Any other key is an error.
-    ``Timeline.stats``: ``wall_s`` (whole run, s), ``sim_wall_s`` (event loop only, s),
+    1% of ops), ``engine`` (``native``: the compiled core :mod:`xsim_flowcore`, the default
+    when it is installed; ``python``: the reference executor; an error if ``native`` is asked
+    for and the core is missing). Any other key is an error.
+    ``Timeline.stats``: ``engine`` (which executor ran), ``wall_s`` (whole run, s),
+    ``sim_wall_s`` (event loop only, s), ``sim_cpu_s`` (the same in CPU time of the running
+    thread, s: steadier than wall time on a shared machine),
     ``routing_s`` (ECMP paths of every flow, s), ``events`` (op ends, flow transmission ends and
     link events processed), ``events_per_s`` (events / ``sim_wall_s``), ``max_active_flows``
     (most flows transmitting at once), ``rate_recomputations`` (independent groups of flows
@@ -32,17 +43,29 @@ class FlowBackend(Backend):
     """
 
     name = "flow"
-    options = COMMON_OPTIONS
+    options = (*COMMON_OPTIONS, ENGINE)
 
     @classmethod
-    def available(cls) -> tuple[bool, str]:
+    def available(cls, options: Mapping[str, Any] | None = None) -> tuple[bool, str]:
+        """Always, except when ``engine: native`` is asked for and the core is missing (then
+        the reason carries the install command, so the run stops before any work)."""
+        if (options or {}).get("engine") == "native":
+            ok, why = native_status()
+            if not ok:
+                return False, f"engine native: {why}"
         return True, ""
 
     def run(self, trace: Trace, topology: Topology, options: Mapping[str, Any]) -> Timeline:
         opts = check_options(self.name, self.options, options)
         t0 = time.perf_counter()
+        engine = opts["engine"] or ("native" if native_status()[0] else "python")
+        if engine == "native":
+            ok, why = native_status()
+            if not ok:  # before any work: the one-line reason carries the install command
+                raise BackendError(f"flow: engine native: {why}")
         problem, routing_s = build_problem(trace, topology)
-        result = run_flows(problem, opts["progress"])
+        run = run_flows_native if engine == "native" else run_flows
+        result = run(problem, opts["progress"])
         frame = pd.DataFrame(
             {
                 "op_id": np.arange(trace.num_ops, dtype=np.int64),
@@ -50,8 +73,9 @@ class FlowBackend(Backend):
                 "end_ns": result.end_ns,
             }
         )
-        stats = dict(result.stats)
+        stats = {"engine": engine, **result.stats}
         stats["sim_wall_s"] = stats["wall_s"]
+        stats["sim_cpu_s"] = stats.pop("cpu_s")
         stats["routing_s"] = routing_s
         stats["wall_s"] = time.perf_counter() - t0
         timeline = Timeline(backend=self.name, frame=frame, stats=stats)

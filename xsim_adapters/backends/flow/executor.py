@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,17 +64,23 @@ def run_flows(problem: FlowProblem, progress: Progress | None = None) -> FlowRes
     return _Executor(problem, progress).run()
 
 
+def check_deps(p: FlowProblem) -> None:
+    """Raise BackendError if an edge names an op outside 0..N-1 (both engines check this)."""
+    n = len(p.kind)
+    if len(p.pred) and (
+        int(p.pred.min()) < 0 or int(p.succ.min()) < 0
+        or int(p.pred.max()) >= n or int(p.succ.max()) >= n
+    ):
+        bad = int(max(p.pred.max(), p.succ.max()))
+        raise BackendError(f"flow: deps reference op {bad} but the trace has {n} ops")
+
+
 class _Executor:
     def __init__(self, p: FlowProblem, progress: Progress | None) -> None:
         self.p = p
         n = len(p.kind)
         self.n = n
-        if len(p.pred) and (
-            int(p.pred.min()) < 0 or int(p.succ.min()) < 0
-            or int(p.pred.max()) >= n or int(p.succ.max()) >= n
-        ):
-            bad = int(max(p.pred.max(), p.succ.max()))
-            raise BackendError(f"flow: deps reference op {bad} but the trace has {n} ops")
+        check_deps(p)
         order = np.argsort(p.pred, kind="stable")
         off = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(p.pred, minlength=n), out=off[1:])
@@ -95,6 +101,7 @@ class _Executor:
 
     def run(self) -> FlowResult:  # noqa: C901 - one hot loop, kept together for speed
         t0 = time.perf_counter()
+        c0 = time.thread_time()
         n = self.n
         kind, duration, nbytes = self.kind, self.duration, self.nbytes
         poff, plinks, latency = self.poff, self.plinks, self.latency
@@ -269,15 +276,20 @@ class _Executor:
             next_ev = ev_at[ev_i] if ev_i < n_ev else inf
 
         wall = time.perf_counter() - t0
+        cpu = time.thread_time() - c0
         if progress is not None:
             progress(done, n)
         if done < n:
-            raise BackendError(self._stuck_message(end, flow_links, rate, done))
+            raise BackendError(
+                stuck_message(self.p, np.asarray(end, dtype=np.float64), flow_links, rate,
+                              self.cap, done)
+            )
         return FlowResult(
             start_ns=np.asarray(start, dtype=np.float64),
             end_ns=np.asarray(end, dtype=np.float64),
             stats={
                 "wall_s": wall,
+                "cpu_s": cpu,
                 "events": events,
                 "events_per_s": events / wall if wall > 0 else 0.0,
                 "max_active_flows": max_active,
@@ -285,45 +297,53 @@ class _Executor:
             },
         )
 
-    def _describe(self, op: int) -> str:
-        p = self.p
-        return (
-            f"op {op} ({KINDS[int(p.kind[op])]}, rank {int(p.rank[op])},"
-            f" phase {PHASES[int(p.phase[op])]})"
-        )
 
-    def _stuck_message(
-        self, end: list[float], flow_links: dict[int, list[int]], rate: list[float],
-        done: int,
-    ) -> str:
-        unfinished = [i for i in range(self.n) if end[i] != end[i]]  # NaN: never ended
-        head = f"flow: {self.n - done} of {self.n} ops never finished"
-        parts = []
-        stalled = sorted(f for f in flow_links if rate[f] == 0.0)
-        if stalled:
-            descr = []
-            for f in stalled[:5]:
-                dead = [lk for lk in flow_links[f] if self.cap[lk] == 0.0]
-                names = ", ".join(
-                    f"link {lk} ({self.p.link_names[lk]})" if self.p.link_names else f"link {lk}"
-                    for lk in dead[:3]
-                )
-                descr.append(f"{self._describe(f)} over failed {names}")
-            parts.append(
-                f"{len(stalled)} flows stalled on failed links with no restore: " + "; ".join(descr)
+def _describe(p: FlowProblem, op: int) -> str:
+    return (
+        f"op {op} ({KINDS[int(p.kind[op])]}, rank {int(p.rank[op])},"
+        f" phase {PHASES[int(p.phase[op])]})"
+    )
+
+
+def stuck_message(
+    p: FlowProblem, end: np.ndarray, flow_links: Mapping[int, Sequence[int]],
+    rate: Mapping[int, float] | Sequence[float], cap: Sequence[float], done: int,
+) -> str:
+    """Why ``N - done`` ops never finished: flows stalled on failed links, or a cycle.
+
+    ``end``: per-op end times (NaN: never ended); ``flow_links``: the flows still transmitting
+    and their links; ``rate``: their rates (indexed by op id); ``cap``: link capacities at the
+    end. Shared by both engines so their errors read the same.
+    """
+    n = len(p.kind)
+    unfinished = np.flatnonzero(np.isnan(end)).tolist()
+    head = f"flow: {n - done} of {n} ops never finished"
+    parts = []
+    stalled = sorted(f for f in flow_links if rate[f] == 0.0)
+    if stalled:
+        descr = []
+        for f in stalled[:5]:
+            dead = [lk for lk in flow_links[f] if cap[lk] == 0.0]
+            names = ", ".join(
+                f"link {lk} ({p.link_names[lk]})" if p.link_names else f"link {lk}"
+                for lk in dead[:3]
             )
-        waiting = [i for i in unfinished if i not in flow_links]
-        if waiting:
-            reason = (
-                "waiting on the stalled flows"
-                if stalled
-                else "waiting on each other: a dependency cycle"
-            )
-            parts.append(
-                f"{len(waiting)} ops {reason}, first: "
-                + "; ".join(self._describe(i) for i in waiting[:5])
-            )
-        return head + ": " + " | ".join(parts)
+            descr.append(f"{_describe(p, f)} over failed {names}")
+        parts.append(
+            f"{len(stalled)} flows stalled on failed links with no restore: " + "; ".join(descr)
+        )
+    waiting = [i for i in unfinished if i not in flow_links]
+    if waiting:
+        reason = (
+            "waiting on the stalled flows"
+            if stalled
+            else "waiting on each other: a dependency cycle"
+        )
+        parts.append(
+            f"{len(waiting)} ops {reason}, first: "
+            + "; ".join(_describe(p, i) for i in waiting[:5])
+        )
+    return head + ": " + " | ".join(parts)
 
 
 def _components(

@@ -1,0 +1,461 @@
+// The event loop; see executor.hpp. The three numbered steps of each instant follow
+// executor.py's loop one to one, so a reader can put the two side by side.
+#include "executor.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <utility>
+
+#include "calendar.hpp"
+#include "maxmin.hpp"
+
+namespace flowcore {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+class Executor {
+ public:
+  explicit Executor(const ProblemView& p);
+  RunResult run(const ProgressHook& hook);
+
+ private:
+  void check_input() const;
+  void build_successors();
+  double latency(int32_t op) const {
+    return lat_prefix_[p_.path_offsets[op + 1]] - lat_prefix_[p_.path_offsets[op]];
+  }
+  void finish(int32_t op, double t);
+  void start_flow(int32_t op, double t);
+  void stop_flow(int32_t slot);
+  void mark_dirty(int32_t link) {
+    if (!dirty_mark_[link]) {
+      dirty_mark_[link] = 1;
+      dirty_.push_back(link);
+    }
+  }
+  void resolve_dirty(double t);
+  void solve_group(double t);
+
+  const ProblemView& p_;
+  const std::size_t n_;
+  const std::size_t m_;
+  // the DAG
+  std::vector<int64_t> succ_off_;
+  std::vector<int32_t> succ_list_;
+  std::vector<int32_t> indeg_;
+  std::vector<double> lat_prefix_;  // prefix sums of link latency over path_links
+  std::size_t max_path_ = 0;
+  // links, bytes/ns
+  std::vector<double> nominal_;
+  std::vector<double> cap_;
+  std::vector<std::vector<int32_t>> link_flows_;  // active flow slots on each link
+  std::vector<uint8_t> dirty_mark_;
+  std::vector<int32_t> dirty_;
+  // active flows, one slot each (slots are reused; memory follows the most flows at once)
+  std::vector<int32_t> s_op_;      // -1: free
+  std::vector<double> s_rate_;     // bytes/ns
+  std::vector<double> s_rem_;      // bytes left at s_tlast_
+  std::vector<double> s_tlast_;    // ns
+  std::vector<double> s_due_;      // ns, when the last byte leaves at the current rate; -1: never
+  std::vector<int32_t> s_pos_;     // [slot * max_path_ + i]: index in link_flows_ of path link i
+  std::vector<int32_t> free_slots_;
+  int64_t active_ = 0;
+  // connected-group search and solve
+  std::vector<uint64_t> link_seen_;
+  std::vector<uint64_t> slot_seen_;
+  uint64_t epoch_ = 0;
+  std::vector<int32_t> stack_;
+  std::vector<int32_t> group_;
+  std::vector<const int32_t*> group_paths_;
+  std::vector<int32_t> group_lens_;
+  std::vector<double> group_rates_;
+  MaxMinSolver solver_;
+  // the run
+  Calendar calendar_;
+  std::vector<int32_t> due_;  // the entries of the instant being taken
+  std::vector<int32_t> ready_;
+  double* start_ = nullptr;
+  double* end_ = nullptr;
+  int64_t done_ = 0;
+  int64_t events_ = 0;
+  int64_t recomputes_ = 0;
+  int64_t solved_flows_ = 0;
+};
+
+Executor::Executor(const ProblemView& p)
+    : p_(p), n_(p.num_ops), m_(p.num_links), solver_(p.num_links) {
+  check_input();
+  build_successors();
+  const std::size_t num_entries = static_cast<std::size_t>(p_.path_offsets[n_]);
+  lat_prefix_.resize(num_entries + 1);
+  lat_prefix_[0] = 0.0;  // np.cumsum: a sequential sum, the same rounding
+  for (std::size_t i = 0; i < num_entries; ++i) {
+    lat_prefix_[i + 1] = lat_prefix_[i] + p_.link_latency_ns[p_.path_links[i]];
+  }
+  nominal_.resize(m_);
+  for (std::size_t l = 0; l < m_; ++l) nominal_[l] = p_.link_gbps[l] / 8.0;  // Gb/s -> B/ns
+  cap_ = nominal_;
+  link_flows_.resize(m_);
+  dirty_mark_.assign(m_, 0);
+  link_seen_.assign(m_, 0);
+}
+
+void Executor::check_input() const {
+  if (n_ >= static_cast<std::size_t>(std::numeric_limits<int32_t>::max())) {
+    throw InputError("flow: " + std::to_string(n_) + " ops; the native engine takes fewer than "
+                     "2^31 - 1 ops");
+  }
+  for (std::size_t e = 0; e < p_.num_edges; ++e) {
+    const int64_t a = p_.pred64 ? p_.pred64[e] : p_.pred32[e];
+    const int64_t b = p_.succ64 ? p_.succ64[e] : p_.succ32[e];
+    const int64_t n = static_cast<int64_t>(n_);
+    if (a < 0 || b < 0 || a >= n || b >= n) {
+      throw InputError("flow: deps reference op " + std::to_string(a < 0 || a >= n ? a : b) +
+                       " but the trace has " + std::to_string(n_) + " ops");
+    }
+  }
+  if (p_.path_offsets[0] != 0) throw InputError("flow: path_offsets[0] must be 0");
+  for (std::size_t op = 0; op < n_; ++op) {
+    const int64_t a = p_.path_offsets[op];
+    const int64_t b = p_.path_offsets[op + 1];
+    if (b < a) throw InputError("flow: path_offsets must not decrease");
+    for (int64_t i = a; i < b; ++i) {
+      const int32_t l = p_.path_links[i];
+      if (l < 0 || static_cast<std::size_t>(l) >= m_) {
+        throw InputError("flow: op " + std::to_string(op) + " crosses link " +
+                         std::to_string(l) + " but the topology has " + std::to_string(m_) +
+                         " links");
+      }
+      for (int64_t j = a; j < i; ++j) {
+        if (p_.path_links[j] == l) {
+          throw InputError("flow: op " + std::to_string(op) + " crosses link " +
+                           std::to_string(l) + " twice; paths must be simple");
+        }
+      }
+    }
+  }
+  for (std::size_t e = 0; e < p_.num_events; ++e) {
+    const int64_t l = p_.events_link[e];
+    if (l < 0 || static_cast<std::size_t>(l) >= m_) {
+      throw InputError("flow: link event " + std::to_string(e) + " names link " +
+                       std::to_string(l) + " but the topology has " + std::to_string(m_) +
+                       " links");
+    }
+  }
+}
+
+void Executor::build_successors() {
+  // CSR of successors, each op's in edge order (executor.py: a stable argsort by pred)
+  succ_off_.assign(n_ + 1, 0);
+  indeg_.assign(n_, 0);
+  for (std::size_t e = 0; e < p_.num_edges; ++e) {
+    const int64_t a = p_.pred64 ? p_.pred64[e] : p_.pred32[e];
+    const int64_t b = p_.succ64 ? p_.succ64[e] : p_.succ32[e];
+    ++succ_off_[a + 1];
+    ++indeg_[b];
+  }
+  for (std::size_t i = 0; i < n_; ++i) succ_off_[i + 1] += succ_off_[i];
+  succ_list_.resize(p_.num_edges);
+  std::vector<int64_t> cursor(succ_off_.begin(), succ_off_.end() - 1);
+  for (std::size_t e = 0; e < p_.num_edges; ++e) {
+    const int64_t a = p_.pred64 ? p_.pred64[e] : p_.pred32[e];
+    const int64_t b = p_.succ64 ? p_.succ64[e] : p_.succ32[e];
+    succ_list_[cursor[a]++] = static_cast<int32_t>(b);
+  }
+  for (std::size_t op = 0; op < n_; ++op) {
+    const auto len = static_cast<std::size_t>(p_.path_offsets[op + 1] - p_.path_offsets[op]);
+    max_path_ = std::max(max_path_, len);
+  }
+}
+
+void Executor::finish(int32_t op, double t) {
+  end_[op] = t;
+  ++done_;
+  for (int64_t j = succ_off_[op]; j < succ_off_[op + 1]; ++j) {
+    const int32_t s = succ_list_[j];
+    if (--indeg_[s] == 0) ready_.push_back(s);
+  }
+}
+
+void Executor::start_flow(int32_t op, double t) {
+  int32_t slot;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    slot = static_cast<int32_t>(s_op_.size());
+    s_op_.push_back(-1);
+    s_rate_.push_back(0.0);
+    s_rem_.push_back(0.0);
+    s_tlast_.push_back(0.0);
+    s_due_.push_back(-1.0);
+    s_pos_.resize(s_pos_.size() + max_path_);
+    slot_seen_.push_back(0);
+  }
+  ++active_;
+  s_op_[slot] = op;
+  s_rate_[slot] = 0.0;
+  s_rem_[slot] = static_cast<double>(p_.nbytes[op]);
+  s_tlast_[slot] = t;
+  s_due_[slot] = -1.0;
+  const int64_t a = p_.path_offsets[op];
+  const int64_t len = p_.path_offsets[op + 1] - a;
+  for (int64_t i = 0; i < len; ++i) {
+    const int32_t l = p_.path_links[a + i];
+    s_pos_[slot * max_path_ + i] = static_cast<int32_t>(link_flows_[l].size());
+    link_flows_[l].push_back(slot);
+    mark_dirty(l);
+  }
+}
+
+void Executor::stop_flow(int32_t slot) {
+  const int32_t op = s_op_[slot];
+  const int64_t a = p_.path_offsets[op];
+  const int64_t len = p_.path_offsets[op + 1] - a;
+  for (int64_t i = 0; i < len; ++i) {
+    const int32_t l = p_.path_links[a + i];
+    std::vector<int32_t>& lf = link_flows_[l];
+    const int32_t pos = s_pos_[slot * max_path_ + i];
+    const int32_t last = lf.back();
+    lf[pos] = last;  // swap-remove; the moved slot learns its new position on this link
+    lf.pop_back();
+    if (last != slot) {
+      const int64_t la = p_.path_offsets[s_op_[last]];
+      for (int64_t j = 0;; ++j) {
+        if (p_.path_links[la + j] == l) {
+          s_pos_[last * max_path_ + j] = pos;
+          break;
+        }
+      }
+    }
+    if (!lf.empty()) mark_dirty(l);  // a link left empty changes nobody's rate
+  }
+  s_op_[slot] = -1;
+  free_slots_.push_back(slot);
+  --active_;
+}
+
+void Executor::resolve_dirty(double t) {
+  // executor.py's _components: the groups of active flows connected to a dirty link through
+  // shared links; each is independent of the others and solved on its own.
+  ++epoch_;
+  for (const int32_t seed : dirty_) {
+    dirty_mark_[seed] = 0;
+    if (link_seen_[seed] == epoch_ || link_flows_[seed].empty()) continue;
+    link_seen_[seed] = epoch_;
+    stack_.assign(1, seed);
+    group_.clear();
+    while (!stack_.empty()) {
+      const int32_t l = stack_.back();
+      stack_.pop_back();
+      for (const int32_t slot : link_flows_[l]) {
+        if (slot_seen_[slot] == epoch_) continue;
+        slot_seen_[slot] = epoch_;
+        group_.push_back(slot);
+        const int32_t op = s_op_[slot];
+        for (int64_t i = p_.path_offsets[op]; i < p_.path_offsets[op + 1]; ++i) {
+          const int32_t o = p_.path_links[i];
+          if (link_seen_[o] != epoch_) {
+            link_seen_[o] = epoch_;
+            stack_.push_back(o);
+          }
+        }
+      }
+    }
+    solve_group(t);
+  }
+  dirty_.clear();
+}
+
+void Executor::solve_group(double t) {
+  ++recomputes_;
+  const std::size_t k = group_.size();
+  solved_flows_ += static_cast<int64_t>(k);
+  group_rates_.resize(k);
+  if (k == 1) {  // alone: its bottleneck link
+    const int32_t op = s_op_[group_[0]];
+    double r = kInf;
+    for (int64_t i = p_.path_offsets[op]; i < p_.path_offsets[op + 1]; ++i) {
+      r = std::min(r, cap_[p_.path_links[i]]);
+    }
+    group_rates_[0] = r;
+  } else {
+    group_paths_.resize(k);
+    group_lens_.resize(k);
+    for (std::size_t i = 0; i < k; ++i) {
+      const int32_t op = s_op_[group_[i]];
+      group_paths_[i] = p_.path_links + p_.path_offsets[op];
+      group_lens_[i] = static_cast<int32_t>(p_.path_offsets[op + 1] - p_.path_offsets[op]);
+    }
+    solver_.solve(k, group_paths_.data(), group_lens_.data(), cap_.data(), group_rates_.data());
+  }
+  for (std::size_t i = 0; i < k; ++i) {
+    const int32_t f = group_[i];
+    const double r = group_rates_[i];
+    const double old = s_rate_[f];
+    if (r == old) continue;  // its pending finish stays valid
+    if (old > 0.0) {
+      const double left = s_rem_[f] - old * (t - s_tlast_[f]);
+      s_rem_[f] = left > 0.0 ? left : 0.0;
+    }
+    s_tlast_[f] = t;
+    s_rate_[f] = r;
+    if (r > 0.0) {
+      const double fin = t + s_rem_[f] / r;
+      s_due_[f] = fin;
+      calendar_.push(fin, ~f);
+    } else {
+      s_due_[f] = -1.0;
+    }
+  }
+}
+
+RunResult Executor::run(const ProgressHook& hook) {
+  RunResult res;
+  res.start_ns.reset(new double[n_]);
+  res.end_ns.reset(new double[n_]);
+  start_ = res.start_ns.get();
+  end_ = res.end_ns.get();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::fill(start_, start_ + n_, nan);
+  std::fill(end_, end_ + n_, nan);
+
+  std::vector<std::size_t> ev_order(p_.num_events);
+  std::iota(ev_order.begin(), ev_order.end(), std::size_t{0});
+  std::stable_sort(ev_order.begin(), ev_order.end(), [this](std::size_t a, std::size_t b) {
+    return p_.events_at_ns[a] < p_.events_at_ns[b];
+  });
+  std::size_t ev_i = 0;
+  double next_ev = p_.num_events ? p_.events_at_ns[ev_order[0]] : kInf;
+
+  const int64_t n = static_cast<int64_t>(n_);
+  const int64_t report_every = std::max<int64_t>(1, n / 100);
+  int64_t next_report = report_every;
+  int64_t max_active = 0;
+  for (int64_t i = n - 1; i >= 0; --i) {
+    if (indeg_[i] == 0) ready_.push_back(static_cast<int32_t>(i));
+  }
+  double t = 0.0;
+  while (true) {
+    // 1. start everything that became ready at t (barriers and 0-time ops cascade)
+    while (!ready_.empty()) {
+      const int32_t op = ready_.back();
+      ready_.pop_back();
+      start_[op] = t;
+      if (p_.kind[op] == kKindFlow) {
+        if (p_.path_offsets[op] != p_.path_offsets[op + 1] && p_.nbytes[op] > 0) {
+          start_flow(op, t);
+          continue;
+        }
+        const double fin = t + latency(op);  // nothing to send: only the latency
+        if (fin > t) {
+          calendar_.push(fin, op);
+          continue;
+        }
+      } else if (p_.duration_ns[op] > 0) {  // compute, timed barrier
+        calendar_.push(t + static_cast<double>(p_.duration_ns[op]), op);
+        continue;
+      }
+      finish(op, t);  // barrier, zero-time compute, zero-latency empty flow: ends now
+    }
+    max_active = std::max(max_active, active_);
+    // 2. re-solve the flows connected to what changed
+    if (!dirty_.empty()) resolve_dirty(t);
+    if (done_ >= next_report) {
+      if (!hook(done_, n)) {
+        res.aborted = true;
+        break;
+      }
+      next_report = done_ + report_every;
+    }
+    // 3. take everything due at the next instant
+    if (!calendar_.empty()) {
+      t = calendar_.next_time() <= next_ev ? calendar_.next_time() : next_ev;
+    } else if (next_ev < kInf) {
+      t = next_ev;
+    } else {
+      break;
+    }
+    if (!calendar_.empty() && calendar_.next_time() == t) {
+      calendar_.pop_next(due_);
+      for (const int32_t key : due_) {
+        if (key >= 0) {
+          ++events_;
+          finish(key, t);
+          continue;
+        }
+        const int32_t slot = ~key;
+        if (s_op_[slot] < 0 || s_due_[slot] != t) continue;  // superseded by a rate change
+        s_due_[slot] = -1.0;
+        ++events_;
+        const int32_t op = s_op_[slot];
+        stop_flow(slot);
+        const double fin = t + latency(op);
+        if (fin > t) {
+          calendar_.push(fin, op);
+          continue;
+        }
+        finish(op, t);
+      }
+    }
+    while (ev_i < p_.num_events && p_.events_at_ns[ev_order[ev_i]] <= t) {
+      const std::size_t e = ev_order[ev_i];
+      const int64_t link = p_.events_link[e];
+      cap_[link] = nominal_[link] * p_.events_factor[e];
+      if (!link_flows_[link].empty()) mark_dirty(static_cast<int32_t>(link));
+      ++events_;
+      ++ev_i;
+    }
+    next_ev = ev_i < p_.num_events ? p_.events_at_ns[ev_order[ev_i]] : kInf;
+  }
+
+  res.done = done_;
+  res.events = events_;
+  res.max_active_flows = max_active;
+  res.rate_recomputations = recomputes_;
+  res.solved_flows = solved_flows_;
+  if (done_ < n) {  // what the caller needs to say why the run got stuck
+    std::vector<std::pair<int32_t, double>> active;
+    for (std::size_t slot = 0; slot < s_op_.size(); ++slot) {
+      if (s_op_[slot] >= 0) active.emplace_back(s_op_[slot], s_rate_[slot]);
+    }
+    std::sort(active.begin(), active.end());
+    for (const auto& [op, rate] : active) {
+      res.active_ops.push_back(op);
+      res.active_rates.push_back(rate);
+    }
+    res.capacity = cap_;
+  }
+  return res;
+}
+
+}  // namespace
+
+namespace {
+
+// This thread's CPU time in s (0 where the clock is missing).
+double thread_cpu_s() {
+  timespec ts{};
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0.0;
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+}  // namespace
+
+RunResult run_flows(const ProblemView& problem, const ProgressHook& hook) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = thread_cpu_s();
+  Executor ex(problem);
+  RunResult res = ex.run(hook);
+  res.cpu_s = thread_cpu_s() - c0;  // includes the progress hook's Python, if any
+  res.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace flowcore

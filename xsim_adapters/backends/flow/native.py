@@ -1,0 +1,94 @@
+"""The compiled engine of the flow backend: :mod:`xsim_flowcore` (C++17 through nanobind).
+
+It runs the same model as :mod:`.executor` (the reference) with the same floating-point
+operations, so the two produce the same timeline; tests/test_flow_native.py checks that on
+random DAGs and on every shipped plan. The package is a separate distribution
+(``plugins/flowcore``) so the core stays pure Python; when it is missing, the backend falls
+back to the Python executor, and ``engine: native`` is an error that says how to install it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...errors import BackendError
+from .executor import FlowProblem, FlowResult, Progress, check_deps, stuck_message
+
+#: The ``xsim_flowcore.INTERFACE_VERSION`` this adapter speaks.
+INTERFACE_VERSION = 1
+INSTALL_HINT = "python -m pip install ./plugins/flowcore (from the xsim-adapters checkout)"
+
+
+def native_status() -> tuple[bool, str]:
+    """(True, version) if the compiled core can be used here, else (False, why not)."""
+    try:
+        import xsim_flowcore
+    except ImportError as e:
+        return False, f"the compiled flow core xsim_flowcore is not installed ({e}): {INSTALL_HINT}"
+    got = getattr(xsim_flowcore, "INTERFACE_VERSION", None)
+    if got != INTERFACE_VERSION:
+        return False, (f"xsim_flowcore speaks interface {got}, this xsim-adapters needs"
+                       f" {INTERFACE_VERSION}: reinstall it with {INSTALL_HINT}")
+    return True, str(getattr(xsim_flowcore, "__version__", "unknown"))
+
+
+def run_flows_native(problem: FlowProblem, progress: Progress | None = None) -> FlowResult:
+    """Execute the DAG in the compiled core; same result and errors as :func:`run_flows`.
+
+    Raises BackendError if the core is missing (with the install command) or ops get stuck.
+    """
+    ok, why = native_status()
+    if not ok:
+        raise BackendError(f"flow: engine native: {why}")
+    import xsim_flowcore
+
+    check_deps(problem)
+    p = problem
+    pred, succ = p.pred, p.succ
+    if not (pred.dtype == succ.dtype and pred.dtype in (np.int32, np.int64)):
+        pred, succ = pred.astype(np.int64), succ.astype(np.int64)
+    try:
+        out: dict[str, Any] = xsim_flowcore.run(
+            _c(p.kind, np.int8), _c(p.duration_ns, np.int64), _c(p.nbytes, np.int64),
+            np.ascontiguousarray(pred), np.ascontiguousarray(succ),
+            _c(p.path_offsets, np.int64), _c(p.path_links, np.int32),
+            _c(p.link_gbps, np.float64), _c(p.link_latency_ns, np.float64),
+            _c(p.events_at_ns, np.float64), _c(p.events_link, np.int64),
+            _c(p.events_factor, np.float64), progress,
+        )
+    except ValueError as e:  # malformed input, in the core's own words
+        raise BackendError(str(e)) from None
+    n = len(p.kind)
+    done = int(out["done"])
+    if progress is not None:
+        progress(done, n)
+    if done < n:
+        active = out["active_ops"].tolist()
+        flow_links = {
+            f: p.path_links[p.path_offsets[f]:p.path_offsets[f + 1]].tolist() for f in active
+        }
+        rate = dict(zip(active, out["active_rates"].tolist(), strict=True))
+        raise BackendError(
+            stuck_message(p, out["end_ns"], flow_links, rate, out["capacity"].tolist(), done)
+        )
+    wall = float(out["wall_s"])
+    events = int(out["events"])
+    return FlowResult(
+        start_ns=out["start_ns"],
+        end_ns=out["end_ns"],
+        stats={
+            "wall_s": wall,
+            "cpu_s": float(out["cpu_s"]),
+            "events": events,
+            "events_per_s": events / wall if wall > 0 else 0.0,
+            "max_active_flows": int(out["max_active_flows"]),
+            "rate_recomputations": int(out["rate_recomputations"]),
+        },
+    )
+
+
+def _c(a: np.ndarray, dtype: type) -> np.ndarray:
+    """``a`` as a C-contiguous array of ``dtype`` (no copy when it already is one)."""
+    return np.ascontiguousarray(a, dtype=dtype)
