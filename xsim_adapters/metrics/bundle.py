@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..trace.schema import Trace
 from ..trace.timeline import Timeline
+from .coarse import expand_mirrors
 from .ranks import rank_metrics
 from .straggler import straggler_frame
 from .summary import device_type_summary, replica_summary, summary
@@ -46,7 +47,7 @@ def compute_metrics(trace: Trace, timeline: Timeline) -> Metrics:
     """
     tf = timeline_frame(trace, timeline)
     st = straggler_frame(trace, tf)
-    rk = rank_metrics(trace, tf, st)
+    rk = expand_mirrors(trace, rank_metrics(trace, tf, st))
     sm = summary(trace, tf, rk, timeline.backend, timeline.stats)
     return Metrics(
         backend=timeline.backend,
