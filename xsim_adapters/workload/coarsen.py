@@ -82,8 +82,9 @@ def full(plan: Plan, mode: str = "off", reason: str = "coarsening off") -> Coars
 
 def replica_signature(plan: Plan, r: int) -> tuple:
     """What makes replica ``r`` behave as another: micro-batches and, per stage, device type,
-    NIC, TP degree, layers and place (local GPU indices; without rails, the position under the
-    leaf relative to the replica's first). Two replicas with equal signatures run identically on a symmetric fabric."""
+    NIC, TP degree, layers and place (local GPU indices; without rails, each stage's server and
+    leaf relative to the replica's first). Two replicas with equal signatures run identically
+    on a symmetric fabric."""
     so = plan.network.scale_out
     rep = plan.replicas[r]
     first_node = None
