@@ -59,7 +59,7 @@ def timeline_frame(trace: Trace, timeline: Timeline) -> pd.DataFrame:
     Raises BackendError if the timeline does not cover every op.
     """
     check_timeline(trace, timeline)
-    tf = trace.ops.copy()
+    tf = trace.ops.copy(deep=False)  # copy-on-write (pandas >= 3): the columns are shared
     tl = timeline.frame
     tf["start_ns"] = np.rint(tl["start_ns"].to_numpy(dtype=np.float64)).astype(np.int64)
     tf["end_ns"] = np.rint(tl["end_ns"].to_numpy(dtype=np.float64)).astype(np.int64)
