@@ -32,7 +32,8 @@ def test_megatron_1t_is_the_sc21_row():
     # 1 trillion parameters: 128 x 12 h^2 (GPT layer, 4h FFN) + embeddings, h = 25,600
     assert 128 * 12 * 25_600**2 == pytest.approx(1.007e12, rel=1e-3)
     assert _params(plan) == pytest.approx(1.008e12, rel=2e-3)
-    assert plan.training.global_batch == 3072 and [r.micro_batches for r in plan.replicas] == [512] * 6
+    assert plan.training.global_batch == 3072
+    assert [r.micro_batches for r in plan.replicas] == [512] * 6
 
 
 def test_llama3_405b_is_the_published_layout():
