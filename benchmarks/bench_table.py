@@ -7,7 +7,8 @@ Per (plan, backend), in a child process: generate the trace (coarsening as ``aut
 topology, run the backend, compute the metrics. Reported: ops, backend wall and CPU s (``run``
 only; CPU includes the backend's child processes: the machine may be shared, CPU is the
 steadier number), events and events/s (per wall second) when the backend reports them, the
-iteration time (ms), and memory: the child's peak RSS (VmHWM, MB) and bytes per op = (peak RSS - RSS after the imports) / ops.
+iteration time (ms), and memory: the child's peak RSS (VmHWM, MB) and bytes per op =
+(peak RSS - RSS after the imports) / ops.
 Backend options as bench_htsim.py (like for like): htsim ``scale_up=fluid``; ns-3 ``udp``,
 MTU 9000, ``scale_up=fluid``.
 """
