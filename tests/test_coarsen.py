@@ -134,6 +134,17 @@ def test_auto_refuses_on_an_asymmetric_fabric_and_small_plans():
         decide(plan, "sometimes")
 
 
+def test_perturbed_plans_are_never_coarsened():
+    from dataclasses import replace
+
+    from xsim_adapters.plan.perturb import PerturbSpec
+
+    plan = replace(homogeneous(), perturb=PerturbSpec(jitter_sigma=0.05))
+    for mode in ("on", "auto"):
+        co = decide(plan, mode, full_ops=10 * AUTO_MIN_OPS)
+        assert not co.used and co.reason.startswith("perturb:")
+
+
 def test_summary_says_when_coarsening_was_used(tmp_path):
     plan = homogeneous()
     topo = xs.build_topology(plan)

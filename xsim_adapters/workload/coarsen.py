@@ -134,7 +134,8 @@ def decide(plan: Plan, mode: str = "auto", full_ops: int | None = None) -> Coars
 
     - ``off``: none;
     - ``on``: one representative per class of identical replicas (:func:`replica_classes`),
-      whatever the fabric (the user accepts the error; docs/scale.md);
+      whatever the fabric (the user accepts the error; docs/scale.md); never with an active
+      ``perturb:`` section (its per-rank slowdowns and noise break the symmetry);
     - ``auto``: as ``on``, but only if some class has two or more replicas, the fabric is
       symmetric (:func:`fabric_asymmetry`) and the full trace would have more than
       :data:`AUTO_MIN_OPS` ops (``full_ops``, estimated when None).
@@ -143,6 +144,8 @@ def decide(plan: Plan, mode: str = "auto", full_ops: int | None = None) -> Coars
         raise XsimError(f"coarsen: expected one of {', '.join(MODES)} (got {mode!r})")
     if mode == "off":
         return full(plan, mode)
+    if plan.perturb.active:  # per-rank slowdowns and noise: replicas are not identical
+        return full(plan, mode, "perturb: per-rank slowdowns or jitter make replicas differ")
     classes = replica_classes(plan)
     if all(len(c) == 1 for c in classes):
         return full(plan, mode, "no two replicas are identical")
