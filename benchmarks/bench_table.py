@@ -6,7 +6,7 @@
 Per (plan, backend), in a child process: generate the trace (coarsening as ``auto``), build the
 topology, run the backend, compute the metrics. Reported: ops, backend wall and CPU s (``run``
 only; CPU includes the backend's child processes: the machine may be shared, CPU is the
-steadier number), events and events/s (per wall second) when the backend reports them, the
+steadier number), events per wall and per CPU second when the backend reports events, the
 iteration time (ms), and memory: the child's peak RSS (VmHWM, MB) and bytes per op =
 (peak RSS - RSS after the imports) / ops.
 Backend options as bench_htsim.py (like for like): htsim ``scale_up=fluid``; ns-3 ``udp``,
@@ -56,6 +56,7 @@ hwm = rss("VmHWM:")
 ev = tl.stats.get("events")
 print(json.dumps({"ops": trace.num_ops, "wall_s": wall, "cpu_s": cpu, "events": ev,
                   "events_per_s": (ev / wall) if ev else None,
+                  "events_per_cpu_s": (ev / cpu) if ev and cpu > 0 else None,
                   "iteration_ms": met.summary["iteration_time_ns"] / 1e6,
                   "peak_rss_MB": hwm / 1e6, "bytes_per_op": (hwm - base) / trace.num_ops}))
 """
@@ -85,16 +86,20 @@ def main(argv: list[str] | None = None) -> int:
         p for p in sorted((REPO / "workloads").glob("*.yaml"))
         if xs.load_plan(p).num_ranks <= a.max_gpus]
     names = [b.strip() for b in a.backends.split(",") if b.strip()]
-    print("| plan | backend | ops | wall s | CPU s | events/s | iteration ms | peak RSS MB |"
-          " bytes/op |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| plan | backend | ops | wall s | CPU s | events/s | events/CPU s | iteration ms |"
+          " peak RSS MB | bytes/op |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for p in plans:
         for b in names:
             c = cell(p, b)
             if "error" in c:
-                print(f"| {p.stem} | {b} | | | | | | | {c['error']} |", flush=True)
+                print(f"| {p.stem} | {b} | | | | | | | | {c['error']} |", flush=True)
                 continue
             eps = f"{c['events_per_s']:,.0f}" if c["events_per_s"] else "-"
+            if c.get("events_per_cpu_s"):
+                eps += f" | {c['events_per_cpu_s']:,.0f}"
+            else:
+                eps += " | -"
             print(f"| {p.stem} | {b} | {c['ops']:,} | {c['wall_s']:.2f} | {c['cpu_s']:.2f} | "
                   f"{eps} | {c['iteration_ms']:.3f} | {c['peak_rss_MB']:,.0f} | "
                   f"{c['bytes_per_op']:,.0f} |", flush=True)
