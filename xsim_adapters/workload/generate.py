@@ -187,9 +187,9 @@ class _Generator:
                 self._chain(r, i, self.order(r, i))
         for r, q in enumerate(self.rep):
             if q != r:
-                for (qq, i, k), ops in list(self.stage_ops.items()):
+                for (qq, i, k), blocks in list(self.stage_ops.items()):
                     if qq == q:
-                        self.stage_ops[(r, i, k)] = ops
+                        self.stage_ops[(r, i, k)] = blocks
 
     def _chain(self, r: int, i: int, order: np.ndarray) -> None:
         """Edges from each block's ends to the next block's head, in schedule order."""
