@@ -8,6 +8,8 @@ rule must never merge replicas that differ.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -169,3 +171,23 @@ def test_estimate_counts_only_simulated_replicas():
     full, one = estimate_ops(plan), estimate_ops(plan, {0})
     assert one < full
     assert xs.generate(plan, "on").num_ops <= one
+
+
+def test_cli_coarsen_option(tmp_path):
+    import json
+
+    from xsim_adapters import cli
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text((Path(__file__).resolve().parent.parent
+                     / "workloads" / "homogeneous-h100.yaml").read_text())
+    assert cli.main(["trace", str(plan), "--coarsen", "on", "-o", str(tmp_path / "t")]) == 0
+    man = json.loads((tmp_path / "t" / "manifest.json").read_text())
+    assert man["coarsening"]["used"] and man["coarsening"]["mode"] == "on"
+    assert cli.main(["trace", str(plan), "-o", str(tmp_path / "u")]) == 0
+    man = json.loads((tmp_path / "u" / "manifest.json").read_text())
+    assert man["coarsening"]["mode"] == "auto" and not man["coarsening"]["used"]
+    # a coarsened trace directory replays as stored
+    assert cli.main(["run", str(tmp_path / "t"), "--no-plots", "-o", str(tmp_path / "r")]) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["coarsening"]["used"] and summary["ranks"] == 16
