@@ -89,3 +89,27 @@ def test_stored_plan_yaml_reads_back():
     again = load_plan(text, stored=True)
     assert again == plan
     assert MAX_YAML_NODES == 50_000  # user plans keep their bound
+
+
+def test_a_stored_plan_yaml_path_reads_back_with_its_limits(tmp_path):
+    """`xsim run OUT/trace/plan.yaml`: a plan.yaml inside an xsim trace output (beside its
+    manifest, under an output stamp) is read with the stored limits; the same file elsewhere
+    is a user plan and hits MAX_YAML_NODES. (A 4,096-stage plan spells out ~60,000 values.)"""
+    from xsim_adapters.errors import PlanError
+    from xsim_adapters.plan.loader import is_stored_plan
+
+    text = "name: x\nstages:\n" + "- {group: h100, devices: [0, 1], tp: 1}\n" * 6_000
+    d = tmp_path / "run" / "trace"
+    d.mkdir(parents=True)
+    (d / "plan.yaml").write_text(text)
+    (d / "manifest.json").write_text("{}")
+    (tmp_path / "run" / ".xsim-output").write_text("{}")
+    assert is_stored_plan(d / "plan.yaml")
+    with pytest.raises(PlanError) as stored:
+        load_plan(d / "plan.yaml")
+    assert "MAX_YAML_NODES" not in str(stored.value)  # parsed: refused as a plan, not a size
+    other = tmp_path / "plan.yaml"
+    other.write_text(text)
+    assert not is_stored_plan(other)
+    with pytest.raises(PlanError, match="MAX_YAML_NODES"):
+        load_plan(other)
