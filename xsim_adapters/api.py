@@ -37,11 +37,15 @@ def load_plan(source: str | Path) -> Plan:
     return _load_plan(source)
 
 
-def generate(plan: Plan) -> Trace:
-    """The backend-agnostic trace of one training iteration of ``plan``."""
+def generate(plan: Plan, coarsen: str = "auto") -> Trace:
+    """The backend-agnostic trace of one training iteration of ``plan``.
+
+    ``coarsen``: ``auto`` | ``on`` | ``off``: simulate one representative of each class of
+    identical DP replicas (docs/scale.md); ``trace.manifest["coarsening"]`` says what was done.
+    """
     from .workload import generate as _generate
 
-    return _generate(plan)
+    return _generate(plan, coarsen)
 
 
 def build_topology(plan: Plan) -> Topology:

@@ -133,6 +133,20 @@ def _op_counts(trace) -> str:
     return f"{trace.num_ops} ops ({', '.join(parts)}), {len(trace.deps)} dependency edges"
 
 
+COARSEN_HELP = (
+    "Simulate one representative of each class of identical data-parallel replicas, with "
+    "every DP ring flow kept (docs/scale.md): auto (default) does so only for a plan whose "
+    "full trace would exceed 5 million ops on a symmetric fabric, on always, off never. "
+    "Ignored when PLAN is a trace directory."
+)
+
+
+def coarsen_arg(sp: argparse.ArgumentParser) -> None:
+    """The ``--coarsen`` option of every command that generates a trace."""
+    sp.add_argument("--coarsen", choices=("auto", "on", "off"), default="auto",
+                    help=COARSEN_HELP)
+
+
 def cmd_trace(args: argparse.Namespace) -> int:
     from . import api
     from ._outdir import check_output
@@ -141,7 +155,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     args.output = args.output or default_output(args.plan, "trace")
     check_output(args.output, "trace", args.force)  # before any work
     plan = api.load_plan(args.plan)
-    trace = api.generate(plan)
+    trace = api.generate(plan, coarsen=args.coarsen)
     api.write_trace(trace, args.output, plan, force=args.force)
     print(f"wrote {_op_counts(trace)} to {args.output}")
     return 0
@@ -164,7 +178,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if trace is None:
         from . import api
 
-        trace = api.generate(plan)
+        trace = api.generate(plan, coarsen=args.coarsen)
     if args.format == "goal":
         from .trace.export_goal import export_goal
 
@@ -256,7 +270,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                             "perturbation to cost (docs/whatif.md)")
         if trace is None:
             bar.advance(0, "generating the trace")
-            trace = api.generate(plan)
+            trace = api.generate(plan, coarsen=args.coarsen)
         bar.advance(1, "building the topology")
         topology = api.build_topology(plan)
         bar.advance(1, f"running {args.backend}")
@@ -373,7 +387,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     with ProgressBar(2 + len(backends), "xsim compare", force=args.progress) as bar:
         plan, trace = _load_input(args.plan)
         if trace is None:
-            trace = api.generate(plan)
+            trace = api.generate(plan, coarsen=args.coarsen)
         topology = api.build_topology(plan)
         bar.advance(1, f"running {', '.join(backends)}")
         cmp = api.compare_backends(plan, backends, per, trace=trace, topology=topology)
@@ -492,6 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="The trace directory to write (the plan is stored in it as plan.yaml; "
                         "default: out/<PLAN name>-trace).")
     t.add_argument("--force", action="store_true", help=FORCE_HELP)
+    coarsen_arg(t)
 
     e = add("export", "Write the trace of a plan (or of a trace directory) in a peer "
                       "simulator's format: GOAL text for LogGOPSim/ATLAHS, or Chakra "
@@ -505,6 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: out/<PLAN name>-export-goal.goal, resp. "
                         "out/<PLAN name>-export-chakra).")
     e.add_argument("--force", action="store_true", help=FORCE_HELP)
+    coarsen_arg(e)
 
     def run_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("plan", metavar="PLAN",
@@ -517,6 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--progress", action="store_true", default=None,
                         help="Draw the progress bar even when stderr is not a terminal.")
         sp.add_argument("--force", action="store_true", help=FORCE_HELP)
+        coarsen_arg(sp)
 
     r = add("run", "Run one backend on a plan or trace and write the timeline, per-rank "
                    "metrics, summary and pictures.", cmd_run)

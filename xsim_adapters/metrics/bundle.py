@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..trace.schema import Trace
 from ..trace.timeline import Timeline
+from .coarse import expand_mirrors
 from .critical import critical_path
 from .ranks import rank_metrics
 from .straggler import straggler_frame
@@ -50,7 +51,7 @@ def compute_metrics(trace: Trace, timeline: Timeline) -> Metrics:
     """
     tf = timeline_frame(trace, timeline)
     st = straggler_frame(trace, tf)
-    rk = rank_metrics(trace, tf, st)
+    rk = expand_mirrors(trace, rank_metrics(trace, tf, st))
     cp = critical_path(trace, tf)
     sm = summary(trace, tf, rk, timeline.backend, timeline.stats, critical=cp)
     return Metrics(

@@ -31,33 +31,29 @@ SUMMABLE_COLUMNS = (
 )
 
 
-def _comm_arrays(flows: pd.DataFrame, timed: pd.DataFrame
+def _comm_arrays(tf: pd.DataFrame, kind: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(rank, start, end, phase) of every communication interval of a rank.
 
     Every flow counts twice, once for its sender and once for its receiver; a timed barrier of
     a communication phase (the NCCL latency and protocol cost a ring member pays before its
-    first send, ``workload/nccl.py``) counts once, for the member that owns it.
+    first send, ``workload/nccl.py``) counts once, for the member that owns it. Built from
+    column arrays and masks (no copy of the frame: the metrics stay a few bytes per op).
     """
-    src = flows["rank"].to_numpy(dtype=np.int64)
-    dst = flows["dst"].to_numpy(dtype=np.int64)
-    s = flows["start_ns"].to_numpy()
-    e = flows["end_ns"].to_numpy()
-    ph = flows["phase"].to_numpy()
-    t_rank = timed["rank"].to_numpy(dtype=np.int64)
-    t_s = timed["start_ns"].to_numpy()
-    t_e = timed["end_ns"].to_numpy()
-    t_ph = timed["phase"].to_numpy()
-    return (np.concatenate([src, dst, t_rank]), np.concatenate([s, s, t_s]),
-            np.concatenate([e, e, t_e]), np.concatenate([ph, ph, t_ph]))
-
-
-def _timed_comm_barriers(tf: pd.DataFrame, kind: np.ndarray) -> pd.DataFrame:
-    """Barriers owned by a rank, with a duration, in a communication phase."""
-    comm_phase = np.isin(tf["phase"].to_numpy(), [PHASE_INDEX[p] for p in COMM_PHASES])
-    mask = ((kind == KIND_BARRIER) & (tf["rank"].to_numpy() >= 0)
-            & (tf["duration_ns"].to_numpy() > 0) & comm_phase)
-    return tf[mask]
+    rank = tf["rank"].to_numpy()
+    phase = tf["phase"].to_numpy()
+    start = tf["start_ns"].to_numpy()
+    end = tf["end_ns"].to_numpy()
+    fm = kind == KIND_FLOW
+    comm_phase = np.isin(phase, [PHASE_INDEX[p] for p in COMM_PHASES])
+    tm = ((kind == KIND_BARRIER) & (rank >= 0) & (tf["duration_ns"].to_numpy() > 0)
+          & comm_phase)
+    src = rank[fm].astype(np.int64)
+    dst = tf["dst"].to_numpy()[fm].astype(np.int64)
+    s, e, ph = start[fm], end[fm], phase[fm]
+    return (np.concatenate([src, dst, rank[tm].astype(np.int64)]),
+            np.concatenate([s, s, start[tm]]), np.concatenate([e, e, end[tm]]),
+            np.concatenate([ph, ph, phase[tm]]))
 
 
 def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
@@ -93,17 +89,19 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     rt = rank_table(trace)
     n = len(rt)
     kind = tf["kind"].to_numpy()
-    comp = tf[kind == KIND_COMPUTE]
-    flows = tf[kind == KIND_FLOW]
-    c_rank = comp["rank"].to_numpy(dtype=np.int64)
-    c_s = comp["start_ns"].to_numpy()
-    c_e = comp["end_ns"].to_numpy()
-    f_rank, f_s, f_e, f_ph = _comm_arrays(flows, _timed_comm_barriers(tf, kind))
+    cm = kind == KIND_COMPUTE
+    c_rank = tf["rank"].to_numpy()[cm].astype(np.int64)
+    c_s = tf["start_ns"].to_numpy()[cm]
+    c_e = tf["end_ns"].to_numpy()[cm]
+    c_phase = tf["phase"].to_numpy()[cm]
+    f_rank, f_s, f_e, f_ph = _comm_arrays(tf, kind)
 
     # Iteration end per rank: owned ops and received flows.
-    own = tf[tf["rank"] >= 0]
+    owner = tf["rank"].to_numpy()
+    om = owner >= 0
     it = np.zeros(n)
-    np.maximum.at(it, own["rank"].to_numpy(dtype=np.int64), own["end_ns"].to_numpy())
+    np.maximum.at(it, owner[om].astype(np.int64), tf["end_ns"].to_numpy()[om])
+    del owner, om
     np.maximum.at(it, f_rank, f_e)
 
     # Sort every interval once by (rank, start); each metric below is a masked subset of
@@ -130,7 +128,7 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     out["compute_ns"] = compute_ns
     out["comm_ns"] = comm_ns
     out["exposed_comm_ns"] = both - compute_ns
-    lo, hi, has = _window(comp, c_rank, c_s, c_e, n)
+    lo, hi, has = _window(c_phase, c_rank, c_s, c_e, n)
     # Collectives of the rank's own stage (TP, and the EP all-to-all and CP ring, which run
     # inside a layer) are work, not waiting on the pipeline.
     own_stage = np.isin(ph, [PHASE_INDEX["tp"], PHASE_INDEX["ep"], PHASE_INDEX["cp"]])
@@ -149,8 +147,8 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     out["idle_ns"] = it - both
     for p in COMM_PHASES:
         out[f"comm_{p}_ns"] = union(ph == PHASE_INDEX[p])
-    out["flop_count"] = np.bincount(c_rank, weights=comp["flops"].to_numpy(dtype=np.float64),
-                                    minlength=n)[:n]
+    out["flop_count"] = np.bincount(
+        c_rank, weights=tf["flops"].to_numpy(dtype=np.float64)[cm], minlength=n)[:n]
     parts = _breakdown(union_blocks(k, s, e, presorted=True), _dp_wait_intervals(stragglers),
                        (lo, hi, has), compute_ns, it, n)
     for name, v in zip(BREAKDOWN_COLUMNS, parts, strict=True):
@@ -204,13 +202,13 @@ def _breakdown(busy: tuple[np.ndarray, np.ndarray, np.ndarray],
     return [compute_ns, u_cm - compute_ns, u_cmw - u_cm, u_all - u_cmw, it - u_all]
 
 
-def _window(comp: pd.DataFrame, c_rank: np.ndarray, c_s: np.ndarray, c_e: np.ndarray,
+def _window(ph: np.ndarray, c_rank: np.ndarray, c_s: np.ndarray, c_e: np.ndarray,
             n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pipeline window per rank: (first fwd start, last backward end, whether it has one).
+    """Pipeline window per rank: (first fwd start, last backward end, whether it has one),
+    from the compute ops' phases, ranks, starts and ends.
 
     The backward includes the weight-gradient passes (``wgrad``) of zero-bubble schedules.
     """
-    ph = comp["phase"].to_numpy()
     lo = np.full(n, np.inf)
     hi = np.full(n, -np.inf)
     fwd = ph == PHASE_INDEX["fwd"]

@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..trace.schema import COMM_PHASES, COMPUTE_PHASES, KIND_COMPUTE, PHASE_INDEX, Trace
 from ..trace.timeline import Timeline
+from .coarse import coarsening_of, rank_sources
 from .critical import critical_path, critical_summary
 from .ranks import BREAKDOWN_COLUMNS, SUMMABLE_COLUMNS, rank_metrics
 from .timeline import as_frame
@@ -89,12 +90,17 @@ def device_type_summary(trace: Trace, ranks: pd.DataFrame, iteration_time_ns: fl
     return g.set_index(pd.Index(g["device_type"].to_numpy(), name="type"))
 
 
-def phase_totals(tf: pd.DataFrame, ranks: pd.DataFrame) -> dict[str, int]:
-    """Per phase, rank-ns: compute phases sum their op durations, comm phases sum each rank's
-    union of that phase's flow intervals (``comm_<phase>_ns``)."""
+def phase_totals(tf: pd.DataFrame, ranks: pd.DataFrame,
+                 rank_weight: np.ndarray | None = None) -> dict[str, int]:
+    """Per phase, rank-ns: compute phases sum their op durations (each op times
+    ``rank_weight[rank]``, the ranks it stands for in a coarsened trace; default 1), comm
+    phases sum each rank's union of that phase's flow intervals (``comm_<phase>_ns``)."""
     out: dict[str, int] = {}
     comp = tf[tf["kind"] == KIND_COMPUTE]
-    dur = (comp["end_ns"] - comp["start_ns"]).groupby(comp["phase"].to_numpy()).sum()
+    d = comp["end_ns"] - comp["start_ns"]
+    if rank_weight is not None:
+        d = d * rank_weight[comp["rank"].to_numpy()]
+    dur = d.groupby(comp["phase"].to_numpy()).sum()
     for p in COMPUTE_PHASES:
         out[p] = int(dur.get(PHASE_INDEX[p], 0))
     for p in COMM_PHASES:
@@ -150,6 +156,10 @@ def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
     if len(ranks) and ranks["caused_wait_ns"].max() > 0:
         w = ranks.loc[ranks["caused_wait_ns"].idxmax()]
         worst = {"rank": int(w["rank"]), "caused_wait_ns": int(w["caused_wait_ns"])}
+    co = coarsening_of(trace)
+    weight = None
+    if co.get("used"):
+        weight = np.bincount(rank_sources(trace), minlength=trace.num_ranks)
     clean_stats = {k: v for k, v in (stats or {}).items()
                    if isinstance(v, str | int | float | bool) or v is None}
     out = {
@@ -166,11 +176,12 @@ def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
         "means": {c: int(round(float(ranks[c].mean()))) if len(ranks) else 0
                   for c in ("iteration_time_ns", *SUMMABLE_COLUMNS)},
         "flop_count": total_flops,
-        "phases_rank_ns": phase_totals(tf, ranks),
+        "phases_rank_ns": phase_totals(tf, ranks, weight),
         "device_types": dtypes,
         "mfu": mfu,
         "max_straggler": worst,
         "backend_stats": clean_stats,
+        "coarsening": {k: v for k, v in co.items() if k not in ("rank_runs", "representative")},
         "critical_path": critical_summary(
             critical if critical is not None else critical_path(trace, tf)
         ),

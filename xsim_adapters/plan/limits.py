@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import resource
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PlanError
@@ -73,8 +74,11 @@ def memory_budget_bytes() -> int:
     return min(phys, soft) if soft != resource.RLIM_INFINITY else phys
 
 
-def estimate_ops(plan: Plan) -> int:
+def estimate_ops(plan: Plan, simulated: Collection[int] | None = None) -> int:
     """An upper estimate of the ops :func:`xsim_adapters.workload.generate` makes for ``plan``.
+
+    ``simulated``: the replicas whose stages are generated (a coarsened trace,
+    :mod:`xsim_adapters.workload.coarsen`; None: all); the DP sync is counted whole either way.
 
     Counts compute units per stage and micro-batch, the TP ring flows of each unit, pipeline
     transfers (at most tp_a * tp_b flows each way per boundary and micro-batch), the DP sync
@@ -98,6 +102,8 @@ def estimate_ops(plan: Plan) -> int:
         chunks = replica_chunks(plan, r)
         v = len(chunks[0])
         boundaries.update(b for sc in chunks for rng in sc for b in rng)
+        if simulated is not None and r not in simulated:
+            continue
         for i, st in enumerate(rep.stages):
             n_layers = st.layers[1] - st.layers[0]
             units = 4 * n_layers * (1.5 if t.recompute == "full" else 1.0) + 4 * v
@@ -150,6 +156,18 @@ def check_size(plan: Plan) -> None:
         )
     _check_magnitudes(plan)
     ops = estimate_ops(plan)
+    if ops > MAX_TRACE_OPS:
+        # identical replicas may be coarsened (workload/coarsen.py): bound what is generated then
+        from ..workload.coarsen import decide
+
+        co = decide(plan, "auto", ops)
+        if co.used:
+            ops = estimate_ops(plan, set(co.representative))
+    check_ops(ops)
+
+
+def check_ops(ops: int) -> None:
+    """Refuse a trace of about ``ops`` ops over :data:`MAX_TRACE_OPS` or the memory budget."""
     if ops > MAX_TRACE_OPS:
         raise PlanError(
             "",

@@ -70,6 +70,16 @@ def read_plan_file(path: str | os.PathLike[str], *, stored: bool = False) -> str
     return decode_utf8(data, str(p), "", "plan file")
 
 
+def is_stored_plan(path: Path) -> bool:
+    """Whether ``path`` is the ``plan.yaml`` xsim wrote into a trace directory (beside the
+    trace's ``manifest.json`` and the output stamp ``.xsim-output`` of the trace or of the run
+    holding it), so that `xsim run OUT/trace/plan.yaml` reads back a plan of thousands of
+    stages. Its limits stay bounded (MAX_STORED_PLAN_BYTES, MAX_STORED_YAML_NODES)."""
+    d = path.parent
+    return (path.name == "plan.yaml" and (d / "manifest.json").is_file()
+            and ((d / ".xsim-output").is_file() or (d.parent / ".xsim-output").is_file()))
+
+
 def load_plan(
     path_or_text: str | os.PathLike[str], *, feasibility: bool = True, stored: bool = False
 ) -> Plan:
@@ -92,6 +102,7 @@ def load_plan(
     )
     if is_path:
         p = Path(path_or_text)
+        stored = stored or is_stored_plan(p)
         data = parse_yaml(read_plan_file(p, stored=stored), str(p), stored=stored)
         base_dir: str | None = str(p.resolve().parent)
     else:

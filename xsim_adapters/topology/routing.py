@@ -93,14 +93,49 @@ class _Plane:
             a, b = int(out_off[u]), int(out_off[u + 1])
             self.out_links.append(out_ids[a:b].tolist())
             self.out_dsts.append(out_dst[a:b].tolist())
-        self._dist: dict[int, list[int]] = {}
+        self._switch_dist: dict[int, np.ndarray] = {}  # switch -> int32 hop distances
+        self._last: tuple[int, list[int]] | None = None  # the last GPU target's distances
 
     def dist(self, target: int, is_gpu: np.ndarray) -> list[int]:
-        """Hop distance of every node to ``target`` (-1: unreachable); GPUs are not expanded."""
-        got = self._dist.get(target)
+        """Hop distance of every node to ``target`` (-1: unreachable); GPUs are not expanded.
+
+        A switch's distances are a BFS, cached. On a plane without GPU relays (every plane but
+        NVLink) a GPU never forwards, so a path into GPU
+        ``t`` ends with a hop from a switch ``w`` (or starts at ``t``'s neighbour): d_t(u) is
+        1 + min over t's switch in-neighbours w of d_w(u), or 1 for a GPU linked straight to
+        ``t``; computed from the switches' cache, with only the last GPU target kept (16,384
+        GPU targets x every node would not fit in memory).
+        """
+        if self._last is not None and self._last[0] == target:
+            return self._last[1]
+        if not is_gpu[target]:
+            return self._bfs(target, is_gpu).tolist()
+        if self.gpu_relay:
+            # a GPU next to the target may relay (NVLink mesh): the switch-derived distances
+            # below assume GPUs never forward, so search from the target itself (the plane is
+            # one server's NVLink, a few nodes deep); only the last target is kept
+            out = self._bfs(target, is_gpu, cache=False).tolist()
+            self._last = (target, out)
+            return out
+        big = np.iinfo(np.int32).max
+        acc = np.full(self.n, big, dtype=np.int32)
+        for w in self.in_src[self.in_off[target]:self.in_off[target + 1]].tolist():
+            if is_gpu[w]:
+                acc[w] = 1
+            else:
+                dw = self._bfs(w, is_gpu)
+                np.minimum(acc, np.where(dw >= 0, dw + 1, big), out=acc)
+        acc[target] = 0
+        acc[acc == big] = -1
+        out = acc.tolist()
+        self._last = (target, out)
+        return out
+
+    def _bfs(self, target: int, is_gpu: np.ndarray, cache: bool = True) -> np.ndarray:
+        got = self._switch_dist.get(target) if cache else None
         if got is not None:
             return got
-        dist = np.full(self.n, -1, dtype=np.int64)
+        dist = np.full(self.n, -1, dtype=np.int32)
         dist[target] = 0
         frontier = np.array([target], dtype=np.int64)
         d = 0
@@ -111,9 +146,9 @@ class _Plane:
             dist[srcs] = d
             # a GPU may start a path but forwards none (on NVLink: only as the last relay)
             frontier = srcs if (self.gpu_relay and d == 1) else srcs[~is_gpu[srcs]]
-        out = dist.tolist()
-        self._dist[target] = out
-        return out
+        if cache:
+            self._switch_dist[target] = dist
+        return dist
 
 
 class Router:
@@ -224,7 +259,10 @@ class Router:
         upair, pinv = np.unique(pair, return_inverse=True)
         paths: list[np.ndarray] = []
         pair_path = np.full(len(upair), -1, dtype=np.int64)
-        for j, pk in enumerate(upair.tolist()):
+        # by destination, so each destination's distances are computed once (Plane.dist)
+        by_dst = np.lexsort((upair // self.num_nodes, upair % self.num_nodes))
+        for j in by_dst.tolist():
+            pk = int(upair[j])
             u, v = divmod(pk, self.num_nodes)
             first = self._path_bucket(u, v, 0)
             if self._single.get(pk) is not None:
@@ -236,10 +274,14 @@ class Router:
             triple = pair[need] * BUCKETS + b[need]
             utriple, tinv = np.unique(triple, return_inverse=True)
             base = len(paths)
-            for ck in utriple.tolist():
-                pk, bucket = divmod(ck, BUCKETS)
+            upk = utriple // BUCKETS
+            by_dst = np.lexsort((upk // self.num_nodes, upk % self.num_nodes))
+            found: list[np.ndarray] = [np.zeros(0, dtype=np.int32)] * len(utriple)
+            for j in by_dst.tolist():
+                pk, bucket = divmod(int(utriple[j]), BUCKETS)
                 u, v = divmod(pk, self.num_nodes)
-                paths.append(self._path_bucket(u, v, bucket))
+                found[j] = self._path_bucket(u, v, bucket)
+            paths.extend(found)
             flow_path[need] = base + tinv
         ulen = np.fromiter((len(p) for p in paths), dtype=np.int64, count=len(paths))
         uoff = np.zeros(len(paths) + 1, dtype=np.int64)

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..plan.limits import check_ops, estimate_ops
 from ..plan.model import Plan, Stage
 from ..plan.moe import routed_expert_params
 from ..plan.parallel import group_replicas, uses_ep
@@ -43,6 +44,7 @@ from ..trace.schema import (
 from .alltoall import MoEPlanner
 from .blocks import Block, RingSpec, build_block, stage_units, tp_kinds
 from .builder import BulkBuilder
+from .coarsen import Coarsening, decide, full
 from .compute import ADAM_BYTES_PER_PARAM, optimizer_time_ns, stage_params
 from .context import emit_cp
 from .dpsync import buckets, chunk_rings, sweep_segments
@@ -105,8 +107,11 @@ class _StageOps:
 
 
 class _Generator:
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, coarsening: Coarsening | None = None) -> None:
         self.plan = plan
+        self.coarsening = coarsening or full(plan)
+        # replica -> the replica whose ops stand for it (itself unless coarsened away)
+        self.rep = self.coarsening.representative
         self.tb = BulkBuilder()
         self.info = RankInfo(plan)
         self.blocks: dict[tuple, tuple[Block, ...]] = {}
@@ -188,6 +193,8 @@ class _Generator:
     def add_stages(self) -> None:
         plan = self.plan
         for r, rep in enumerate(plan.replicas):
+            if self.rep[r] != r:
+                continue  # a mirrored replica: its representative's ops stand for it
             m = rep.micro_batches
             chunks = self.chunks[r]
             nv = len(chunks[0])
@@ -210,6 +217,11 @@ class _Generator:
                         ops.append(_StageOps(base, blk))
                     self.stage_ops[(r, i, k)] = tuple(ops)
                 self._chain(r, i, self.order(r, i))
+        for r, q in enumerate(self.rep):
+            if q != r:
+                for (qq, i, k), blocks in list(self.stage_ops.items()):
+                    if qq == q:
+                        self.stage_ops[(r, i, k)] = blocks
 
     def _chain(self, r: int, i: int, order: np.ndarray) -> None:
         """Edges from each block's ends to the next block's head, in schedule order."""
@@ -236,6 +248,8 @@ class _Generator:
         plan = self.plan
         method = plan.collectives.resharding
         for r, rep in enumerate(plan.replicas):
+            if self.rep[r] != r:
+                continue
             chunks = self.chunks[r]
             for j in range(rep.pp * len(chunks[0]) - 1):
                 (i0, k0), (i1, k1) = divmod(j, rep.pp)[::-1], divmod(j + 1, rep.pp)[::-1]
@@ -322,6 +336,8 @@ class _Generator:
         optim_of = np.full(plan.num_ranks, -1, dtype=np.int64)
         last_ends: list[tuple[np.ndarray, np.ndarray, Stage, int, int]] = []
         for r, rep in enumerate(plan.replicas):
+            if self.rep[r] != r:
+                continue
             for i, st in enumerate(rep.stages):
                 kind, k, mb = (int(x) for x in self.order(r, i)[-1])
                 blk = self.stage_ops[(r, i, k)][kind]
@@ -338,6 +354,7 @@ class _Generator:
                     )
                     barrier_of[ranks] = ids
                     tb.add_edges(blk.ends[mb], ids[:, None])
+        self._mirror_ranks(barrier_of)
         dp = self._dp_setup() if plan.dp > 1 else None
         sync = "reduce_scatter" if zero else "all_reduce"
         if dp is not None:
@@ -376,6 +393,7 @@ class _Generator:
                 tb.add_edges(barrier_of[ranks], ids)
             else:
                 tb.add_edges(ends, ids[:, None])
+        self._mirror_ranks(optim_of)
         if dp is not None and zero:
             if plan.training.overlap.param_gather:
                 self._param_gather(dp)
@@ -383,6 +401,15 @@ class _Generator:
                 self._dp_rings(dp, "all_gather", optim_of[dp["members"]])
         if edp is not None and zero:  # experts' all-gather after the step (not overlapped)
             self._dp_rings(edp, "all_gather", optim_of[edp["members"]])
+
+    def _mirror_ranks(self, per_rank: np.ndarray) -> None:
+        """A mirrored replica's ranks take the ops of their representative's matching ranks
+        (same stage, same TP index) in ``per_rank`` (op id per global rank), in place."""
+        plan = self.plan
+        for r, q in enumerate(self.rep):
+            if q != r:
+                for st, sq in zip(plan.replicas[r].stages, plan.replicas[q].stages, strict=True):
+                    per_rank[list(plan.stage_ranks(st))] = per_rank[list(plan.stage_ranks(sq))]
 
     def _param_gather(self, dp: dict[str, Any]) -> None:
         """ZeRO all-gather overlapped with the forward (Megatron-Core ``overlap_param_gather``).
@@ -611,6 +638,7 @@ class _Generator:
                 "zero_stage": t.zero_stage,
             },
             "ranks": ranks,
+            "coarsening": self.coarsening.to_manifest(plan),
             "op_counts": {
                 "by_kind": {k: int(kinds[i]) for i, k in enumerate(KINDS)},
                 "by_phase": {p: int(phases[i]) for i, p in enumerate(PHASES)
@@ -653,9 +681,17 @@ class _Generator:
         }
 
 
-def generate(plan: Plan) -> Trace:
-    """The trace of one training iteration of ``plan`` (pure: same plan, identical frames)."""
-    gen = _Generator(plan)
+def generate(plan: Plan, coarsen: str = "auto") -> Trace:
+    """The trace of one training iteration of ``plan`` (pure: same plan and ``coarsen``,
+    identical frames).
+
+    ``coarsen``: ``auto`` (default), ``on`` or ``off``: simulate one representative of each
+    class of identical replicas (:func:`.coarsen.decide`, docs/scale.md); the manifest's
+    ``coarsening`` says what was done. Raises PlanError if the chosen trace is too large.
+    """
+    co = decide(plan, coarsen)
+    check_ops(estimate_ops(plan, set(co.representative)))
+    gen = _Generator(plan, co)
     gen.add_stages()
     if gen.moe is not None:
         gen.moe.emit(gen)
