@@ -74,17 +74,37 @@ class Analyzer:
     def stage_cost(self, ch: Choice, group: str, tp: int, layers: tuple[int, int]) -> StageCost:
         """Forward and backward block durations (ns) of one micro-batch on a stage."""
         first, last = layers[0] == 0, layers[1] == self.spec.model.layers
-        key = (ch.micro_batch, ch.recompute, self.types[group].name, tp, layers[1] - layers[0],
+        key = (ch.micro_batch, ch.recompute, ch.schedule, self.types[group].name, tp, layers[1] - layers[0],
                first, last)
         hit = self._cost.get(key)
         if hit is None:
             plan = self._plans.get(ch) or self._plans.setdefault(ch, self.base_plan(ch))
             st = Stage(group=group, devices=(0, tp), tp=tp, layers=layers)
-            units = stage_units(plan, st, self.types[group], first, last)
-            hit = StageCost(sum(u.duration_ns for u in units[0]),
-                            sum(u.duration_ns for us in units[1:] for u in us))
+            split_w = ch.schedule == "zb_h1"
+            units = stage_units(plan, st, self.types[group], first, last, split_w=split_w)
+            tp_ns = self.tp_comm_ns(ch, group, tp)
+            # a unit's collectives delay the rank's next unit of the same block; the last
+            # unit's do not delay the rank (only the next stage), so they are not counted
+            per = [sum(u.duration_ns for u in us) + tp_ns * sum(1 for u in us[:-1] if u.kinds)
+                   for us in units]
+            hit = StageCost(per[0], sum(per[1:]))
             self._cost[key] = hit
         return hit
+
+    def tp_comm_ns(self, ch: Choice, group: str, tp: int) -> int:
+        """A lower bound (ns) on one TP collective of a unit on a rank: the bytes every ring
+        member must send, 2 (tp - 1) floor(S / tp) with S = b s h dtype bytes, over all the
+        rank's outgoing capacity (NVLink + NIC). 0 with ``overlap.tp_comm`` (the collective
+        then runs beside a GEMM) or tp = 1."""
+        if tp == 1 or self.spec.training.overlap.tp_comm:
+            return 0
+        m = self.spec.model
+        S = ch.micro_batch * m.seq_len * m.hidden * m.dtype_bytes
+        dev = self.types[group]
+        g = next(x for x in self.spec.device_groups if x.name == group)
+        nic = g.nic_gbps if g.nic_gbps is not None else dev.nic_gbps
+        cap_Bps = (dev.scaleup_GBps * 8 + nic) / 8 * 1e9
+        return int(2 * (tp - 1) * (S // tp) / cap_Bps * 1e9)
 
     def optimizer_ns(self, group: str, tp: int, layers: tuple[int, int], dp: int) -> int:
         """The optimizer step of a stage's rank, as the generator sizes it (ZeRO: / dp)."""
