@@ -6,6 +6,7 @@ Reference: ``docs/search.md``.
 from __future__ import annotations
 
 import math
+from collections import Counter
 import os
 import time
 from dataclasses import dataclass, field
@@ -118,6 +119,8 @@ def search(spec: SearchSpec | str | os.PathLike[str], executor: Executor | None 
                                    e.cand.key))  # type: ignore[index]
     top_entries = ranked[:top]
     summary["simulations"] = s.simulations
+    summary["status_counts"] = dict(sorted(Counter(
+        statuses.get(e.index, e.status or "pruned:bound") for e in entries).items()))
     if confirm:
         summary["confirm"] = _confirm(spec, ev, top_entries, confirm, confirm_options or {})
     summary["wall_s"] = round(time.monotonic() - t0, 3)

@@ -100,7 +100,9 @@ class Searcher:
         self.ev = evaluator
         self.progress = progress
         self.t0 = time.monotonic()
-        self.simulations = 0  # over every pass, cached or not (the evaluation budget)
+        self.simulations = 0  # over every pass, cached or not
+        self._pass_sims = 0  # in the current pass (the evaluation budget is per pass)
+        self._pass_t0 = self.t0
 
     def tokens(self, c: Candidate) -> int:
         return c.choice.global_batch * self.spec.model.seq_len
@@ -125,9 +127,9 @@ class Searcher:
 
     def _budget_left(self) -> bool:
         b = self.spec.budget
-        if b.evaluations is not None and self.simulations >= b.evaluations:
+        if b.evaluations is not None and self._pass_sims >= b.evaluations:
             return False
-        return b.seconds is None or time.monotonic() - self.t0 < b.seconds
+        return b.seconds is None or time.monotonic() - self._pass_t0 < b.seconds
 
     def run(self, label: str, keep: Callable[[Entry], bool] = lambda e: True,
             exhaustive: bool = False) -> Outcome:
@@ -141,6 +143,7 @@ class Searcher:
         statuses: dict[int, str] = {}
         pos = evaluated = 0
         wave = max(1, self.spec.budget.wave)
+        self._pass_sims, self._pass_t0 = 0, time.monotonic()
         while pos < len(pool):
             if not exhaustive and self.objective(pool[pos].cand, pool[pos].lb_ns) > best_obj:
                 break
@@ -148,7 +151,7 @@ class Searcher:
                 break
             size = wave
             if self.spec.budget.evaluations is not None:
-                size = min(size, self.spec.budget.evaluations - self.simulations)
+                size = min(size, self.spec.budget.evaluations - self._pass_sims)
             batch = []
             while pos < len(pool) and len(batch) < size:
                 e = pool[pos]
@@ -159,6 +162,7 @@ class Searcher:
             rows = self.ev.evaluate([plan_dict(self.spec, e.cand) for e in batch],
                                     [e.cand.key for e in batch])
             self.simulations += len(batch)
+            self._pass_sims += len(batch)
             evaluated += len(batch)
             for e, row in zip(batch, rows, strict=True):
                 e.row = row

@@ -249,8 +249,9 @@ def spec_from_dict(d: Any, base_dir: str | None = None) -> SearchSpec:
     for t, tps in space.tp.items():
         gpn = max(g.gpus_per_node for g in groups if g.type == t)
         if not any(gpn % x == 0 for x in tps):
-            raise PlanError(f"space.tp.{t}" if len(space.tp) > 1 else "space.tp",
-                            f"expected a TP degree dividing the {gpn} GPUs of a {t} server "
+            per_type = isinstance((m.get("space") or {}).get("tp"), Mapping)
+            raise PlanError(f"space.tp.{t}" if per_type else "space.tp",
+                            f"expected a TP degree dividing the {gpn} GPUs of one {t} server "
                             f"(got {list(tps)})")
     prices = _parse_prices(m.get("prices_per_gpu_hour"), "prices_per_gpu_hour", groups)
     objective = f.get_enum(m, "objective", "", OBJECTIVES, "throughput")
