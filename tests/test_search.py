@@ -14,7 +14,7 @@ import yaml
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import load_plan, plan_to_dict
 from xsim_adapters.search import load_search_spec, search, spec_from_dict
-from xsim_adapters.search.bnb import Searcher, enumerate_space
+from xsim_adapters.search.bnb import enumerate_space
 from xsim_adapters.search.bound import Analyzer
 from xsim_adapters.search.evaluate import Evaluator
 from xsim_adapters.search.space import plan_dict
@@ -159,7 +159,8 @@ def test_layer_split_balances_the_compute_model_and_batch_split_covers_the_batch
         for part, lay, ms in zip(e.cand.parts, e.cand.layers, e.cand.micro_batches,
                                  strict=True):
             assert lay[0][0] == 0 and lay[-1][1] == spec.model.layers
-            assert all(a < b and b == c for (a, b), (c, _) in zip(lay, lay[1:]))
+            assert all(a < b for a, b in lay)
+            assert all(b == c for (_, b), (c, _) in zip(lay, lay[1:], strict=False))
             assert len(ms) == part.count
         total = sum(sum(ms) for ms in e.cand.micro_batches)
         assert total * e.cand.choice.micro_batch == e.cand.choice.global_batch

@@ -6,9 +6,10 @@ Reference: ``docs/search.md``.
 from __future__ import annotations
 
 import math
-from collections import Counter
 import os
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,8 +99,10 @@ def search(spec: SearchSpec | str | os.PathLike[str], executor: Executor | None 
             def only(e: Entry, t: str = t) -> bool:
                 return entry_types(spec, e) == frozenset({t})
 
-            same = s.run(f"{t} at batch {gb}",
-                         lambda e, only=only: only(e) and e.cand.choice.global_batch == gb)
+            def at_gb(e: Entry, only: Callable[[Entry], bool] = only) -> bool:
+                return only(e) and e.cand.choice.global_batch == gb
+
+            same = s.run(f"{t} at batch {gb}", at_gb)
             own = (same if len(spec.global_batches) == 1
                    else s.run(f"{t} at its best batch", only))
             base[t] = {"same_batch": same, "own_batch": own}
@@ -114,9 +117,12 @@ def search(spec: SearchSpec | str | os.PathLike[str], executor: Executor | None 
             for k, v in o.statuses.items():
                 if v in ("evaluated", "error"):  # simulated by a baseline pass
                     statuses[k] = v
+    def rank(e: Entry) -> tuple[float, str]:
+        assert e.row is not None
+        return s.objective(e.cand, float(e.row["iteration_time_ns"])), e.cand.key
+
     ranked = sorted((e for e in entries if e.status == "evaluated" and e.row is not None),
-                    key=lambda e: (s.objective(e.cand, float(e.row["iteration_time_ns"])),
-                                   e.cand.key))  # type: ignore[index]
+                    key=rank)
     top_entries = ranked[:top]
     summary["simulations"] = s.simulations
     summary["status_counts"] = dict(sorted(Counter(
@@ -139,7 +145,7 @@ def _confirm(spec: SearchSpec, ev: Evaluator, top: list[Entry], backend: str,
     rows = packet.evaluate([plan_dict(spec, e.cand) for e in top], [e.cand.key for e in top])
     out = []
     for e, row in zip(top, rows, strict=True):
-        flow = float(e.row["iteration_time_ns"]) if e.row else math.nan
+        flow = float(e.row["iteration_time_ns"]) if e.row is not None else math.nan
         it = row.get("iteration_time_ns")
         out.append({"candidate": e.index, "key": e.cand.key, "flow_iteration_time_ns": flow,
                     f"{backend}_iteration_time_ns": it, "error": row.get("error", ""),

@@ -152,7 +152,7 @@ class Searcher:
             size = wave
             if self.spec.budget.evaluations is not None:
                 size = min(size, self.spec.budget.evaluations - self._pass_sims)
-            batch = []
+            batch: list[Entry] = []
             while pos < len(pool) and len(batch) < size:
                 e = pool[pos]
                 if not exhaustive and self.objective(e.cand, e.lb_ns) > best_obj:

@@ -74,8 +74,8 @@ class Analyzer:
     def stage_cost(self, ch: Choice, group: str, tp: int, layers: tuple[int, int]) -> StageCost:
         """Forward and backward block durations (ns) of one micro-batch on a stage."""
         first, last = layers[0] == 0, layers[1] == self.spec.model.layers
-        key = (ch.micro_batch, ch.recompute, ch.schedule, self.types[group].name, tp, layers[1] - layers[0],
-               first, last)
+        key = (ch.micro_batch, ch.recompute, ch.schedule, self.types[group].name, tp,
+               layers[1] - layers[0], first, last)
         hit = self._cost.get(key)
         if hit is None:
             plan = self._plans.get(ch) or self._plans.setdefault(ch, self.base_plan(ch))

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 from ..errors import PlanError
 from ..plan import _fields as f
@@ -114,21 +114,25 @@ def load_search_spec(path_or_text: str | os.PathLike[str]) -> SearchSpec:
     return spec_from_dict(parse_yaml(text_in))
 
 
+def _item(v: Any, i: int) -> tuple[Mapping[str, Any], str]:
+    """Item ``i`` of a YAML list as (mapping, key) for the field readers, whose messages
+    then name it ``path[i]``."""
+    return cast(Mapping[str, Any], {i: v}), cast(str, i)
+
+
 def _int_list(m: Mapping[str, Any], key: str, path: str, default: tuple[int, ...],
               maximum: int = lim.MAX_BATCH) -> tuple[int, ...]:
     """A positive integer or a non-empty list of them (sorted, duplicates dropped)."""
     if key not in m:
         return default
     v = m[key]
-    items = v if isinstance(v, list) else [v]
-    if not items:
-        raise PlanError(f.join(path, key), "expected a non-empty list of positive integers "
-                                           "(got [])")
+    if not isinstance(v, list):
+        return (f.get_int(m, key, path, maximum=maximum),)
     where = f.join(path, key)
-    out = [f.get_int({i: x for i, x in enumerate(items)}, i, where, maximum=maximum)
-           if isinstance(v, list) else f.get_int(m, key, path, maximum=maximum)
-           for i in range(len(items))]
-    return tuple(sorted(set(out)))
+    if not v:
+        raise PlanError(where, "expected a non-empty list of positive integers (got [])")
+    return tuple(sorted({f.get_int(*_item(x, i), where, maximum=maximum)
+                         for i, x in enumerate(v)}))
 
 
 def _enum_list(m: Mapping[str, Any], key: str, path: str, choices: tuple[str, ...],
@@ -139,13 +143,11 @@ def _enum_list(m: Mapping[str, Any], key: str, path: str, choices: tuple[str, ..
     v = m[key]
     if not isinstance(v, list):
         return (f.get_enum(m, key, path, choices),)
-    if not v:
-        raise PlanError(f.join(path, key), f"expected a non-empty list of {', '.join(choices)} "
-                                           "(got [])")
     where = f.join(path, key)
-    out = [f.get_enum({i: x for i, x in enumerate(v)}, i, where, choices)  # type: ignore[arg-type]
-           for i in range(len(v))]
-    return tuple(dict.fromkeys(out))
+    if not v:
+        raise PlanError(where, f"expected a non-empty list of {', '.join(choices)} (got [])")
+    return tuple(dict.fromkeys(f.get_enum(*_item(x, i), where, choices)
+                               for i, x in enumerate(v)))
 
 
 def _parse_space(value: Any, path: str, training_raw: Mapping[str, Any],
@@ -178,7 +180,8 @@ def _parse_space(value: Any, path: str, training_raw: Mapping[str, Any],
             raise PlanError("training.schedule", f"expected one of {', '.join(SEARCH_SCHEDULES)} "
                                                  f"in a search spec (got {f.got(s)})")
     rec_default = from_training("recompute") or ("none",)
-    rec_default = tuple({True: "full", False: "none"}.get(r, r) for r in rec_default)
+    rec_default = tuple("full" if r is True else "none" if r is False else r
+                        for r in rec_default)  # older plans write recompute: true / false
     mb_default = from_training("micro_batch") or (1,)
     return Space(
         tp=tp,
