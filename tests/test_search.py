@@ -205,3 +205,11 @@ def test_cli_writes_outputs_and_resume_simulates_nothing_new(tmp_path, monkeypat
     assert cli.main(argv) == 0
     assert len(calls) == 2 * first
     assert "best:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "workloads" / "search").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_shipped_search_specs_load(path):
+    spec = load_search_spec(path)
+    assert spec.budget.evaluations is not None  # every shipped spec is bounded
+    assert len(spec.device_groups) >= 2
