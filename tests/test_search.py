@@ -34,6 +34,7 @@ def _ok(e) -> bool:
     return e.row is not None and e.row.get("error") == ""
 
 
+@pytest.mark.slow  # 38 simulations (about 15 s of CPU)
 def test_bound_never_above_simulated_time_over_the_small_space(exhaustive):
     sims = [e for e in exhaustive.entries if _ok(e)]
     assert len(sims) == exhaustive.summary["feasible"] > 20
@@ -44,6 +45,7 @@ def test_bound_never_above_simulated_time_over_the_small_space(exhaustive):
     assert best.lb_ns >= 0.6 * best.row["iteration_time_ns"]
 
 
+@pytest.mark.slow  # shares the exhaustive fixture
 def test_branch_and_bound_finds_the_exhaustive_best_with_fewer_simulations(exhaustive):
     spec = load_search_spec(SMALL)
     entries = enumerate_space(spec, Analyzer(spec))
@@ -66,6 +68,7 @@ def test_branch_and_bound_finds_the_exhaustive_best_with_fewer_simulations(exhau
     assert counts["pruned:bound"] == res.summary["feasible"] - len(calls)
 
 
+@pytest.mark.slow  # 8 simulations
 def test_bound_below_simulated_time_on_random_plans_of_a_richer_space():
     """Random candidates over schedules, recompute, ZeRO, sequence parallel and 3 types."""
     spec = spec_from_dict(yaml.safe_load("""
@@ -101,8 +104,9 @@ def _spec_for_plan(path: Path, space: dict, budget: dict) -> dict:
 
 
 SHIPPED = [
-    ("uneven-layers.yaml", {"tp": [2, 4], "pp_max": 2}),
-    ("hetero-pipeline-reshard.yaml", {"tp": [4, 8], "pp_max": 2, "mix_types": True}),
+    pytest.param("uneven-layers.yaml", {"tp": [2, 4], "pp_max": 2}, marks=pytest.mark.slow),
+    pytest.param("hetero-pipeline-reshard.yaml", {"tp": [4, 8], "pp_max": 2, "mix_types": True},
+                 marks=pytest.mark.slow),
     ("congested-incast-slow-nic.yaml", {"tp": [1, 4], "pp_max": 2, "mix_types": True}),
     pytest.param("homogeneous-h100.yaml", {"tp": [4, 8], "pp_max": 2},
                  marks=pytest.mark.slow),
