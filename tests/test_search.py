@@ -3,6 +3,7 @@ evaluation, the shipped plans, spec errors, outputs and resumption."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -14,7 +15,7 @@ import yaml
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import load_plan, plan_to_dict
 from xsim_adapters.search import load_search_spec, search, spec_from_dict
-from xsim_adapters.search.bnb import enumerate_space
+from xsim_adapters.search.bnb import Searcher, enumerate_space
 from xsim_adapters.search.bound import Analyzer
 from xsim_adapters.search.evaluate import Evaluator
 from xsim_adapters.search.space import plan_dict
@@ -217,3 +218,43 @@ def test_shipped_search_specs_load(path):
     spec = load_search_spec(path)
     assert spec.budget.evaluations is not None  # every shipped spec is bounded
     assert len(spec.device_groups) >= 2
+
+
+@pytest.mark.parametrize("objective", ["throughput", "cost"])
+def test_branch_and_bound_logic_matches_exhaustive_with_a_fake_simulator(objective):
+    """Simulator faked (time = bound x a digest-derived factor in [1, 2)): checks the search
+    logic itself, both objectives, on the 16-GPU example space, in milliseconds."""
+    import hashlib
+
+    spec = load_search_spec(ROOT / "workloads" / "search" / "h100-a100-16gpu.yaml")
+    raw = dict(spec.raw, objective=objective, budget={"wave": 3})
+    spec = spec_from_dict(raw, spec.base_dir)
+    entries = enumerate_space(spec, Analyzer(spec))
+    lb = {json.dumps(plan_dict(spec, e.cand), sort_keys=True): e.lb_ns
+          for e in entries if e.status == ""}
+
+    def fake(task):
+        key = json.dumps(task["plan"], sort_keys=True)
+        factor = 1 + int(hashlib.sha256(key.encode()).hexdigest()[:4], 16) / 65536
+        t = lb[key] * factor
+        tokens = task["plan"]["training"]["global_batch"] * spec.model.seq_len
+        return {"error": "", "iteration_time_ns": t, "tokens_per_s": tokens / t * 1e9,
+                "mfu": 0.5}
+
+    results = {}
+    for exhaustive in (True, False):
+        ev = Evaluator(run=fake)
+        s = Searcher(spec, [dataclasses.replace(e) for e in entries], ev)
+        o = s.run("x", exhaustive=exhaustive)
+        results[exhaustive] = (o.best.cand.key, o.evaluated, s)
+    assert results[True][0] == results[False][0]
+    assert results[False][1] < results[True][1] == sum(e.status == "" for e in entries)
+    s = results[True][2]
+    if objective == "cost":  # $ per million tokens = $/s x seconds per token x 1e6
+        e = next(x for x in s.entries if x.row is not None)
+        c = e.cand
+        gpus_price = sum(2.50 * t * pp * p.count if g == "h100" else 1.10 * t * pp * p.count
+                         for p in c.parts for g, t, pp in zip(p.groups, p.tp, p.pp, strict=True))
+        want = gpus_price / 3600 * e.row["iteration_time_ns"] * 1e-9 / (
+            c.choice.global_batch * spec.model.seq_len) * 1e6
+        assert s.objective(c, e.row["iteration_time_ns"]) == pytest.approx(want, rel=1e-12)
