@@ -13,7 +13,7 @@ from xsim_adapters import cli
 REPO = Path(__file__).resolve().parents[1]
 HETERO = REPO / "workloads" / "hetero-dp-h100-a100.yaml"
 SUBCOMMANDS = ("validate", "trace", "run", "compare", "sweep", "export", "calibrate", "backends",
-               "bench-collective")
+               "bench-collective", "search")
 
 
 def test_no_arguments_prints_help_and_exits_2(capsys) -> None:

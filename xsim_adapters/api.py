@@ -293,3 +293,15 @@ def add_perturbation_cost(met: Metrics, plan: Plan, backend: str = "flow",
         cost_pct=100.0 * (it - b) / b if b > 0 else 0.0,
     )
     return block
+
+
+def search(spec: str | Path, jobs: int = 1, executor: str = "local",
+           ray_address: str | None = None, **kwargs: Any) -> Any:
+    """Search the plans a search spec (YAML path or text) allows for the best one on its
+    cluster; returns a :class:`xsim_adapters.search.SearchResult` (``.best``, ``.summary``).
+    ``jobs``/``executor``: where simulations run, as for sweeps. See docs/search.md; other
+    keyword arguments go to :func:`xsim_adapters.search.search`."""
+    from .search import search as _search
+    from .sweep.runner import make_executor
+
+    return _search(spec, make_executor(executor, jobs, ray_address), **kwargs)

@@ -447,6 +447,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return run_sweep_command(args)
 
 
+def cmd_search(args: argparse.Namespace) -> int:
+    """``xsim search``: see docs/search.md."""
+    from .search.cli import run_search_command
+
+    if args.output is None:
+        args.output = default_output(args.spec, "search")
+    return run_search_command(args)
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """``xsim calibrate``: fit a device type's efficiency to measured iteration times."""
     from .calibrate import fit
@@ -573,6 +582,14 @@ def build_parser() -> argparse.ArgumentParser:
                                      "file) on one backend and write one result row per "
                                      "variant to OUT/sweep.csv and OUT/sweep.parquet.",
                             cmd_sweep))
+
+    from .search.cli import add_search_arguments
+
+    add_search_arguments(add("search", "Search the plans a spec allows for the fastest (or "
+                                       "cheapest) one on its cluster: branch and bound with "
+                                       "an analytical lower bound, simulated on the flow "
+                                       "backend; writes the best plans and every candidate.",
+                             cmd_search))
 
     cal = add("calibrate", "Fit one compute constant of a device type (efficiency or "
                            "hbm_efficiency) to iteration times measured on your own cluster, "

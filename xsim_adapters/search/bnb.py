@@ -1,0 +1,226 @@
+"""Branch and bound over the candidates of a spec (docs/search.md#search).
+
+Phase 1, analytical (microseconds per candidate): enumerate the space, derive each candidate's
+layer and micro-batch splits, drop what cannot run (too few layers or micro-batches, memory
+over capacity) and compute the lower bound of its objective from the iteration-time bound.
+
+Phase 2, simulated: best-first. The surviving candidates are ordered by bound (ties by key) and
+simulated on the flow backend in rounds of ``budget.wave``; a candidate whose bound is above the
+best simulated objective so far (the incumbent) is cut without simulation, and since the order
+is by bound, the search stops at the first such candidate. With a valid bound (bound <= simulated
+time, docs/search.md#bound) the result is the best plan of the space, the same one an exhaustive
+evaluation finds. Round sizes do not depend on ``--jobs``, so the evaluated set, and every
+output, is the same for a given spec whatever the parallelism.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .bound import Analyzer
+from .evaluate import Evaluator, Row
+from .space import Candidate, choices, plan_dict, structures
+from .spec import SearchSpec
+
+# Why a candidate of the space was not simulated (the ``status`` column).
+STATUS_EVALUATED = "evaluated"
+STATUS_LAYERS = "pruned:layers"  # more stages than layers
+STATUS_BATCH = "pruned:batch"  # fewer micro-batches than replicas
+STATUS_MEMORY = "pruned:memory"  # a stage exceeds its device memory
+STATUS_BOUND = "pruned:bound"  # bound above the incumbent
+STATUS_BUDGET = "not_reached:budget"  # the budget ran out first
+STATUS_ERROR = "error"  # simulated, but the plan or the backend failed
+
+Progress = Callable[[int, str], None]
+
+
+@dataclass
+class Entry:
+    """One candidate with its analysis and (once simulated) its result row."""
+
+    index: int
+    cand: Candidate
+    status: str
+    lb_ns: float = float("nan")
+    headroom_GB: float = float("nan")
+    row: Row | None = None
+
+
+@dataclass
+class Outcome:
+    """The result of one branch-and-bound pass over a subset of the space."""
+
+    label: str
+    best: Entry | None
+    considered: int  # feasible candidates in the subset
+    evaluated: int  # simulated (or taken from the cache) by this pass
+    cut: int  # cut by the bound
+    unreached: int  # left when the budget ran out
+    proven: bool  # the pass finished (not stopped by the budget)
+    statuses: dict[int, str] = field(default_factory=dict)
+
+
+def enumerate_space(spec: SearchSpec, an: Analyzer) -> list[Entry]:
+    """Every candidate of the space with its phase-1 status, bound and headroom."""
+    out: list[Entry] = []
+    for ch in choices(spec):
+        for parts in structures(spec):
+            layers = tuple(an.layer_split(ch, p) for p in parts)
+            reshard = (spec.space.resharding if any(len(set(p.tp)) > 1 for p in parts)
+                       else spec.space.resharding[:1])
+            if any(lay is None for lay in layers):
+                for r in reshard:
+                    out.append(Entry(len(out), Candidate(ch, parts, r, (), ()), STATUS_LAYERS))
+                continue
+            lays = tuple(lay for lay in layers if lay is not None)
+            mbs = an.micro_batch_split(ch, parts, lays)
+            for r in reshard:
+                if mbs is None:
+                    out.append(Entry(len(out), Candidate(ch, parts, r, lays, ()), STATUS_BATCH))
+                    continue
+                c = Candidate(ch, parts, r, lays, mbs)
+                e = Entry(len(out), c, "", lb_ns=float(an.lower_bound_ns(c)),
+                          headroom_GB=an.min_headroom_GB(c))
+                e.status = STATUS_MEMORY if e.headroom_GB < 0 else ""
+                out.append(e)
+    return out
+
+
+class Searcher:
+    """Phase 2 over the entries of :func:`enumerate_space`, sharing one evaluator (cache)."""
+
+    def __init__(self, spec: SearchSpec, entries: list[Entry], evaluator: Evaluator,
+                 progress: Progress | None = None) -> None:
+        self.spec = spec
+        self.entries = entries
+        self.ev = evaluator
+        self.progress = progress
+        self.t0 = time.monotonic()
+        self.simulations = 0  # over every pass, cached or not
+        self._pass_sims = 0  # in the current pass (the evaluation budget is per pass)
+        self._pass_t0 = self.t0
+
+    def tokens(self, c: Candidate) -> int:
+        return c.choice.global_batch * self.spec.model.seq_len
+
+    def price_per_s(self, c: Candidate) -> float:
+        """$ per second of the GPUs the candidate uses (0 without prices)."""
+        prices = self.spec.prices_per_gpu_hour
+        if not prices:
+            return 0.0
+        types = {g.name: g.type for g in self.spec.device_groups}
+        total = 0.0
+        for p in c.parts:
+            for g, t, pp in zip(p.groups, p.tp, p.pp, strict=True):
+                total += prices[types[g]] * t * pp * p.count
+        return total / 3600.0
+
+    def objective(self, c: Candidate, time_ns: float) -> float:
+        """What is minimised: ns per token (throughput) or $ per million tokens (cost)."""
+        if self.spec.objective == "cost":
+            return self.price_per_s(c) * time_ns * 1e-9 / self.tokens(c) * 1e6
+        return time_ns / self.tokens(c)
+
+    def _budget_left(self) -> bool:
+        b = self.spec.budget
+        if b.evaluations is not None and self._pass_sims >= b.evaluations:
+            return False
+        return b.seconds is None or time.monotonic() - self._pass_t0 < b.seconds
+
+    def run(self, label: str, keep: Callable[[Entry], bool] = lambda e: True,
+            exhaustive: bool = False) -> Outcome:
+        """Best-first branch and bound over the feasible entries ``keep`` accepts
+        (``exhaustive``: no cut, every one is simulated; the budget still applies)."""
+        pool = sorted((e for e in self.entries if e.status in ("", STATUS_EVALUATED,
+                                                               STATUS_ERROR) and keep(e)),
+                      key=lambda e: (self.objective(e.cand, e.lb_ns), e.cand.key))
+        best: Entry | None = None
+        best_obj = float("inf")
+        statuses: dict[int, str] = {}
+        pos = evaluated = 0
+        wave = max(1, self.spec.budget.wave)
+        self._pass_sims, self._pass_t0 = 0, time.monotonic()
+        while pos < len(pool):
+            if not exhaustive and self.objective(pool[pos].cand, pool[pos].lb_ns) > best_obj:
+                break
+            if not self._budget_left():
+                break
+            size = wave
+            if self.spec.budget.evaluations is not None:
+                size = min(size, self.spec.budget.evaluations - self._pass_sims)
+            batch: list[Entry] = []
+            while pos < len(pool) and len(batch) < size:
+                e = pool[pos]
+                if not exhaustive and self.objective(e.cand, e.lb_ns) > best_obj:
+                    break
+                batch.append(e)
+                pos += 1
+            rows = self.ev.evaluate([plan_dict(self.spec, e.cand) for e in batch],
+                                    [e.cand.key for e in batch])
+            self.simulations += len(batch)
+            self._pass_sims += len(batch)
+            evaluated += len(batch)
+            for e, row in zip(batch, rows, strict=True):
+                e.row = row
+                ok = row.get("error") == "" and row.get("iteration_time_ns") is not None
+                e.status = STATUS_EVALUATED if ok else STATUS_ERROR
+                statuses[e.index] = e.status
+                if ok:
+                    obj = self.objective(e.cand, float(row["iteration_time_ns"]))
+                    if (obj, e.cand.key) < (best_obj, best.cand.key if best else "~"):
+                        best, best_obj = e, obj
+            if self.progress:
+                shown = "none" if best is None else f"{best_obj:.4g}"
+                self.progress(len(batch), f"{label}: best {shown} after {evaluated} sims")
+        unreached = cut = 0
+        for e in pool[pos:]:
+            if e.index in statuses:
+                continue
+            if exhaustive or self.objective(e.cand, e.lb_ns) <= best_obj:
+                statuses[e.index] = STATUS_BUDGET
+                unreached += 1
+            else:
+                statuses[e.index] = STATUS_BOUND
+                cut += 1
+        if self.progress and len(pool) > evaluated:
+            self.progress(len(pool) - evaluated, f"{label}: done")
+        return Outcome(label=label, best=best, considered=len(pool), evaluated=evaluated,
+                       cut=cut, unreached=unreached, proven=unreached == 0, statuses=statuses)
+
+
+def prune_counts(entries: list[Entry], outcome: Outcome) -> dict[str, int]:
+    """How many candidates of the space ended in each status after ``outcome`` (the main
+    pass): phase-1 prunes, evaluated, errors, cut by the bound, not reached."""
+    c: Counter[str] = Counter()
+    for e in entries:
+        c[outcome.statuses.get(e.index, e.status or STATUS_BOUND)] += 1
+    return dict(sorted(c.items()))
+
+
+def entry_types(spec: SearchSpec, e: Entry) -> frozenset[str]:
+    """The device types a candidate uses."""
+    types = {g.name: g.type for g in spec.device_groups}
+    return frozenset(types[g] for g in e.cand.groups_used)
+
+
+def outcome_summary(o: Outcome, spec: SearchSpec) -> dict[str, Any]:
+    """A JSON-able summary of one pass."""
+    b = o.best
+    return {
+        "label": o.label,
+        "considered": o.considered,
+        "evaluated": o.evaluated,
+        "cut_by_bound": o.cut,
+        "not_reached": o.unreached,
+        "proven_optimal": o.proven,
+        "best": None if b is None else b.cand.key,
+        "best_iteration_time_ns": None if b is None or b.row is None
+        else float(b.row["iteration_time_ns"]),
+        "best_tokens_per_s": None if b is None or b.row is None
+        else float(b.row["tokens_per_s"]),
+        "best_global_batch": None if b is None else b.cand.choice.global_batch,
+    }

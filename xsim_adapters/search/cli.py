@@ -1,0 +1,131 @@
+"""The ``xsim search`` subcommand: arguments, the output directory, what it prints.
+
+Exit status: 0 when a best plan was found; 1 when no candidate could run (or a malformed spec).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .evaluate import ROWS_FILE
+
+
+def add_search_arguments(sp: argparse.ArgumentParser) -> None:
+    """The options of ``xsim search``."""
+    from ..sweep.runner import EXECUTORS
+
+    sp.add_argument("spec", metavar="SPEC",
+                    help="The search spec YAML file (model, training, cluster, space, "
+                         "prices, budget; see docs/search.md).")
+    sp.add_argument("-o", "--output", default=None, metavar="OUT",
+                    help="The output directory (default: out/<SPEC name>-search); gets "
+                         "candidates.csv/.parquet, best.yaml, top/, pareto.png, summary.json.")
+    sp.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                    help="Simulations run at once (local worker processes; default 1).")
+    sp.add_argument("--executor", choices=EXECUTORS, default="local",
+                    help="Where simulations run: local processes, or a Ray cluster.")
+    sp.add_argument("--ray-address", metavar="ADDR", default=None,
+                    help="The Ray cluster to connect to (default: RAY_ADDRESS, else local).")
+    sp.add_argument("--top", type=int, default=5, metavar="K",
+                    help="How many of the best plans to write as top/NN.yaml (and confirm).")
+    sp.add_argument("--confirm", metavar="BACKEND", default=None,
+                    help="Re-run the top K plans on a packet backend (ns3 or htsim) and "
+                         "report both iteration times.")
+    sp.add_argument("--option", action="append", metavar="KEY=VALUE",
+                    help="A backend option for --confirm; repeat for several.")
+    sp.add_argument("--exhaustive", action="store_true",
+                    help="Simulate every feasible candidate (no cut by the bound).")
+    sp.add_argument("--no-baselines", action="store_true",
+                    help="Skip the homogeneous-subset searches (and their speed-ups).")
+    sp.add_argument("--max-evaluations", type=int, default=None, metavar="N",
+                    help="Override budget.evaluations of the spec.")
+    sp.add_argument("--max-seconds", type=float, default=None, metavar="S",
+                    help="Override budget.seconds of the spec (stops between rounds; the "
+                         "result then depends on machine speed).")
+    sp.add_argument("--resume", action="store_true",
+                    help="Keep OUT and the simulations recorded in OUT/search.rows.jsonl; "
+                         "the search replays its decisions and simulates only what is new.")
+    sp.add_argument("--force", action="store_true",
+                    help="Replace an earlier xsim output of another kind at OUT (never files "
+                         "xsim did not write; see docs/outputs.md).")
+    sp.add_argument("--progress", action="store_true", default=None,
+                    help="Draw the progress bar even when stderr is not a terminal.")
+
+
+def open_search_dir(out: Path, resume: bool, force: bool) -> tuple[Path, dict[str, Any]]:
+    """The output directory, ready for rows (stamped as a search output), and the recorded
+    rows to reuse (``resume``)."""
+    from .._outdir import check_output, inspect_output, output_dir
+    from ..sweep.results import read_rows
+
+    target = check_output(out, "search", force)
+    if resume and inspect_output(target)[0] == "search":
+        return target, read_rows(target / ROWS_FILE)
+    with output_dir(target, "search", force, expect=(ROWS_FILE,)):
+        pass  # an empty stamped directory replaces whatever earlier output was there
+    return target, {}
+
+
+def run_search_command(args: argparse.Namespace) -> int:
+    """Run the search, write OUT/, print a short report; returns the exit status."""
+    import dataclasses
+
+    from .._outdir import write_stamp, writer_lock
+    from ..options import parse_option_items
+    from ..report.progress import ProgressBar
+    from ..sweep.results import RowLog
+    from ..sweep.runner import make_executor
+    from .api import search, write_result
+    from .bnb import enumerate_space
+    from .bound import Analyzer
+    from .evaluate import Evaluator
+    from .spec import load_search_spec
+
+    spec = load_search_spec(args.spec)
+    budget = spec.budget
+    if args.max_evaluations is not None:
+        budget = dataclasses.replace(budget, evaluations=args.max_evaluations)
+    if args.max_seconds is not None:
+        budget = dataclasses.replace(budget, seconds=args.max_seconds)
+    spec = dataclasses.replace(spec, budget=budget)
+    executor = make_executor(args.executor, args.jobs, args.ray_address)
+    out, done = open_search_dir(Path(args.output), args.resume, args.force)
+    if args.resume:
+        print(f"resuming in {args.output}: {len(done)} simulations on record in {ROWS_FILE}")
+    entries = enumerate_space(spec, Analyzer(spec))
+    feasible = sum(1 for e in entries if e.status == "")
+    with writer_lock(out), RowLog(out / ROWS_FILE) as log, \
+            ProgressBar(feasible, "xsim search", force=args.progress) as bar:
+        ev = Evaluator(executor, base_dir=spec.base_dir, rows_log=log, done=done)
+        result = search(spec, evaluator=ev, exhaustive=args.exhaustive,
+                        baselines=not args.no_baselines, top=args.top, confirm=args.confirm,
+                        confirm_options=parse_option_items(args.option or []),
+                                progress=lambda n, note: bar.advance(n, note), entries=entries)
+        result.summary["simulated_now"] = ev.simulated
+        write_result(result, out)
+    write_stamp(out, "search")
+    _report(result, args.output)
+    return 0 if result.best is not None else 1
+
+
+def _report(result: Any, out: str) -> None:
+    s = result.summary
+    print(f"{s['spec']}: space {s['space_size']} plans, {s['feasible']} feasible, "
+          f"{s['evaluated']} simulated ({s['simulations']} in all passes) in {s['wall_s']:.1f} s"
+          + ("" if s["proven_optimal"] else " (budget reached: best not proven)"))
+    print("  " + ", ".join(f"{k} {v}" for k, v in s["prune_counts"].items()))
+    b = result.best
+    if b is None:
+        print("  no candidate ran")
+        return
+    print(f"  best: {b.cand.key}: iteration {float(b.row['iteration_time_ns']) / 1e6:.3f} ms, "
+          f"{float(b.row['tokens_per_s']):,.0f} tokens/s")
+    for t, h in s.get("homogeneous", {}).items():
+        same, own = h["speedup_same_batch"], h["speedup_own_batch"]
+        fmt = (lambda x: "n/a" if x is None else f"{x:.3f}x")  # noqa: E731
+        print(f"  speed-up over {t} alone: {fmt(same)} at the same global batch, "
+              f"{fmt(own)} against its own best batch")
+    print(f"wrote {out}/: best.yaml, top/, candidates.csv, candidates.parquet, pareto.png, "
+          f"summary.json, {ROWS_FILE}")

@@ -1,0 +1,135 @@
+"""What a search writes: the candidates table, the best plans, the Pareto plot, the summary.
+
+Files in OUT (each written atomically; the directory follows docs/outputs.md):
+``candidates.parquet`` / ``candidates.csv`` (one row per candidate of the space), ``best.yaml``,
+``top/NN.yaml`` (the k best, ready for ``xsim run``), ``pareto.png`` (throughput against cost of
+the simulated candidates), ``summary.json`` (space size, evaluations, prune counts by reason,
+the best plan, speed-ups over homogeneous subsets) and the rows file ``search.rows.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from .._atomic import write_atomic, write_text_atomic
+from .bnb import Entry, Searcher, entry_types
+
+SEARCH_FILES = ("candidates.parquet", "candidates.csv", "best.yaml", "pareto.png",
+                "summary.json")
+
+
+def candidates_frame(s: Searcher, entries: list[Entry], statuses: dict[int, str]
+                     ) -> pd.DataFrame:
+    """One row per candidate: key choices, status (why pruned), bound, results, cost."""
+    rows = []
+    for e in entries:
+        c, ch = e.cand, e.cand.choice
+        row = e.row if e.row is not None and e.row.get("error") == "" else None
+        it = float(row["iteration_time_ns"]) if row else math.nan
+        rate = s.price_per_s(c)
+        tok_s = float(row["tokens_per_s"]) if row else math.nan
+        rows.append({
+            "candidate": e.index,
+            "key": c.key,
+            "status": statuses.get(e.index, e.status or "pruned:bound"),
+            "global_batch": ch.global_batch,
+            "micro_batch": ch.micro_batch,
+            "schedule": ch.schedule,
+            "recompute": ch.recompute,
+            "layer_split": ch.layer_split,
+            "resharding": c.resharding,
+            "replicas": " ".join(p.label() for p in c.parts),
+            "device_types": ",".join(sorted(entry_types(s.spec, e))),
+            "dp": sum(p.count for p in c.parts),
+            "max_pp": max(p.depth for p in c.parts),
+            "mixed": any(len(p.groups) > 1 for p in c.parts),
+            "gpus": c.num_gpus,
+            "lower_bound_ns": e.lb_ns,
+            "memory_headroom_GB": e.headroom_GB,
+            "iteration_time_ns": it,
+            "tokens_per_s": tok_s,
+            "mfu": float(row["mfu"]) if row else math.nan,
+            "bound_over_time": e.lb_ns / it if row else math.nan,
+            "cost_per_million_tokens": (rate * 1e6 / tok_s if row and rate > 0 else math.nan),
+            "error": (e.row or {}).get("error", ""),
+        })
+    return pd.DataFrame(rows)
+
+
+def plan_yaml(plan: dict[str, Any], comment: str) -> str:
+    """A plan dict as YAML text (block style, keys in plan order) with a leading comment."""
+    head = "".join(f"# {line}\n" for line in comment.splitlines())
+    return head + yaml.safe_dump(plan, sort_keys=False, default_flow_style=None, width=100)
+
+
+def pareto_front(cost: np.ndarray, rate: np.ndarray) -> np.ndarray:
+    """Indices of the points no other point beats in both lower cost and higher rate."""
+    order = np.lexsort((-rate, cost))
+    front, best = [], -np.inf
+    for i in order:
+        if rate[i] > best:
+            front.append(i)
+            best = rate[i]
+    return np.asarray(front, dtype=np.int64)
+
+
+def write_pareto(path: Path, frame: pd.DataFrame, priced: bool) -> None:
+    """Throughput (tokens/s) against cost ($ per million tokens, or GPU-hours per million
+    tokens without prices) of the simulated candidates, the Pareto front joined."""
+    from matplotlib.figure import Figure
+
+    ok = frame[frame["status"] == "evaluated"]
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    if priced:
+        cost = ok["cost_per_million_tokens"].to_numpy(float)
+        ax.set_xlabel("cost ($ per million tokens)")
+    else:
+        cost = (ok["gpus"] / ok["tokens_per_s"] * 1e6 / 3600).to_numpy(float)
+        ax.set_xlabel("GPU-hours per million tokens")
+    rate = ok["tokens_per_s"].to_numpy(float)
+    for mixed, marker in ((False, "o"), (True, "^")):
+        sel = ok["mixed"].to_numpy(bool) == mixed
+        ax.scatter(cost[sel], rate[sel], s=14, marker=marker, alpha=0.6,
+                   label="mixed-type replicas" if mixed else "pure replicas")
+    if len(ok):
+        f = pareto_front(cost, rate)
+        f = f[np.argsort(cost[f])]
+        ax.plot(cost[f], rate[f], "k-", lw=1, label="Pareto front")
+    ax.set_ylabel("throughput (tokens/s)")
+    ax.set_title("xsim search: simulated candidates")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+
+
+def write_outputs(out: Path, s: Searcher, entries: list[Entry], statuses: dict[int, str],
+                  summary: dict[str, Any], top: list[Entry]) -> pd.DataFrame:
+    """Every search file into ``out`` (an existing directory the caller holds)."""
+    from .space import plan_dict
+
+    frame = candidates_frame(s, entries, statuses)
+    write_atomic(out / "candidates.csv", lambda tmp: frame.to_csv(tmp, index=False))
+    write_atomic(out / "candidates.parquet", lambda tmp: frame.to_parquet(tmp, index=False))
+    (out / "top").mkdir(exist_ok=True)
+    for k, e in enumerate(top, 1):
+        it = float(e.row["iteration_time_ns"]) if e.row else math.nan
+        note = (f"xsim search {s.spec.name}: rank {k} of the simulated candidates\n"
+                f"{e.cand.key}\niteration {it / 1e6:.3f} ms on flow (lower bound "
+                f"{e.lb_ns / 1e6:.3f} ms)")
+        text = plan_yaml(plan_dict(s.spec, e.cand, f"{s.spec.name}-top{k}"), note)
+        write_text_atomic(out / "top" / f"{k:02d}.yaml", text)
+        if k == 1:
+            write_text_atomic(out / "best.yaml", text.replace(f"{s.spec.name}-top1",
+                                                              f"{s.spec.name}-best"))
+    write_pareto(out / "pareto.png", frame, bool(s.spec.prices_per_gpu_hour))
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
+    return frame

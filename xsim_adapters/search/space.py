@@ -1,0 +1,211 @@
+"""The search space: which plans a spec allows, enumerated as :class:`Candidate` values.
+
+A candidate is built in three levels (docs/search.md#space):
+
+1. **structure**: every device group is idle, split into identical pure replicas of shape
+   (tp, pp), or (``mix_types``) paired with a group of another type into identical mixed
+   replicas whose first stages sit on one group and last stages on the other (both stage
+   orders are candidates; memory-rich first is the order tried first);
+2. **training choices**: global batch, micro-batch size, schedule, recompute, layer split
+   rule and (only where consecutive stages differ in TP) resharding method;
+3. **derived, not searched**: the layer split of each replica shape (``balanced``: the
+   contiguous split minimising the slowest stage's compute per micro-batch under the compute
+   model; ``even``: equal counts) and the micro-batch split over replicas (greedy on the
+   estimated replica time), both in :mod:`.bound`.
+
+Replicas of a part occupy consecutive device blocks of their group, TP groups never cross a
+server (tp divides gpus_per_node), so the plans need no scale-up-across-nodes rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..plan.model import DeviceGroup
+from .spec import SearchSpec, plan_base
+
+
+@dataclass(frozen=True)
+class Part:
+    """Identical replicas: ``count`` pipelines whose stages run on ``groups`` in order, with
+    ``pp[i]`` stages of TP ``tp[i]`` on ``groups[i]`` (one group: pure, two: mixed)."""
+
+    groups: tuple[str, ...]
+    tp: tuple[int, ...]
+    pp: tuple[int, ...]
+    count: int
+
+    @property
+    def depth(self) -> int:
+        return sum(self.pp)
+
+    def stage_shapes(self) -> tuple[tuple[str, int], ...]:
+        """(group, tp) of each stage in pipeline order."""
+        return tuple((g, t) for g, t, p in zip(self.groups, self.tp, self.pp, strict=True)
+                     for _ in range(p))
+
+    def label(self) -> str:
+        return "+".join(f"{g}:tp{t}pp{p}" for g, t, p in zip(self.groups, self.tp, self.pp,
+                                                            strict=True)) + f"x{self.count}"
+
+
+Structure = tuple[Part, ...]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The training choices of a candidate (level 2)."""
+
+    global_batch: int
+    micro_batch: int
+    schedule: str
+    recompute: str
+    layer_split: str
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One complete plan of the space: structure, choices, derived layer and batch splits.
+
+    ``layers[i]`` is the layer range of every stage of part i; ``micro_batches[i]`` the
+    micro-batch count of each of part i's replicas.
+    """
+
+    choice: Choice
+    parts: Structure
+    resharding: str
+    layers: tuple[tuple[tuple[int, int], ...], ...]
+    micro_batches: tuple[tuple[int, ...], ...]
+
+    @property
+    def key(self) -> str:
+        """A readable identity, also the tie-break order of equal objectives."""
+        c = self.choice
+        parts = " ".join(p.label() for p in self.parts)
+        return (f"gb{c.global_batch} mb{c.micro_batch} {c.schedule} rc-{c.recompute} "
+                f"{c.layer_split} {self.resharding} | {parts}")
+
+    @property
+    def groups_used(self) -> tuple[str, ...]:
+        return tuple(g for p in self.parts for g in p.groups)
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(t * pp * p.count for p in self.parts for t, pp in zip(p.tp, p.pp,
+                                                                         strict=True))
+
+    @property
+    def has_reshard(self) -> bool:
+        return any(len(set(p.tp)) > 1 for p in self.parts)
+
+
+def _tp_choices(spec: SearchSpec, g: DeviceGroup) -> list[int]:
+    return [t for t in spec.space.tp[g.type] if g.gpus_per_node % t == 0]
+
+
+def pure_shapes(spec: SearchSpec, g: DeviceGroup) -> list[Part]:
+    """Every (tp, pp) split of group ``g`` into identical pure replicas."""
+    sp, out = spec.space, []
+    for tp in _tp_choices(spec, g):
+        for pp in range(sp.pp_min, sp.pp_max + 1):
+            if g.num_devices % (tp * pp) == 0:
+                out.append(Part((g.name,), (tp,), (pp,), g.num_devices // (tp * pp)))
+    return out
+
+
+def mixed_shapes(spec: SearchSpec, a: DeviceGroup, b: DeviceGroup) -> list[Part]:
+    """Mixed replicas over groups ``a`` then ``b`` (a's stages first), both groups fully used."""
+    sp, out = spec.space, []
+    for ta in _tp_choices(spec, a):
+        for tb in _tp_choices(spec, b):
+            for pa in range(1, sp.pp_max):
+                for pb in range(1, sp.pp_max - pa + 1):
+                    if pa + pb < sp.pp_min:
+                        continue
+                    if a.num_devices % (ta * pa) or b.num_devices % (tb * pb):
+                        continue
+                    n = a.num_devices // (ta * pa)
+                    if n == b.num_devices // (tb * pb):
+                        out.append(Part((a.name, b.name), (ta, tb), (pa, pb), n))
+    return out
+
+
+def structures(spec: SearchSpec) -> list[Structure]:
+    """Every level-1 structure, in a fixed order (at least one group busy)."""
+    groups = list(spec.device_groups)
+    types = {g.name: spec.device_types[g.type] for g in groups}
+    pure = {g.name: pure_shapes(spec, g) for g in groups}
+    out: list[Structure] = []
+
+    def rec(i: int, taken: frozenset[str], acc: tuple[Part, ...]) -> None:
+        while i < len(groups) and groups[i].name in taken:
+            i += 1
+        if i == len(groups):
+            if acc:
+                out.append(tuple(sorted(acc, key=lambda p: p.groups)))
+            return
+        g = groups[i]
+        for part in pure[g.name]:
+            rec(i + 1, taken, acc + (part,))
+        if spec.space.mix_types:
+            for h in groups[i + 1:]:
+                if h.name in taken or h.type == g.type:
+                    continue
+                # memory-rich first (absorbs the early stages' activations), then the reverse
+                rich = sorted((g, h), key=lambda x: (-types[x.name].hbm_GB, x.name))
+                for first, second in (rich, rich[::-1]):
+                    for part in mixed_shapes(spec, first, second):
+                        rec(i + 1, taken | {h.name}, acc + (part,))
+        if spec.space.idle_groups:
+            rec(i + 1, taken, acc)
+
+    rec(0, frozenset(), ())
+    return out
+
+
+def choices(spec: SearchSpec) -> list[Choice]:
+    """Every level-2 choice except resharding, in a fixed order."""
+    sp = spec.space
+    return [Choice(gb, mb, s, r, ls) for gb in spec.global_batches for mb in sp.micro_batch
+            if gb % mb == 0 for s in sp.schedules for r in sp.recompute
+            for ls in sp.layer_split]
+
+
+def iter_replicas(c: Candidate) -> Iterator[tuple[int, int, list[dict[str, Any]]]]:
+    """(part index, micro-batches, stages as plan dicts) of every replica, in plan order."""
+    for i, part in enumerate(c.parts):
+        for j in range(part.count):
+            stages = []
+            s = 0
+            for g, tp, pp in zip(part.groups, part.tp, part.pp, strict=True):
+                for k in range(pp):
+                    lo = (j * pp + k) * tp
+                    stages.append({"group": g, "devices": [lo, lo + tp], "tp": tp,
+                                   "layers": list(c.layers[i][s])})
+                    s += 1
+            yield i, c.micro_batches[i][j], stages
+
+
+def plan_dict(spec: SearchSpec, c: Candidate, name: str | None = None) -> dict[str, Any]:
+    """The candidate as a plan (plain data, the YAML form ``xsim run`` reads).
+
+    Idle device groups are left out of ``device_groups`` (a plan may not hold unused groups'
+    ranks silently).
+    """
+    base = plan_base(spec)
+    used = set(c.groups_used)
+    base["device_groups"] = {k: v for k, v in base["device_groups"].items() if k in used}
+    ch = c.choice
+    training = {k: v for k, v in base["training"].items()}
+    training.update(global_batch=ch.global_batch, micro_batch=ch.micro_batch,
+                    schedule=ch.schedule, recompute=ch.recompute)
+    base["training"] = training
+    coll = dict(base.get("collectives") or {})
+    if c.has_reshard or "resharding" in coll:
+        coll["resharding"] = c.resharding
+    if coll:
+        base["collectives"] = coll
+    replicas = [{"stages": st, "micro_batches": m} for _, m, st in iter_replicas(c)]
+    return {"name": name or spec.name, "seed": spec.seed, **base, "replicas": replicas}

@@ -1,0 +1,284 @@
+"""The search spec: YAML -> a validated :class:`SearchSpec` (format: docs/search.md).
+
+The cluster sections (``model``, ``training``, ``device_types``, ``device_groups``, ``network``,
+``collectives``) are read by the plan's own section parsers, so they accept exactly what a plan
+accepts and fail with the plan's messages; ``space``, ``prices_per_gpu_hour``, ``objective`` and
+``budget`` are the search's own, read with the same field helpers (one line naming the YAML
+path, what was expected and what was found).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast, get_args
+
+from ..errors import PlanError
+from ..plan import _fields as f
+from ..plan import limits as lim
+from ..plan.bounded_yaml import parse_yaml
+from ..plan.loader import _parse_device_types, read_plan_file
+from ..plan.model import (
+    CollectivesSpec,
+    DeviceGroup,
+    DeviceType,
+    ModelSpec,
+    NetworkSpec,
+    Recompute,
+    Resharding,
+    TrainingSpec,
+)
+from ..plan.presets import _device_presets, _model_presets
+from ..plan.replicas import parse_groups
+from ..plan.sections import (
+    check_precision,
+    parse_collectives,
+    parse_model,
+    parse_network,
+    parse_training,
+)
+
+TOP_KEYS = ("name", "seed", "model", "training", "device_types", "device_groups", "network",
+            "collectives", "space", "prices_per_gpu_hour", "objective", "budget")
+REQUIRED_KEYS = ("name", "model", "training", "device_groups")
+SPACE_KEYS = ("tp", "pp_min", "pp_max", "schedules", "micro_batch", "recompute", "resharding",
+              "mix_types", "idle_groups", "layer_split")
+BUDGET_KEYS = ("evaluations", "seconds", "wave")
+# Schedules the search offers: those whose micro-batch counts need no extra rule. Interleaved
+# needs m a multiple of pp and v layers per stage; write such plans by hand (docs/search.md).
+SEARCH_SCHEDULES = ("1f1b", "gpipe", "zb_h1")
+LAYER_SPLITS = ("balanced", "even")
+OBJECTIVES = ("throughput", "cost")
+DEFAULT_TP = (1, 2, 4, 8)
+DEFAULT_WAVE = 4  # simulations per branch-and-bound round (fixed, so results ignore --jobs)
+
+
+@dataclass(frozen=True)
+class Space:
+    """The choices the search enumerates (see docs/search.md#space)."""
+
+    tp: Mapping[str, tuple[int, ...]]  # device type -> TP degrees allowed (within a server)
+    pp_min: int = 1
+    pp_max: int = 8
+    schedules: tuple[str, ...] = ("1f1b",)
+    micro_batch: tuple[int, ...] = (1,)
+    recompute: tuple[Recompute, ...] = ("none",)
+    resharding: tuple[Resharding, ...] = ("lcm",)
+    mix_types: bool = False  # replicas whose stages sit on two device types
+    idle_groups: bool = True  # a device group may be left out of the plan
+    layer_split: tuple[str, ...] = ("balanced",)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """When the search stops: after ``evaluations`` simulations or ``seconds`` of wall time
+    (None: no limit). ``wave``: simulations started together per round."""
+
+    evaluations: int | None = None
+    seconds: float | None = None
+    wave: int = DEFAULT_WAVE
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """A validated search spec. ``training.global_batch`` is the first of ``global_batches``."""
+
+    name: str
+    seed: int
+    model: ModelSpec
+    training: TrainingSpec
+    global_batches: tuple[int, ...]
+    device_types: dict[str, DeviceType]
+    device_groups: tuple[DeviceGroup, ...]
+    network: NetworkSpec
+    collectives: CollectivesSpec
+    space: Space
+    prices_per_gpu_hour: dict[str, float] = field(default_factory=dict)
+    objective: str = "throughput"
+    budget: Budget = field(default_factory=Budget)
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)  # the YAML as read
+    base_dir: str | None = None  # for relative profile paths
+
+
+def load_search_spec(path_or_text: str | os.PathLike[str]) -> SearchSpec:
+    """Read and validate a search spec from a ``.yaml`` file or YAML text."""
+    text_in = str(path_or_text)
+    if isinstance(path_or_text, os.PathLike) or ("\n" not in text_in and ":" not in text_in) \
+            or text_in.endswith((".yaml", ".yml")):
+        p = Path(path_or_text)
+        data = parse_yaml(read_plan_file(p), str(p))
+        return spec_from_dict(data, base_dir=str(p.resolve().parent))
+    return spec_from_dict(parse_yaml(text_in))
+
+
+def _item(v: Any, i: int) -> tuple[Mapping[str, Any], str]:
+    """Item ``i`` of a YAML list as (mapping, key) for the field readers, whose messages
+    then name it ``path[i]``."""
+    return cast(Mapping[str, Any], {i: v}), cast(str, i)
+
+
+def _int_list(m: Mapping[str, Any], key: str, path: str, default: tuple[int, ...],
+              maximum: int = lim.MAX_BATCH) -> tuple[int, ...]:
+    """A positive integer or a non-empty list of them (sorted, duplicates dropped)."""
+    if key not in m:
+        return default
+    v = m[key]
+    if not isinstance(v, list):
+        return (f.get_int(m, key, path, maximum=maximum),)
+    where = f.join(path, key)
+    if not v:
+        raise PlanError(where, "expected a non-empty list of positive integers (got [])")
+    return tuple(sorted({f.get_int(*_item(x, i), where, maximum=maximum)
+                         for i, x in enumerate(v)}))
+
+
+def _enum_list(m: Mapping[str, Any], key: str, path: str, choices: tuple[str, ...],
+               default: tuple[str, ...]) -> tuple[str, ...]:
+    """One of ``choices`` or a non-empty list of them (order kept, duplicates dropped)."""
+    if key not in m:
+        return default
+    v = m[key]
+    if not isinstance(v, list):
+        return (f.get_enum(m, key, path, choices),)
+    where = f.join(path, key)
+    if not v:
+        raise PlanError(where, f"expected a non-empty list of {', '.join(choices)} (got [])")
+    return tuple(dict.fromkeys(f.get_enum(*_item(x, i), where, choices)
+                               for i, x in enumerate(v)))
+
+
+def _parse_space(value: Any, path: str, training_raw: Mapping[str, Any],
+                 groups: tuple[DeviceGroup, ...], layers: int) -> Space:
+    m = f.expect_mapping(value if value is not None else {}, path)
+    f.check_keys(m, path, SPACE_KEYS)
+    types = sorted({g.type for g in groups})
+    tp: dict[str, tuple[int, ...]] = {}
+    tpv = m.get("tp", list(DEFAULT_TP))
+    if isinstance(tpv, Mapping):
+        f.check_keys(tpv, f.join(path, "tp"), types)
+        for t in types:
+            tp[t] = _int_list(tpv, t, f.join(path, "tp"), DEFAULT_TP, maximum=lim.MAX_DEVICES)
+    else:
+        one = _int_list(m, "tp", path, DEFAULT_TP, maximum=lim.MAX_DEVICES)
+        tp = {t: one for t in types}
+    pp_min = f.get_int(m, "pp_min", path, 1, maximum=layers, limit="the model's layers")
+    pp_max = f.get_int(m, "pp_max", path, min(8, layers), maximum=layers,
+                       limit="the model's layers")
+    if pp_max < pp_min:
+        raise PlanError(f.join(path, "pp_max"), f"expected at least pp_min = {pp_min} "
+                                                f"(got {pp_max})")
+
+    def from_training(key: str) -> Any:  # a single value written under training
+        return (training_raw[key],) if key in training_raw else None
+
+    sched_default = from_training("schedule") or ("1f1b",)
+    for s in sched_default:
+        if s not in SEARCH_SCHEDULES:
+            raise PlanError("training.schedule", f"expected one of {', '.join(SEARCH_SCHEDULES)} "
+                                                 f"in a search spec (got {f.got(s)})")
+    rec_default = from_training("recompute") or ("none",)
+    rec_default = tuple("full" if r is True else "none" if r is False else r
+                        for r in rec_default)  # older plans write recompute: true / false
+    mb_default = from_training("micro_batch") or (1,)
+    return Space(
+        tp=tp,
+        pp_min=pp_min,
+        pp_max=pp_max,
+        schedules=_enum_list(m, "schedules", path, SEARCH_SCHEDULES, sched_default),
+        micro_batch=_int_list(m, "micro_batch", path, mb_default),
+        recompute=_enum_list(m, "recompute", path, get_args(Recompute),
+                             rec_default),  # type: ignore[arg-type]
+        resharding=_enum_list(m, "resharding", path, get_args(Resharding),
+                              ("lcm",)),  # type: ignore[arg-type]
+        mix_types=f.get_bool(m, "mix_types", path, False),
+        idle_groups=f.get_bool(m, "idle_groups", path, True),
+        layer_split=_enum_list(m, "layer_split", path, LAYER_SPLITS, ("balanced",)),
+    )
+
+
+def _parse_budget(value: Any, path: str) -> Budget:
+    m = f.expect_mapping(value if value is not None else {}, path)
+    f.check_keys(m, path, BUDGET_KEYS)
+    ev = f.get_int(m, "evaluations", path) if "evaluations" in m else None
+    sec = f.get_number(m, "seconds", path) if "seconds" in m else None
+    return Budget(evaluations=ev, seconds=sec,
+                  wave=f.get_int(m, "wave", path, DEFAULT_WAVE, maximum=1024, limit="a round"))
+
+
+def _parse_prices(value: Any, path: str, groups: tuple[DeviceGroup, ...]) -> dict[str, float]:
+    if value is None:
+        return {}
+    m = f.expect_mapping(value, path)
+    types = sorted({g.type for g in groups})
+    f.check_keys(m, path, types)
+    if m:
+        for t in types:
+            if t not in m:
+                first = next(iter(m))
+                raise PlanError(f.join(path, t), f"required because {first} has a price "
+                                                 "(got nothing)")
+    return {t: f.get_number(m, t, path) for t in types if t in m}
+
+
+def spec_from_dict(d: Any, base_dir: str | None = None) -> SearchSpec:
+    """A search spec as plain data -> SearchSpec (every error names its YAML path)."""
+    if d is None:
+        raise PlanError("", "the search spec is empty: expected a mapping with keys "
+                            f"{', '.join(REQUIRED_KEYS)} (got nothing)")
+    m = f.expect_mapping(d, "")
+    f.check_keys(m, "", TOP_KEYS, REQUIRED_KEYS)
+    m = {k: ({} if v is None and k in ("device_types", "network", "collectives", "space",
+                                       "budget") else v) for k, v in m.items()}
+    name = f.check_name(m["name"], "name", "search name")
+    seed = f.get_int(m, "seed", "", 0, minimum=0)
+    model = parse_model(m["model"], "model", _model_presets())
+    traw = dict(f.expect_mapping(m["training"], "training"))
+    gbs = _int_list(traw, "global_batch", "training", ())
+    if not gbs:
+        raise PlanError("training.global_batch", "required key is missing")
+    probe = {k: v for k, v in traw.items() if k not in ("global_batch", "micro_batch")}
+    training = parse_training({**probe, "global_batch": gbs[0], "micro_batch": 1}, "training")
+    defined = _parse_device_types(m.get("device_types", {}), base_dir)
+    known = {**_device_presets(), **defined}
+    groups = parse_groups(m["device_groups"], "device_groups", known)
+    network = parse_network(m.get("network", {}), "network")
+    collectives = parse_collectives(m.get("collectives", {}), "collectives")
+    used = {g.type: known[g.type] for g in groups}
+    check_precision(training, used)
+    space = _parse_space(m.get("space"), "space", traw, groups, model.layers)
+    for t, tps in space.tp.items():
+        gpn = max(g.gpus_per_node for g in groups if g.type == t)
+        if not any(gpn % x == 0 for x in tps):
+            per_type = isinstance((m.get("space") or {}).get("tp"), Mapping)
+            raise PlanError(f"space.tp.{t}" if per_type else "space.tp",
+                            f"expected a TP degree dividing the {gpn} GPUs of one {t} server "
+                            f"(got {list(tps)})")
+    prices = _parse_prices(m.get("prices_per_gpu_hour"), "prices_per_gpu_hour", groups)
+    objective = f.get_enum(m, "objective", "", OBJECTIVES, "throughput")
+    if objective == "cost" and not prices:
+        raise PlanError("objective", "expected prices_per_gpu_hour for objective cost "
+                                     "(got no prices)")
+    return SearchSpec(
+        name=name, seed=seed, model=model, training=training, global_batches=gbs,
+        device_types=used, device_groups=groups, network=network, collectives=collectives,
+        space=space, prices_per_gpu_hour=prices, objective=objective,
+        budget=_parse_budget(m.get("budget"), "budget"), raw=dict(d), base_dir=base_dir,
+    )
+
+
+def plan_base(spec: SearchSpec) -> dict[str, Any]:
+    """The plan sections every candidate shares, as plain data (what a plan YAML holds)."""
+    raw = spec.raw
+    out: dict[str, Any] = {"model": raw["model"], "training": dict(raw["training"])}
+    for key in ("device_types", "device_groups", "network", "collectives"):
+        if raw.get(key):
+            out[key] = raw[key]
+    return out
+
+
+def with_training(spec: SearchSpec, **changes: Any) -> TrainingSpec:
+    """``spec.training`` with ``changes`` (global_batch, micro_batch, schedule, recompute)."""
+    return dataclasses.replace(spec.training, **changes)
