@@ -142,10 +142,9 @@ def test_messages_and_collectives_carry_every_byte(trace, exported):
             assert groups[a["pg_name"]] == members
 
 
-def test_p2p_mapping_is_the_goal_schedule(trace, exported):
-    mode, _, files, _ = exported
-    if mode != "p2p":
-        pytest.skip("the GOAL schedule sends every flow")
+def test_p2p_mapping_is_the_goal_schedule(trace, tmp_path):
+    paths = export_chakra(trace, tmp_path, collectives="p2p")
+    files = {r: _read(p) for r, p in enumerate(paths)}
     progs = rank_programs(trace)
     for r, (_, nodes) in files.items():
         prog = progs.get(r)
@@ -172,7 +171,7 @@ def test_p2p_mapping_is_the_goal_schedule(trace, exported):
         assert len(goal_notes) == len(ours)
         norm = dict(zip(goal_notes, ours, strict=True))
 
-        def fix(k):
+        def fix(k, norm=norm):
             return (k[0], norm.get(k[1], k[1]))
 
         goal_deps = {(fix(by_label[a]), fix(by_label[b])) for a, b in prog.requires}
@@ -194,31 +193,26 @@ def _trace_critical_path_ns(trace) -> int:
 def _replay_zero_comm_ns(files) -> int:
     """Replay the ET files: compute takes duration_ns, a message arrives when sent, and a
     collective finishes on all members once every member has reached it."""
-    ready, end = {}, {}
-    changed = True
-    while changed:  # longest path over the cross-rank graph, to a fixed point
-        changed = False
-        sent, coll_ready = {}, defaultdict(int)
-        for r, (_, nodes) in files.items():
-            for n in nodes:
-                a = _attrs(n)
-                t = max((end.get((r, d), 0) for d in n.data_deps), default=0)
-                ready[(r, n.id)] = t
-                if n.type == pb.COMM_SEND_NODE:
-                    sent[a["comm_tag"]] = t
-                elif n.type == pb.COMM_COLL_NODE:
-                    coll_ready[a["collective"]] = max(coll_ready[a["collective"]], t)
-        for r, (_, nodes) in files.items():
-            for n in nodes:
-                a, t = _attrs(n), ready[(r, n.id)]
-                if n.type == pb.COMP_NODE:
-                    t += a["duration_ns"]
-                elif n.type == pb.COMM_RECV_NODE:
-                    t = max(t, sent[a["comm_tag"]])
-                elif n.type == pb.COMM_COLL_NODE:
-                    t = max(t, coll_ready[a["collective"]])
-                if end.get((r, n.id)) != t:
-                    end[(r, n.id)], changed = t, True
+    preds, dur, send_of, coll_deps = {}, {}, {}, defaultdict(list)
+    for r, (_, nodes) in files.items():
+        for n in nodes:
+            a = _attrs(n)
+            preds[(r, n.id)] = [(r, d) for d in n.data_deps]
+            dur[(r, n.id)] = a.get("duration_ns", 0)
+            if n.type == pb.COMM_SEND_NODE:
+                send_of[a["comm_tag"]] = (r, n.id)
+            elif n.type == pb.COMM_COLL_NODE:
+                coll_deps[a["collective"]] += preds[(r, n.id)]
+    for r, (_, nodes) in files.items():
+        for n in nodes:
+            a = _attrs(n)
+            if n.type == pb.COMM_RECV_NODE:
+                preds[(r, n.id)].append(send_of[a["comm_tag"]])
+            elif n.type == pb.COMM_COLL_NODE:
+                preds[(r, n.id)] = coll_deps[a["collective"]]
+    end: dict = {}
+    for v in TopologicalSorter(preds).static_order():
+        end[v] = max((end[p] for p in preds.get(v, ())), default=0) + dur.get(v, 0)
     return max(end.values())
 
 

@@ -164,5 +164,5 @@ def test_export_goal_and_chakra(tmp_path: Path, capsys) -> None:
         f"rank {r} {{" for r in range(12)]
     assert cli.main(["export", str(plan), "--format", "chakra", "-o", str(tmp_path / "et")]) == 0
     assert sorted(p.name for p in (tmp_path / "et").iterdir()) == sorted(
-        [".xsim-output"] + [f"et.{r}.json" for r in range(12)])  # the stamp: docs/outputs.md
+        [".xsim-output"] + [f"et.{r}.et" for r in range(12)] + ["comm_groups.json"])  # the stamp: docs/outputs.md
     assert "wrote 12 Chakra ET" in capsys.readouterr().out

@@ -88,7 +88,7 @@ def test_outputs_default_under_out_named_after_the_input(tmp_path: Path, monkeyp
     assert cli.main(["export", str(a), "--format", "goal"]) == 0
     assert (tmp_path / "out" / "a-export-goal.goal").read_text().startswith("num_ranks 4\n")
     assert cli.main(["export", str(a), "--format", "chakra"]) == 0
-    assert (tmp_path / "out" / "a-export-chakra" / "et.0.json").is_file()
+    assert (tmp_path / "out" / "a-export-chakra" / "et.0.et").is_file()
     assert cli.main(["sweep", str(a), "--set", "training.micro_batch=1,2"]) == 0
     assert (tmp_path / "out" / "a-sweep" / "sweep.csv").is_file()
     out = capsys.readouterr().out

@@ -40,6 +40,7 @@ import io
 import json
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -142,9 +143,9 @@ def chakra_graphs(trace: Trace, collectives: Mode = "coll") -> tuple[
             continue
         r, ph = int(rank[op]), PHASES[phase[op]]
         if is_flow[op]:
-            d, b = int(dst[op]), int(nbytes[op])
+            d, size = int(dst[op]), int(nbytes[op])
             comm = {"comm_src": ("int32_val", r), "comm_dst": ("int32_val", d),
-                    "comm_size": ("int64_val", b), "comm_tag": ("int32_val", op),
+                    "comm_size": ("int64_val", size), "comm_tag": ("int32_val", op),
                     "op_id": ("int64_val", op), "collective": ("int64_val", int(coll_id[op]))}
             graphs[r][("op", op)] = ChakraNode(("op", op), "COMM_SEND_NODE",
                                                f"{ph}:send{op}", (op, 0), attrs=dict(comm))
@@ -271,9 +272,15 @@ def export_chakra(trace: Trace, directory: str | os.PathLike[str], prefix: str =
     paths = []
     for r, nodes in graphs.items():
         data = encode_rank(nodes, r, len(graphs), trace, collectives)
-        paths.append(write_atomic(root / f"{prefix}.{r}.et", lambda tmp, d=data: Path(tmp).write_bytes(d) and None))
+        paths.append(write_atomic(root / f"{prefix}.{r}.et", _bytes_writer(data)))
     write_text_atomic(root / COMM_GROUPS_FILE, json.dumps(groups, indent=1) + "\n")
     return paths
+
+
+def _bytes_writer(data: bytes) -> Callable[[str], None]:
+    def write(tmp: str) -> None:
+        Path(tmp).write_bytes(data)
+    return write
 
 
 def read_chakra(path: str | os.PathLike[str]) -> tuple[Any, list[Any]]:
