@@ -38,6 +38,8 @@ _DEVICE_TYPE = {  # a full definition: every key but profile (a CSV file)
 }
 # Exemplar plans: between them every section, optional key and alternative form (preset or
 # mapping model, list or uniform replicas, recompute as a word or a boolean, link events).
+# Sizes differ (16 and 8 GPUs) so that bounds taken from the plan (a rank's maximum) differ
+# and are left out of the schema (:func:`_merge`).
 EXEMPLARS: tuple[dict[str, Any], ...] = (
     {
         "name": "schema-a", "seed": 1,
@@ -69,11 +71,16 @@ EXEMPLARS: tuple[dict[str, Any], ...] = (
              "auto_layers": "by_compute", "batch_share": 0.5},
         ],
         "collectives": {"resharding": "lcm"},
+        "perturb": {"slow": [{"rank": 0, "factor": 1.1}, {"ranks": [1, 2], "factor": 1.2},
+                             {"group": "a100", "devices": [0, 2], "factor": 0.9},
+                             {"server": 1, "factor": 1.05}],
+                    "jitter": {"sigma": 0.05}},
     },
     {
         "name": "schema-b", "model": "tiny-gpt",
         "training": {"global_batch": 8, "micro_batch": 1, "recompute": True},
         "device_groups": {"h100": _GROUPS["h100"]},
+        "perturb": {"slow": [{"rank": 7, "factor": 1.5}, {"server": 0, "factor": 1.5}]},
         "replicas": {"uniform": {"group": "h100", "tp": 2, "pp": 2, "dp": 2,
                                  "devices": [0, 8], "micro_batches": 4}},
     },
@@ -179,11 +186,32 @@ def _tree(rec: _Recorder) -> dict[str, dict[str, Any]]:
     return nodes
 
 
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum")
+
+
+def _merge(fragments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fragments of one path that differ only in bounds are one fragment with the bounds all
+    of them share: a bound taken from the plan (a rank below the plan's rank count) differs
+    between exemplars and is left to the loader."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for fr in fragments:
+        key = json.dumps({k: v for k, v in fr.items() if k not in _BOUNDS}, sort_keys=True)
+        groups.setdefault(key, []).append(fr)
+    out = []
+    for same in groups.values():
+        merged = dict(same[0])
+        for b in _BOUNDS:
+            if any(fr.get(b) != merged.get(b) for fr in same):
+                merged.pop(b, None)
+        out.append(merged)
+    return out
+
+
 def _node_schema(nodes: dict[str, dict[str, Any]], path: str) -> dict[str, Any]:
     node = nodes.get(path)
     if node is None:
         return {}  # a key the exemplars never reached: any value (the loader still checks)
-    alts: list[dict[str, Any]] = [dict(fr) for fr in node["fragments"]]
+    alts: list[dict[str, Any]] = _merge(node["fragments"])
     if node.get("name_map"):
         alts.append({"type": "object", "propertyNames": {"pattern": f"^{f.NAME_PATTERN}$"},
                      "additionalProperties": _node_schema(nodes, f"{path}.*" if path else "*")})

@@ -9,7 +9,7 @@ from typing import Any
 
 from xsim_adapters._proc import owned_tempdir
 from xsim_adapters.backends.base import Backend
-from xsim_adapters.errors import BackendError, BackendUnavailable
+from xsim_adapters.errors import BackendUnavailable
 from xsim_adapters.options import PROGRESS, SEED, Option, check_options
 from xsim_adapters.topology.model import Topology
 from xsim_adapters.trace.schema import Trace
@@ -67,13 +67,6 @@ class HtsimBackend(Backend):
         if driver is None:
             raise BackendUnavailable(reason)
         protocol, scale_up = opts["protocol"], opts["scale_up"]
-        events = getattr(topology, "events", None)
-        if events is not None and len(events):
-            raise BackendError(
-                f"htsim: the topology has {len(events)} timed link events (network.events);"
-                " the htsim driver does not model link changes during a run: use the flow or"
-                " ns3 backend for this plan"
-            )
         argv_opts = ["--protocol", protocol, "--scale-up", scale_up]
         for key, flag in (("mtu", "--mtu"), ("queue_bytes", "--queue-bytes"),
                           ("cwnd_pkts", "--cwnd-pkts")):
@@ -109,6 +102,7 @@ class HtsimBackend(Backend):
             "scale_up": scale_up,
             "fluid_flows": int(summary.get("fluid_flows", 0)),
             "fluid_recomputes": int(summary.get("fluid_recomputes", 0)),
+            "link_events": int(summary.get("link_events", 0)),
             "routes": info.routes,
             "sim_ns": int(summary.get("sim_ps", 0)) / 1000.0,
         }
