@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from test_gen_helpers import make_plan
 
+from xsim_adapters.plan.model import OverlapSpec
 from xsim_adapters.trace.export_goal import rank_programs
 from xsim_adapters.trace.schema import KIND_FLOW
 from xsim_adapters.workload import generate
@@ -28,11 +29,18 @@ from xsim_adapters.trace.export_chakra import COLL_TYPES, export_chakra  # noqa:
 NAME = {v: k for k, v in pb.NodeType.items()}
 
 
-@pytest.fixture(scope="module")
-def trace():
+@pytest.fixture(scope="module", params=["plain", "zero-sp-overlap"])
+def trace(request):
     # replica 0: two stages of TP 2 (H100 0-3), replica 1: one stage of TP 4 (H100 8-11):
-    # TP all-reduces, resharding P2P between unequal TP, DP all-reduces over LCM chunks.
-    plan = make_plan([[("h100", 0, 2, 0, 2), ("h100", 2, 4, 2, 4)], [("h100", 8, 12, 0, 4)]])
+    # TP all-reduces, resharding P2P between unequal TP, DP all-reduces over LCM chunks; the
+    # second adds ZeRO-1 (reduce-scatter + parameter all-gather), sequence parallelism with
+    # TP overlap (reduce-scatter / all-gather beside the GEMMs), chunked rings on 2 channels.
+    extra = {} if request.param == "plain" else dict(
+        training={"zero_stage": 1, "sequence_parallel": True,
+                  "overlap": OverlapSpec(tp_comm=True)},
+        collectives={"granularity": "chunked", "channels": 2})
+    plan = make_plan([[("h100", 0, 2, 0, 2), ("h100", 2, 4, 2, 4)], [("h100", 8, 12, 0, 4)]],
+                     **extra)
     return generate(plan)
 
 
