@@ -19,16 +19,23 @@ ray = pytest.importorskip("ray", reason="needs ray (extra [ray])")
 
 
 @pytest.fixture(scope="module")
-def local_ray():
+def local_ray(tmp_path_factory):
     """A local Ray with 2 CPUs and no dashboard; its start-up is paid once per module.
 
     Ray's dashboard agent imports jsonschema, which imports rfc3987-syntax when installed (it
     comes with mlc-chakra's jupyter dependencies) and builds a grammar: seconds of CPU, and on
-    a loaded machine longer than the raylet waits for the agent (15 s): a failed start is
-    retried once (docs/sweep.md#ray).
+    a loaded machine longer than the raylet waits for the agent (15 s). So Ray's processes get
+    a PYTHONPATH where that optional import fails, and a failed start is retried once
+    (docs/sweep.md#ray).
     """
     if ray.is_initialized():
         ray.shutdown()
+    # Ray's own processes (started from this environment) skip the optional rfc3987-syntax:
+    # jsonschema then only omits its IRI format checks, which Ray does not use.
+    stub = tmp_path_factory.mktemp("ray-pythonpath")
+    (stub / "rfc3987_syntax.py").write_text("raise ImportError('not needed by Ray')\n")
+    old_path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(stub), old_path]))
     t0 = time.perf_counter()
     try:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -39,6 +46,10 @@ def local_ray():
     assert ray.cluster_resources().get("CPU") == 2
     yield startup_s
     ray.shutdown()
+    if old_path is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = old_path
 
 
 @pytest.fixture(scope="module")
