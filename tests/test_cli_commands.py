@@ -13,7 +13,7 @@ from xsim_adapters import cli
 REPO = Path(__file__).resolve().parents[1]
 HETERO = REPO / "workloads" / "hetero-dp-h100-a100.yaml"
 SUBCOMMANDS = ("validate", "trace", "run", "compare", "sweep", "export", "calibrate", "backends",
-               "bench-collective", "search")
+               "bench-collective", "search", "schema")
 
 
 def test_no_arguments_prints_help_and_exits_2(capsys) -> None:
@@ -163,6 +163,6 @@ def test_export_goal_and_chakra(tmp_path: Path, capsys) -> None:
     assert [ln for ln in text.splitlines() if ln.startswith("rank ")] == [
         f"rank {r} {{" for r in range(12)]
     assert cli.main(["export", str(plan), "--format", "chakra", "-o", str(tmp_path / "et")]) == 0
-    assert sorted(p.name for p in (tmp_path / "et").iterdir()) == sorted(
-        [".xsim-output"] + [f"et.{r}.json" for r in range(12)])  # the stamp: docs/outputs.md
+    assert sorted(p.name for p in (tmp_path / "et").iterdir()) == sorted(  # the stamp:
+        [".xsim-output"] + [f"et.{r}.et" for r in range(12)] + ["comm_groups.json"])  # outputs.md
     assert "wrote 12 Chakra ET" in capsys.readouterr().out

@@ -88,7 +88,7 @@ def test_outputs_default_under_out_named_after_the_input(tmp_path: Path, monkeyp
     assert cli.main(["export", str(a), "--format", "goal"]) == 0
     assert (tmp_path / "out" / "a-export-goal.goal").read_text().startswith("num_ranks 4\n")
     assert cli.main(["export", str(a), "--format", "chakra"]) == 0
-    assert (tmp_path / "out" / "a-export-chakra" / "et.0.json").is_file()
+    assert (tmp_path / "out" / "a-export-chakra" / "et.0.et").is_file()
     assert cli.main(["sweep", str(a), "--set", "training.micro_batch=1,2"]) == 0
     assert (tmp_path / "out" / "a-sweep" / "sweep.csv").is_file()
     out = capsys.readouterr().out
@@ -136,9 +136,16 @@ def test_ci_runs_exactly_the_readme_test_command_and_the_fast_markers_exist() ->
     lines = _readme_shell_lines()
     # the README's first block: venv, install + run, then the test command
     assert lines[0].startswith("python3 -m venv .venv")
-    assert lines[1].startswith("python -m pip install -e \".[test]\"") and "xsim run" in lines[1]
+    assert lines[1].startswith("python -m pip install -e \".[test,ray,chakra]\"")
+    assert "xsim run" in lines[1]
     assert lines[2] == "python -m pytest -q"
     ci = [ln.strip() for ln in (REPO / ".ci" / "run").read_text().splitlines()]
+    # CI installs what the README installs (the extras the Ray and Chakra tests need)
+    readme_pkgs = lines[1].split("&&")[0].split("install", 1)[1].split()
+    ci_install = [ln for ln in ci if "pip install" in ln]
+    assert len(ci_install) == 1
+    assert [w for w in ci_install[0].split("install", 1)[1].split() if not w.startswith("--")] \
+        == readme_pkgs
     assert [ln for ln in ci if "pytest" in ln] == [lines[2]]
     fast = [ln for ln in lines if ln.startswith("python -m pytest -q -m ")]
     assert fast == ['python -m pytest -q -m "not slow and not ns3"']

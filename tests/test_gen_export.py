@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-import pytest
 from test_gen_helpers import A100, H100, make_plan
 
 from xsim_adapters.trace.export_goal import export_goal
@@ -72,31 +71,3 @@ def test_goal_export_is_complete_and_consistent(tmp_path) -> None:
     assert len(data) == len(flows)
     assert sum(k[3] for k in data) == int(flows["bytes"].sum())
     assert calcs == trace.num_ops - len(flows)
-
-
-def test_chakra_export_matches_the_trace(tmp_path) -> None:
-    import json
-
-    from xsim_adapters.trace.export_chakra import export_chakra
-
-    plan = make_plan([[("h100", 0, 2, 0, 2), ("h100", 2, 4, 2, 4)], [("h100", 8, 12, 0, 4)]])
-    trace = generate(plan)
-    paths = export_chakra(trace, tmp_path / "et")
-    assert [p.name for p in paths] == [f"et.{r}.json" for r in range(16)]
-    docs = [json.loads(p.read_text()) for p in paths]
-    nodes = [n for d in docs for n in d["nodes"]]
-    sends = [n for n in nodes if n["type"] == "COMM_SEND_NODE" and n["attrs"]["op_id"] >= 0]
-    recvs = [n for n in nodes if n["type"] == "COMM_RECV_NODE" and n["attrs"]["op_id"] >= 0]
-    flows = trace.ops[trace.ops["kind"] == KIND_FLOW]
-    assert len(sends) == len(recvs) == len(flows)
-    assert sum(n["attrs"]["comm_size"] for n in sends) == int(flows["bytes"].sum())
-    comp = [n for n in nodes if n["type"] == "COMP_NODE"]
-    assert len(comp) == trace.num_ops - len(flows)
-    total_us = sum(n["duration_micros"] for n in comp)
-    assert abs(total_us - trace.ops["duration_ns"].sum() / 1000) < 1e-6 * total_us
-    assert sum(n["attrs"]["num_ops"] for n in comp) == pytest.approx(trace.ops["flops"].sum())
-    for d in docs:  # dependencies stay within the rank's own nodes
-        ids = {n["id"] for n in d["nodes"]}
-        assert all(set(n["data_deps"]) <= ids for n in d["nodes"])
-    # ranks 4..7 and 12..15 hold no stage: empty but present
-    assert docs[5]["nodes"] == [] and docs[0]["num_ranks"] == 16

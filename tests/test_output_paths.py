@@ -146,7 +146,7 @@ def test_an_empty_directory_is_used_and_goal_replaces_only_goal(plans, tmp_path,
     empty = tmp_path / "empty"
     empty.mkdir()
     assert cli.main(["export", str(plans[0]), "--format", "chakra", "-o", str(empty)]) == 0
-    assert (empty / "et.0.json").is_file()
+    assert (empty / "et.0.et").is_file()
     goal = tmp_path / "s.goal"
     assert cli.main(["export", str(plans[0]), "--format", "goal", "-o", str(goal)]) == 0
     first = goal.read_text()

@@ -1,4 +1,4 @@
-"""End-to-end sweeps on the flow backend: rows, errors, jobs, the Ray dispatch and the CLI."""
+"""End-to-end sweeps on the flow backend: rows, errors, jobs, the CLI (Ray: test_sweep_ray)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import xsim_adapters as xs
 from xsim_adapters.cli import main
 from xsim_adapters.errors import BackendUnavailable
 from xsim_adapters.plan import parse_yaml, plan_from_dict
-from xsim_adapters.sweep import TIMING_COLUMNS, RayExecutor, make_executor, sweep
+from xsim_adapters.sweep import TIMING_COLUMNS, make_executor, sweep
 from xsim_adapters.trace.schema import KIND_COMPUTE, PHASE_INDEX
 
 AXES = {"training.micro_batch": [1, 2, 3], "collectives.resharding": ["lcm", "direct"]}
@@ -87,59 +87,6 @@ def test_an_invalid_variant_records_its_plan_error_and_the_sweep_goes_on(frame):
 def test_jobs_1_and_2_give_identical_frames(plan_path, frame):
     two = sweep(plan_path, AXES, jobs=2)
     pd.testing.assert_frame_equal(frame.drop(columns=TIMING), two.drop(columns=TIMING))
-
-
-class FakeRay:
-    """Stands in for the ``ray`` module only: runs each remote call in this process and
-    reports completions in reverse order, to check that results come back in task order."""
-
-    def __init__(self) -> None:
-        self.initialized = False
-        self.init_calls: list[dict] = []
-        self.remote_options: list[dict] = []
-        self.submitted = 0
-
-    def is_initialized(self) -> bool:
-        return self.initialized
-
-    def init(self, **kw) -> None:
-        self.init_calls.append(kw)
-        self.initialized = True
-
-    def remote(self, **options):
-        self.remote_options.append(options)
-        fake = self
-
-        def wrap(fn):
-            class Remote:
-                @staticmethod
-                def remote(task):
-                    fake.submitted += 1
-                    return ("ref", fake.submitted, fn(task))
-            return Remote
-        return wrap
-
-    def wait(self, pending, num_returns=1):
-        return pending[-num_returns:], pending[:-num_returns]
-
-    def get(self, refs):
-        return [r[2] for r in refs]
-
-
-def test_ray_executor_dispatches_one_task_per_runnable_variant_in_order(plan_path, frame):
-    fake = FakeRay()
-    done: list[int] = []
-    ex = RayExecutor(address="auto", ray_module=fake)
-    axes = {**AXES, "replicas[7].stages[0].tp": [2]}  # index 7: every variant fails early
-    bad = sweep(plan_path, axes, executor=ex)
-    assert fake.submitted == 0 and (bad["error"].str.startswith("OverrideError: replicas[7]")).all()
-    got = sweep(plan_path, AXES, executor=ex)
-    assert fake.init_calls == [{"address": "auto"}]
-    assert fake.remote_options[-1] == {"num_cpus": 1.0}
-    assert fake.submitted == 6  # micro_batch 3 fails in the plan check, inside the task
-    pd.testing.assert_frame_equal(frame.drop(columns=TIMING), got.drop(columns=TIMING))
-    ex.map(lambda t: {"t": t}, [1, 2, 3], done.append)
-    assert done == [1, 1, 1]
 
 
 def test_ray_executor_without_ray_says_how_to_install_it(monkeypatch, plan_path, tmp_path,

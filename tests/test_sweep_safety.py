@@ -68,18 +68,6 @@ def test_rows_file_of_an_absent_path_is_empty(tmp_path: Path):
     assert read_rows(tmp_path / "none.jsonl") == {}
 
 
-def test_ray_executor_reports_each_row_as_it_finishes():
-    from test_sweep_run import FakeRay
-
-    from xsim_adapters.sweep import RayExecutor
-
-    seen: list[tuple[int, dict]] = []
-    rows = RayExecutor(address="auto", ray_module=FakeRay()).map(
-        lambda t: {"t": t}, [1, 2, 3], on_result=lambda i, r: seen.append((i, r)))
-    assert rows == [{"t": 1}, {"t": 2}, {"t": 3}]
-    assert seen == [(2, {"t": 3}), (1, {"t": 2}), (0, {"t": 1})]  # the fake finishes last first
-
-
 def test_a_second_writer_is_refused_while_a_sweep_holds_its_directory(tmp_path, capsys):
     import subprocess
 

@@ -85,6 +85,20 @@ def _span(word: str, ids: Sequence[int]) -> str:
     return f"{word}s " + ",".join(map(str, ids))
 
 
+def cmd_schema(args: argparse.Namespace) -> int:
+    """``xsim schema``: the JSON Schema of plan files, generated from the plan loader."""
+    from .plan.schema import schema_text
+
+    text = schema_text()
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    from ._atomic import write_text_atomic
+
+    print(f"wrote the plan JSON Schema to {write_text_atomic(args.output, text)}")
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from . import api
 
@@ -173,6 +187,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "goal":
         check_output_file(args.output, "GOAL schedule", _is_goal_file)
     else:
+        from .trace.export_chakra import import_chakra
+
+        import_chakra()  # a missing mlc-chakra is said before any work
         check_output(args.output, "chakra", args.force)
     plan, trace = _load_input(args.plan)
     if trace is None:
@@ -188,8 +205,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         from .trace.export_chakra import export_chakra
 
         with output_dir(args.output, "chakra", args.force) as tmp:
-            paths = export_chakra(trace, tmp)
-        print(f"wrote {len(paths)} Chakra ET (JSON) files to {args.output}")
+            paths = export_chakra(trace, tmp, collectives=args.collectives)
+        print(f"wrote {len(paths)} Chakra ET files ({args.collectives}) and "
+              f"comm_groups.json to {args.output}")
     return 0
 
 
@@ -509,6 +527,11 @@ def build_parser() -> argparse.ArgumentParser:
             cmd_validate)
     v.add_argument("plan", metavar="PLAN", help="The plan YAML file to check.")
 
+    sc = add("schema", "Print (or write) the JSON Schema of plan files, generated from the "
+                       "plan loader, for editors: docs/plan.md#editor-support.", cmd_schema)
+    sc.add_argument("-o", "--output", default=None, metavar="FILE",
+                    help="The file to write (default: print to standard output).")
+
     t = add("trace", "Generate the trace of a plan and write it to a directory.", cmd_trace)
     t.add_argument("plan", metavar="PLAN", help="The plan YAML file.")
     t.add_argument("-o", "--output", default=None, metavar="DIR",
@@ -519,7 +542,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = add("export", "Write the trace of a plan (or of a trace directory) in a peer "
                       "simulator's format: GOAL text for LogGOPSim/ATLAHS, or Chakra "
-                      "execution traces (as JSON, one file per rank) for ASTRA-sim.", cmd_export)
+                      "execution traces (protobuf, one .et file per rank) for ASTRA-sim.",
+            cmd_export)
     e.add_argument("plan", metavar="PLAN",
                    help="A plan YAML file, or a trace directory written by `xsim trace`.")
     e.add_argument("--format", choices=("goal", "chakra"), required=True,
@@ -528,6 +552,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="The GOAL file to write, or the directory for the Chakra files "
                         "(default: out/<PLAN name>-export-goal.goal, resp. "
                         "out/<PLAN name>-export-chakra).")
+    e.add_argument("--collectives", choices=("coll", "p2p"), default="coll",
+                   help="Chakra only: 'coll' writes each ring collective as one "
+                        "COMM_COLL_NODE per member rank (ASTRA-sim runs its own algorithm); "
+                        "'p2p' writes every flow as a send/receive pair (our exact schedule). "
+                        "Default: coll.")
     e.add_argument("--force", action="store_true", help=FORCE_HELP)
     coarsen_arg(e)
 

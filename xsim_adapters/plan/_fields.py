@@ -17,6 +17,18 @@ from ..errors import PlanError
 MISSING: Any = object()
 MIN_POSITIVE = 1e-12  # the smallest positive float a plan field may hold (a tolerance, not a unit)
 
+# While the JSON Schema of the plan format is generated (xsim_adapters.plan.schema), every
+# reader below also reports what it accepts here, so the schema follows this code by itself.
+RECORDER: Any = None
+
+
+def note(path: str, fragment: dict[str, Any], default: Any = MISSING) -> None:
+    """Report to the schema recorder, if one is active, that ``path`` accepts ``fragment``
+    (a JSON Schema), with ``default`` when the field has one. Parsers call this where they
+    accept a value without one of the readers below (a preset name, an alternative form)."""
+    if RECORDER is not None:
+        RECORDER.field(path, fragment, default)
+
 
 def join(path: str, key: Any) -> str:
     """The YAML path of ``key`` under ``path`` (``a.b``, ``a[3]``; no leading dot at the root).
@@ -76,6 +88,8 @@ def is_name(value: Any) -> bool:
 
 def check_name(value: Any, path: str, what: str) -> str:
     """``value`` itself if it is a valid name (:data:`NAME_PATTERN`), else a PlanError."""
+    if RECORDER is not None:
+        RECORDER.name(value, path)
     if not is_name(value):
         raise PlanError(
             path,
@@ -87,6 +101,8 @@ def check_name(value: Any, path: str, what: str) -> str:
 
 def expect_mapping(value: Any, path: str) -> Mapping[str, Any]:
     """``value`` itself, if it is a mapping."""
+    if RECORDER is not None:
+        RECORDER.container(path, "object")
     if not isinstance(value, Mapping):
         raise PlanError(path, f"expected a mapping (got {got(value)})")
     return value
@@ -94,6 +110,8 @@ def expect_mapping(value: Any, path: str) -> Mapping[str, Any]:
 
 def expect_list(value: Any, path: str) -> list[Any]:
     """``value`` itself, if it is a list."""
+    if RECORDER is not None:
+        RECORDER.container(path, "array")
     if not isinstance(value, list):
         raise PlanError(path, f"expected a list (got {got(value)})")
     return value
@@ -104,6 +122,8 @@ def check_keys(
 ) -> None:
     """Reject unknown keys (listing the allowed ones) and missing required keys."""
     allowed = list(allowed)
+    if RECORDER is not None:
+        RECORDER.keys(path, allowed, list(required))
     for key in m:
         if key not in allowed:
             raise PlanError(join(path, key), f"unknown key; expected one of {', '.join(allowed)}")
@@ -142,6 +162,8 @@ def get_int(
 
     ``limit`` names why ``maximum`` is what it is (shown in the message when it is exceeded).
     """
+    note(join(path, key), {"type": "integer", "minimum": minimum,
+                           **({} if maximum is None else {"maximum": maximum})}, default)
     v = _fetch(m, key, path, default)
     if not _is_int(v) or v < minimum:
         what = {1: "a positive integer", 0: "a non-negative integer"}.get(
@@ -156,6 +178,8 @@ def get_int(
 
 def get_int_in(m: Mapping[str, Any], key: str, path: str, choices: range, default: Any) -> int:
     """An integer in ``choices`` (e.g. ``range(4)`` for a ZeRO stage)."""
+    note(join(path, key), {"type": "integer", "minimum": choices[0], "maximum": choices[-1]},
+         default)
     v = _fetch(m, key, path, default)
     if not _is_int(v) or v not in choices:
         lo, hi = choices[0], choices[-1]
@@ -174,6 +198,16 @@ def get_number(
     at_least: float | None = None,
 ) -> float:
     """A finite number as float: > 0 when ``positive``, else >= 0; optional bounds."""
+    frag: dict[str, Any] = {"type": "number"}
+    if at_least is not None:
+        frag["minimum"] = at_least
+    elif positive:
+        frag["exclusiveMinimum"] = 0
+    else:
+        frag["minimum"] = 0
+    if at_most is not None:
+        frag["maximum"] = at_most
+    note(join(path, key), frag, default)
     v = _fetch(m, key, path, default)
     ok = _is_number(v) and (v > 0 if positive else v >= 0)
     if ok and positive and not _is_int(v) and v < MIN_POSITIVE:
@@ -203,6 +237,7 @@ def get_number(
 
 def get_bool(m: Mapping[str, Any], key: str, path: str, default: Any = MISSING) -> bool:
     """``true`` or ``false`` (YAML booleans only; 0/1 are not accepted)."""
+    note(join(path, key), {"type": "boolean"}, default)
     v = _fetch(m, key, path, default)
     if not isinstance(v, bool):
         raise PlanError(join(path, key), f"expected true or false (got {got(v)})")
@@ -211,6 +246,7 @@ def get_bool(m: Mapping[str, Any], key: str, path: str, default: Any = MISSING) 
 
 def get_str(m: Mapping[str, Any], key: str, path: str, default: Any = MISSING) -> str:
     """A non-empty string."""
+    note(join(path, key), {"type": "string", "pattern": r"\S"}, default)
     v = _fetch(m, key, path, default)
     if not isinstance(v, str) or not v.strip():
         raise PlanError(join(path, key), f"expected a non-empty string (got {got(v)})")
@@ -222,6 +258,7 @@ def get_enum(
 ) -> str:
     """One of ``choices`` (listed in the message when the value is not)."""
     choices = list(choices)
+    note(join(path, key), {"enum": choices}, default)
     v = _fetch(m, key, path, default)
     if not isinstance(v, str) or v not in choices:
         raise PlanError(join(path, key), f"expected one of {', '.join(choices)} (got {got(v)})")
@@ -230,6 +267,8 @@ def get_enum(
 
 def get_range(m: Mapping[str, Any], key: str, path: str) -> tuple[int, int]:
     """A half-open ``[start, stop)`` pair of non-negative integers, written as a 2-list."""
+    note(join(path, key), {"type": "array", "items": {"type": "integer", "minimum": 0},
+                           "minItems": 2, "maxItems": 2})
     v = _fetch(m, key, path, MISSING)
     if not isinstance(v, list | tuple) or len(v) != 2 or not all(_is_int(x) and x >= 0 for x in v):
         raise PlanError(

@@ -96,6 +96,7 @@ def _parse_slowdown(value: Any, path: str, groups: Sequence[DeviceGroup]) -> Slo
         if not items:
             raise PlanError(rpath, "expected at least one global rank (got [])")
         for i, x in enumerate(items):
+            f.note(f.join(rpath, i), {"type": "integer", "minimum": 0})  # for the JSON Schema
             if not (isinstance(x, int) and not isinstance(x, bool) and 0 <= x < total):
                 raise PlanError(
                     f.join(rpath, i), f"expected a global rank in 0..{total - 1} (got {f.got(x)})"
@@ -114,6 +115,7 @@ def _parse_slowdown(value: Any, path: str, groups: Sequence[DeviceGroup]) -> Slo
 
 
 def _group_ranks(m: Any, path: str, groups: Sequence[DeviceGroup]) -> tuple[int, ...]:
+    f.note(f.join(path, "group"), {"type": "string"})  # a device_groups name
     name = m["group"]
     off = 0
     for g in groups:

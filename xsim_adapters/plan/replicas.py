@@ -52,6 +52,7 @@ def parse_groups(
         folded[name.lower()] = name
         g = f.expect_mapping(entry, gpath)
         f.check_keys(g, gpath, GROUP_KEYS + GROUP_OPTIONAL_KEYS, GROUP_KEYS)
+        f.note(f.join(gpath, "type"), {"type": "string"})  # a preset or device_types name
         typ = g["type"]
         if not isinstance(typ, str) or typ not in known_types:
             raise PlanError(
@@ -228,6 +229,7 @@ def _replica_batch_fields(m: Mapping[str, Any], path: str) -> tuple[float | None
 
 
 def _group_of(name: Any, path: str, ctx: _Context) -> DeviceGroup:
+    f.note(path, {"type": "string"})  # a device_groups name
     if not isinstance(name, str) or name not in ctx.groups:
         raise PlanError(
             path,

@@ -131,6 +131,7 @@ def parse_model(
 
 
 def _model_preset(name: Any, path: str, presets: Mapping[str, ModelSpec]) -> ModelSpec:
+    f.note(path, {"enum": sorted(presets)})
     if not isinstance(name, str) or name not in presets:
         raise PlanError(
             path,
@@ -185,6 +186,7 @@ def _recompute(m: Mapping[str, Any], path: str, default: Recompute) -> Recompute
     """``recompute``: none | selective | full; the booleans of older plans mean full / none."""
     if "recompute" not in m:
         return default
+    f.note(f.join(path, "recompute"), {"type": "boolean"})  # older plans: true / false
     v = m["recompute"]
     if isinstance(v, bool):
         return "full" if v else "none"

@@ -199,13 +199,21 @@ def import_ray() -> Any:
 
 class RayExecutor:
     """One Ray task per variant on the cluster at ``address`` (``None``: the cluster named by
-    ``RAY_ADDRESS``, else a local one; ``"auto"``: an already running cluster). Every Ray
-    worker must have xsim-adapters (and the backend) installed. ``ray_module`` is for tests."""
+    ``RAY_ADDRESS``, else a new local one; ``"auto"``: an already running cluster). Every Ray
+    worker must have xsim-adapters (and the backend) installed. ``ray_module`` is for tests.
+
+    A variant's plan or backend error comes back in its row like on the local pool; a task
+    Ray itself could not finish (its worker died, or its node was lost, after ``max_retries``
+    retries) becomes a ``crash:`` row naming the Ray error, and the other variants go on.
+    If this process started Ray, it is left running for the next sweep of the process and
+    stopped when the process exits.
+    """
 
     def __init__(self, address: str | None = None, ray_module: Any = None,
-                 num_cpus: float = 1.0) -> None:
+                 num_cpus: float = 1.0, max_retries: int = 3) -> None:
         self.address = address
         self.num_cpus = num_cpus
+        self.max_retries = max_retries
         self._ray = ray_module if ray_module is not None else import_ray()
 
     def map(self, fn: Callable[[Task], Row], tasks: Sequence[Task],
@@ -215,18 +223,34 @@ class RayExecutor:
             return []
         if not ray.is_initialized():
             ray.init(address=self.address)
-        remote = ray.remote(num_cpus=self.num_cpus)(fn)
+        remote = ray.remote(num_cpus=self.num_cpus, max_retries=self.max_retries)(fn)
         refs = [remote.remote(t) for t in tasks]
         pending = list(refs)
         index = {_ref_key(r): i for i, r in enumerate(refs)}
+        results: dict[int, Row] = {}
         while pending:  # results are returned in task order; saved as each one finishes
             done, pending = ray.wait(pending, num_returns=1)
-            if on_result:
-                for ref in done:
-                    on_result(index[_ref_key(ref)], ray.get([ref])[0])
+            for ref in done:
+                i = index[_ref_key(ref)]
+                results[i] = self._get(ref)
+                if on_result:
+                    on_result(i, results[i])
             if progress:
                 progress(len(done))
-        return list(ray.get(refs))
+        return [results[i] for i in range(len(tasks))]
+
+    def _get(self, ref: Any) -> Row:
+        """The row of a finished task, or a ``crash:`` row if Ray could not run it."""
+        error = getattr(getattr(self._ray, "exceptions", None), "RayError", None)
+        try:
+            return dict(self._ray.get([ref])[0])
+        except Exception as e:
+            if error is None or not isinstance(e, error):
+                raise
+            first = (str(e).strip().splitlines() or [""])[0]
+            return {"error": f"crash: Ray could not run this variant: {type(e).__name__}: "
+                             f"{first}; run it alone with `xsim run` to see why",
+                    "wall_s": math.nan, "cpu_s": math.nan}
 
 
 def _ref_key(ref: Any) -> Any:
