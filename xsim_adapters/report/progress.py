@@ -73,7 +73,8 @@ class ProgressBar:
         self._closed = False
         self._bar = _Tqdm(
             total=self.total, desc=label, file=self.stream, disable=not self.enabled,
-            mininterval=MIN_INTERVAL_S if min_interval_s is None else min_interval_s, miniters=0, leave=True, dynamic_ncols=True,
+            mininterval=MIN_INTERVAL_S if min_interval_s is None else min_interval_s,
+            miniters=0, leave=True, dynamic_ncols=True,
             bar_format="{desc} {percentage:3.0f}%|{bar:24}| {n:.1f}/{total} steps "
                        "[{elapsed}]{postfix}",
         )
