@@ -144,7 +144,7 @@ def timeline_figure(tf: pd.DataFrame, ranks: pd.DataFrame, title: str = "",
     ticks = ax.set_yticklabels(labels[::step], fontsize=7 if nrows > 24 else 8)
     ax.set_xlabel("time (ms)")
     ax.set_ylabel(f"row = {what}")
-    ax.set_title(title or "timeline", fontsize=10)
+    ax.set_title(title or "timeline", fontsize=10, loc="left")
     ax.grid(axis="x", alpha=0.3)
     caused = ranks["caused_wait_ns"].to_numpy(dtype=np.float64) if "caused_wait_ns" in ranks \
         else np.zeros(0)
@@ -155,12 +155,10 @@ def timeline_figure(tf: pd.DataFrame, ranks: pd.DataFrame, title: str = "",
             ticks[row // step].set_color(CULPRIT_COLOR)
             ticks[row // step].set_fontweight("bold")
         rank = int(ranks["rank"].iloc[worst])
-        ax.annotate(f"culprit: rank {rank} made others wait {caused[worst] / 1e6:.3g} ms",
-                    xy=(ax.get_xlim()[1], row + 0.5), xytext=(4, 0),
-                    textcoords="offset points", va="center", ha="left", fontsize=8,
-                    color=CULPRIT_COLOR, fontweight="bold", gid="culprit",
-                    arrowprops={"arrowstyle": "<-", "color": CULPRIT_COLOR},
-                    annotation_clip=False)
+        # above the plot's top right corner, clear of the title and the legend
+        ax.text(1.0, 1.01, f"culprit: rank {rank} made others wait {caused[worst] / 1e6:.3g} ms"
+                " (red row)", transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
+                color=CULPRIT_COLOR, fontweight="bold", gid="culprit")
         ax.axhspan(row, row + 1, color=CULPRIT_COLOR, alpha=0.12, zorder=0, gid="culprit-row")
     handles += [h for h in shades if h is not None]
     if handles:
