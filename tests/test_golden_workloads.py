@@ -52,6 +52,8 @@ HAND = {
     # the congested plans cut Llama-2-7B to its first 8 layers (same embedding and head)
     "congested-ecmp-oversubscribed": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 4},
     "congested-mixed-nic-leaf": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 4},
+    # two 4-stage pipelines of Llama-2-7B; the perturbation changes compute time only
+    "whatif-slow-gpu": {"params": LLAMA2_7B_PARAMS, "dp": 2},
     "congested-incast-slow-nic": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 1,
                                   "reshard_bytes": 2 * 8 * (1 * 2048 * 4096 * BF16_BYTES)},
 }

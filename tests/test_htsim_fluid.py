@@ -27,7 +27,7 @@ def test_writer_flags_flows_whose_whole_path_is_scale_up(tmp_path: Path) -> None
     trace, topo = golden_case()  # ranks 0, 1 on scale-up links; ranks 2, 3 on NICs
     info = write_input(trace, topo, tmp_path / "in.txt")
     lines = (tmp_path / "in.txt").read_text().splitlines()
-    assert lines[0] == "xsim-htsim 2"
+    assert lines[0] == "xsim-htsim 3"
     o0 = lines.index("ops 33")
     flagged = []
     for op in trace.flows().itertuples():

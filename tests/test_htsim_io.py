@@ -255,14 +255,22 @@ def test_bad_options(tmp_path: Path, opts: dict, msg: str) -> None:
     assert str(e.value) == msg
 
 
-def test_timed_link_events_are_refused(tmp_path: Path) -> None:
+def test_timed_link_events_are_written_in_time_order(tmp_path: Path) -> None:
     import pandas as pd
 
-    drv = fake_driver(tmp_path, "sys.exit(9)\n")
     trace, topo = golden_case()
-    topo.events = pd.DataFrame({"at_ns": [1.0], "link_id": [0], "factor": [0.5]})
-    with pytest.raises(BackendError, match=r"the topology has 1 timed link events"):
-        HtsimBackend().run(trace, topo, {"driver": str(drv)})
+    gbps = topo.links["gbps"].to_numpy()
+    topo.events = pd.DataFrame({"at_ns": [2.5, 1.0, 7.0], "link_id": [3, 0, 3],
+                                "factor": [0.0, 0.5, 1.0]})
+    write_input(trace, topo, tmp_path / "in.txt")
+    lines = (tmp_path / "in.txt").read_text().splitlines()
+    assert lines[0] == "xsim-htsim 3"
+    e = lines.index("events 3")
+    assert e == 3 + len(topo.links)  # right after the links
+    # ps, link, bps = round(gbps x factor x 1e9), sorted by time
+    assert lines[e + 1:e + 4] == [
+        f"1000 0 {round(gbps[0] * 0.5 * 1e9)}", "2500 3 0", f"7000 3 {round(gbps[3] * 1e9)}",
+    ]
 
 
 def test_entry_point_is_registered() -> None:

@@ -81,6 +81,39 @@ def test_ring_allreduce_closed_form_and_flow_backend(driver: str, protocol: str)
     assert abs(tl.makespan_ns - flow.makespan_ns) <= 0.03 * flow.makespan_ns
 
 
+@pytest.mark.parametrize("scale_up", ["fluid", "packet"])
+@pytest.mark.parametrize("kind", ["degrade", "fail_restore"])
+def test_timed_link_event_matches_closed_form_and_flow_backend(driver: str, kind: str,
+                                                               scale_up: str) -> None:
+    """One 8 MiB flow over 200 Gb/s cables; at 100 us its sender's link drops to half rate
+    (degrade) or goes down for 50 us and comes back (fail_restore). Closed forms: the bytes
+    left at 100 us take twice as long (degrade), or 50 us more (fail_restore)."""
+    import pandas as pd
+
+    from xsim_adapters.backends.flow import FlowBackend
+
+    nbytes, gbps, lat = 8 << 20, 200.0, 700.0
+    tb = TraceBuilder(2)
+    tb.flow(0, 1, nbytes)
+    trace = tb.build()
+    topo = star(2, gbps, latency_ns=lat, tier="scale_up" if scale_up == "fluid" else "nic")
+    at = 100_000.0
+    if kind == "degrade":
+        topo.events = pd.DataFrame({"at_ns": [at], "link_id": [0], "factor": [0.5]})
+        left = nbytes * 8 / gbps - at
+        closed = at + 2 * left + 2 * lat
+    else:
+        topo.events = pd.DataFrame({"at_ns": [at, at + 50_000.0], "link_id": [0, 0],
+                                    "factor": [0.0, 1.0]})
+        closed = nbytes * 8 / gbps + 50_000.0 + 2 * lat
+    tl = run(trace, topo, driver, scale_up=scale_up)
+    flow = FlowBackend().run(trace, topo, {})
+    assert flow.makespan_ns == pytest.approx(closed, rel=1e-9)
+    assert tl.stats["link_events"] == len(topo.events)
+    # packets: headers (about 1% at a 9,000-byte MTU) and one packet in service at the change
+    assert abs(tl.makespan_ns - closed) <= (1e-6 if scale_up == "fluid" else 0.02) * closed
+
+
 def test_compute_gaps_between_flows(driver: str) -> None:
     tb = TraceBuilder(2)
     c1 = tb.compute(0, 40_000)
@@ -121,7 +154,7 @@ def test_heterogeneous_nics_bound_the_ring(driver: str) -> None:
 
 def test_stuck_dag_is_reported_by_the_driver(driver: str, tmp_path: Path) -> None:
     (tmp_path / "in.txt").write_text(
-        "xsim-htsim 2\nnodes 1\nlinks 0\nroutes 0\nops 3\nC 5\nB\nB\n"
+        "xsim-htsim 3\nnodes 1\nlinks 0\nevents 0\nroutes 0\nops 3\nC 5\nB\nB\n"
         "succ 2\n0\n1 2\n1 1\nend\n"
     )
     proc = subprocess.run([driver, str(tmp_path / "in.txt"), "--out", str(tmp_path / "t.csv"),
@@ -135,7 +168,7 @@ def test_stuck_dag_is_reported_by_the_driver(driver: str, tmp_path: Path) -> Non
 
 
 def test_malformed_input_names_the_line(driver: str, tmp_path: Path) -> None:
-    (tmp_path / "in.txt").write_text("xsim-htsim 2\nnodes 2\nlinks 1\n0 7 100 5 1\n")
+    (tmp_path / "in.txt").write_text("xsim-htsim 3\nnodes 2\nlinks 1\n0 7 100 5 1\n")
     proc = subprocess.run([driver, str(tmp_path / "in.txt"), "--out", str(tmp_path / "t.csv"),
                            "--summary", str(tmp_path / "s.json")],
                           capture_output=True, text=True, check=False)
@@ -174,8 +207,6 @@ def test_shipped_plans_complete_and_agree_with_flow(driver: str, plan_path: str,
     if trace.num_ranks > 16:
         pytest.skip(f"{Path(plan_path).name}: {trace.num_ranks} GPUs (> 16)")
     topo = build_topology(plan)
-    if len(topo.events):
-        pytest.skip(f"{Path(plan_path).name}: timed link events are not modelled by htsim")
     moved = int(trace.flows()["bytes"].sum())
     if scale_up == "packet" and moved > 10**12 and not os.environ.get("XSIM_HTSIM_SLOW"):
         pytest.skip(f"{Path(plan_path).name}: {moved / 1e12:.1f} TB per iteration takes minutes"

@@ -274,3 +274,39 @@ def compare_backends(plan: Plan, backends: Sequence[str] = ("flow", "ns3"),
     ref = names[0]
     pairs = {(ref, b): compare_metrics(mets[ref], mets[b]) for b in names[1:]}
     return BackendComparison(trace, tls, mets, pairs)
+
+
+def link_metrics(trace: Trace, timeline: Timeline, topology: Topology) -> Any:
+    """Per-link telemetry of a run (bytes, busy time, peak concurrent flows, utilisation per
+    directed link): :func:`xsim_adapters.metrics.links.link_metrics`."""
+    from .metrics.links import link_metrics as _links
+
+    return _links(trace, timeline, topology)
+
+
+def add_perturbation_cost(met: Metrics, plan: Plan, backend: str = "flow",
+                          options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Replay ``plan`` without its ``perturb:`` section on ``backend`` and add what the
+    perturbation cost to ``met.summary["perturbation"]``: ``baseline_iteration_ns``,
+    ``cost_ns`` (perturbed minus baseline iteration time) and ``cost_pct``. Returns that dict.
+
+    Raises XsimError when the plan has no perturbation (there is nothing to compare).
+    """
+    import dataclasses
+
+    from .plan.perturb import PerturbSpec
+
+    if not plan.perturb.active:
+        raise XsimError("--baseline: the plan has no perturb: section, so there is no "
+                        "perturbation to cost (docs/whatif.md)")
+    base = dataclasses.replace(plan, perturb=PerturbSpec())
+    tl = run(base, backend, options=options)
+    it = int(met.summary["iteration_time_ns"])
+    b = int(tl.makespan_ns)
+    block = met.summary.setdefault("perturbation", {})
+    block.update(
+        baseline_iteration_ns=b,
+        cost_ns=it - b,
+        cost_pct=100.0 * (it - b) / b if b > 0 else 0.0,
+    )
+    return block

@@ -225,15 +225,23 @@ def _print_summary(s: dict[str, Any]) -> None:
     if worst:
         print(f"  largest straggler: rank {worst['rank']} made others wait "
               f"{_fmt_ns(worst['caused_wait_ns'])} in total")
+    cp = s.get("critical_path")
+    if cp and cp.get("top_ranks"):
+        top = cp["top_ranks"][0]
+        print(f"  critical path: compute {_fmt_ns(cp['compute_ns'])} (most on rank "
+              f"{top['rank']}: {_fmt_ns(top['compute_ns'])}), communication "
+              f"{_fmt_ns(cp['comm_ns'] + cp['barrier_ns'])}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from . import api
     from ._outdir import check_output, output_dir
     from .backends.registry import check_backend_options, get_backend
-    from .report.outputs import write_run
+    from .report.outputs import write_links, write_run
     from .report.progress import ProgressBar
 
+    if args.job:
+        return _run_jobs(args)
     check_input(args.plan, trace_ok=True)
     out = Path(args.output or default_output(args.plan, "run"))
     options = parse_option_items(args.option or [])
@@ -243,6 +251,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     with ProgressBar(5, "xsim run", force=args.progress) as bar:
         bar.step("loading the input")
         plan, trace = _load_input(args.plan)
+        if args.baseline and not plan.perturb.active:
+            raise XsimError("--baseline: the plan has no perturb: section, so there is no "
+                            "perturbation to cost (docs/whatif.md)")
         if trace is None:
             bar.set_label("generating the trace")
             trace = api.generate(plan)
@@ -252,6 +263,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         timeline = api.run(trace, args.backend, topology, {**options, "progress": hook})
         bar.step("computing metrics")
         met = api.metrics(trace, timeline)
+        if args.baseline:
+            bar.set_label(f"running {args.backend} without the perturbation")
+            api.add_perturbation_cost(met, plan, args.backend, options)
         bar.step("writing outputs")
         # The whole run directory is one unit: written beside OUT, then swapped in.
         with output_dir(out, "run", args.force) as tmp:
@@ -259,9 +273,77 @@ def cmd_run(args: argparse.Namespace) -> int:
             api.write_trace_files(trace, tmp / "trace", plan)
             write_run(tmp, timeline, met, plots=not args.no_plots,
                       title=f"{plan.name} on {timeline.backend}")
+            if args.links:
+                write_links(tmp, api.link_metrics(trace, timeline, topology),
+                            plots=not args.no_plots, title=f"{plan.name} on {timeline.backend}")
     _print_summary(met.summary)
+    pc = met.summary.get("perturbation", {})
+    if "cost_ns" in pc:
+        print(f"  perturbation cost: {_fmt_ns(pc['cost_ns'])} per iteration "
+              f"({pc['cost_pct']:+.2f}% over {_fmt_ns(pc['baseline_iteration_ns'])})")
     print(f"wrote {out}/: trace/, timeline.parquet, ranks.csv, summary.json"
-          + ("" if args.no_plots else ", timeline.png, timeline.perfetto.json"))
+          + ("" if args.no_plots else ", timeline.png, timeline.perfetto.json")
+          + ("" if not args.links else ", links.csv" + ("" if args.no_plots else ", links.png")))
+    return 0
+
+
+def _run_jobs(args: argparse.Namespace) -> int:
+    """``xsim run PLAN --job PLAN2 ...``: several jobs on one fabric (docs/whatif.md)."""
+    from . import api
+    from ._outdir import check_output, output_dir
+    from .backends.registry import check_backend_options, get_backend
+    from .jobs import run_jobs
+    from .report.outputs import write_csv, write_json, write_links, write_run
+    from .report.progress import ProgressBar
+    from .traffic import is_traffic_file, load_traffic
+
+    paths = [args.plan, *args.job]
+    for p in paths:
+        check_input(p, trace_ok=False)
+    if args.baseline:
+        raise XsimError("--baseline: not with --job (each job's slowdown against running "
+                        "alone in its place is reported instead)")
+    out = Path(args.output or default_output(args.plan, "run"))
+    options = parse_option_items(args.option or [])
+    get_backend(args.backend, options)
+    check_backend_options(args.backend, options)
+    check_output(out, "run", args.force)
+    with ProgressBar(3, "xsim run (jobs)", force=args.progress) as bar:
+        bar.advance(0, "loading")
+        plans = [load_traffic(p) if is_traffic_file(p) else api.load_plan(p) for p in paths]
+        bar.advance(1, f"running {args.backend}: {len(plans)} jobs together, then each alone")
+        res = run_jobs(plans, args.backend, options, placement=args.placement)
+        bar.advance(1, "writing outputs")
+        table = res.table()
+        with output_dir(out, "run", args.force) as tmp:
+            for plan, met in zip(res.jobs.plans, res.results, strict=True):
+                jdir = tmp / "jobs" / plan.name
+                jdir.mkdir(parents=True)
+                if isinstance(met, dict):  # background traffic: offered vs achieved load
+                    write_json(jdir / "summary.json", met)
+                    continue
+                assert met.source is not None
+                write_run(jdir, met.source, met, plots=not args.no_plots,
+                          title=f"{plan.name} beside {len(plans) - 1} other job(s) on "
+                                f"{args.backend}")
+            write_csv(tmp / "jobs.csv", table)
+            write_links(tmp, res.links, plots=not args.no_plots,
+                        title=f"{len(plans)} jobs, {args.placement} placement, {args.backend}")
+            write_json(tmp / "summary.json", {
+                "backend": args.backend, "placement": args.placement,
+                "jobs": table.to_dict(orient="records"),
+            })
+        bar.advance(1, "done")
+    for row in table.to_dict(orient="records"):
+        if "pattern" in row and isinstance(row.get("pattern"), str):
+            print(f"traffic {row['job']}: {row['ranks']} GPUs, {row['pattern']}, offered load "
+                  f"{row['offered_load']:.0%} of each NIC, achieved {row['achieved_load']:.0%}")
+            continue
+        print(f"job {row['job']}: {row['ranks']} GPUs, iteration "
+              f"{_fmt_ns(row['iteration_time_ns'])} ({row['slowdown_pct']:+.2f}% against "
+              f"running alone in its place)")
+    print(f"wrote {out}/: summary.json, jobs.csv, links.csv"
+          + ("" if args.no_plots else ", links.png") + ", jobs/<name>/")
     return 0
 
 
@@ -478,6 +560,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="The backend to run (default: flow; see `xsim backends`).")
     r.add_argument("--no-plots", action="store_true",
                    help="Skip timeline.png and timeline.perfetto.json.")
+    r.add_argument("--job", action="append", metavar="PLAN",
+                   help="Another plan (job) to run beside PLAN on PLAN's network; repeat for "
+                        "more. Each job keeps its own device groups; writes per-job results "
+                        "under OUT/jobs/, jobs.csv (slowdown against running alone) and "
+                        "links.csv (docs/whatif.md).")
+    r.add_argument("--placement", choices=("packed", "spread"), default="packed",
+                   help="With --job: packed puts each job on consecutive servers; spread "
+                        "deals servers round-robin so jobs share every leaf (default: packed).")
+    r.add_argument("--links", action="store_true",
+                   help="Also write per-link telemetry: links.csv (bytes, busy time, peak "
+                        "concurrent flows, utilisation per directed link) and links.png "
+                        "(the hottest links); docs/metrics.md.")
+    r.add_argument("--baseline", action="store_true",
+                   help="For a plan with a perturb: section, also replay it without the "
+                        "perturbation on the same backend and report what it cost "
+                        "(summary.json perturbation.cost_ns; docs/whatif.md).")
 
     c = add("compare", "Run several backends on the identical trace and topology and write "
                        "their metrics side by side.", cmd_compare)

@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..trace.schema import Trace
 from ..trace.timeline import Timeline
+from .critical import critical_path
 from .ranks import rank_metrics
 from .straggler import straggler_frame
 from .summary import device_type_summary, replica_summary, summary
@@ -20,7 +21,9 @@ class Metrics:
     """Metrics of one backend run of one trace.
 
     ``timeline``: ops with start/end (:func:`timeline_frame`); ``ranks``: per-rank metrics;
-    ``stragglers``: per (sync, participant) waits; ``replicas`` / ``device_types``: summaries;
+    ``stragglers``: per (sync, participant) waits; ``critical``: the ops on the critical path
+    (:func:`~xsim_adapters.metrics.critical.critical_path`); ``replicas`` / ``device_types``:
+    summaries;
     ``summary``: the headline dict (JSON-ready); ``source``: the backend's Timeline these
     metrics came from (float ns, as the backend reported; ``timeline`` is rounded to integer
     ns), kept so :func:`xsim_adapters.write_report` can store it.
@@ -37,6 +40,7 @@ class Metrics:
     device_types: pd.DataFrame
     summary: dict[str, Any] = field(default_factory=dict)
     source: Timeline | None = None
+    critical: pd.DataFrame | None = None
 
 
 def compute_metrics(trace: Trace, timeline: Timeline) -> Metrics:
@@ -47,7 +51,8 @@ def compute_metrics(trace: Trace, timeline: Timeline) -> Metrics:
     tf = timeline_frame(trace, timeline)
     st = straggler_frame(trace, tf)
     rk = rank_metrics(trace, tf, st)
-    sm = summary(trace, tf, rk, timeline.backend, timeline.stats)
+    cp = critical_path(trace, tf)
+    sm = summary(trace, tf, rk, timeline.backend, timeline.stats, critical=cp)
     return Metrics(
         backend=timeline.backend,
         timeline=tf,
@@ -57,4 +62,5 @@ def compute_metrics(trace: Trace, timeline: Timeline) -> Metrics:
         device_types=device_type_summary(trace, rk, sm["iteration_time_ns"]),
         summary=sm,
         source=timeline,
+        critical=cp,
     )

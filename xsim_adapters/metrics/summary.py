@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..trace.schema import COMM_PHASES, COMPUTE_PHASES, KIND_COMPUTE, PHASE_INDEX, Trace
 from ..trace.timeline import Timeline
+from .critical import critical_path, critical_summary
 from .ranks import BREAKDOWN_COLUMNS, SUMMABLE_COLUMNS, rank_metrics
 from .timeline import as_frame
 
@@ -103,7 +104,8 @@ def phase_totals(tf: pd.DataFrame, ranks: pd.DataFrame) -> dict[str, int]:
 
 def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
             ranks: pd.DataFrame | None = None, backend: str | None = None,
-            stats: dict[str, Any] | None = None) -> dict[str, Any]:
+            stats: dict[str, Any] | None = None,
+            critical: pd.DataFrame | None = None) -> dict[str, Any]:
     """The headline numbers of one run as a JSON-ready dict.
 
     ``timeline``: a Timeline (its backend name and stats are used) or its timeline frame;
@@ -115,7 +117,10 @@ def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
     time within rounding), flop_count (all ranks), phases_rank_ns (per-phase sums over ranks,
     rank-ns), device_types (per type: ranks, flop_count, achieved_tflops_per_gpu, peak_tflops,
     mfu), mfu (all GPUs), max_straggler (the rank that caused the most wait), num_ops,
-    backend_stats. Every ``*_ns`` value is an integer.
+    backend_stats, critical_path (:func:`~.critical.critical_summary` of ``critical``, the
+    critical path, computed when not given); and ``perturbation`` when the plan injects
+    slowdowns or jitter (the perturbed ranks, and the compute time the perturbation added per
+    rank and in total, in rank-ns). Every ``*_ns`` value is an integer.
     """
     if isinstance(timeline, Timeline):
         backend = backend or timeline.backend
@@ -147,7 +152,7 @@ def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
         worst = {"rank": int(w["rank"]), "caused_wait_ns": int(w["caused_wait_ns"])}
     clean_stats = {k: v for k, v in (stats or {}).items()
                    if isinstance(v, str | int | float | bool) or v is None}
-    return {
+    out = {
         "plan": trace.manifest.get("plan_name"),
         "plan_digest": trace.manifest.get("plan_digest"),
         "backend": backend or "unknown",
@@ -166,4 +171,17 @@ def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
         "mfu": mfu,
         "max_straggler": worst,
         "backend_stats": clean_stats,
+        "critical_path": critical_summary(
+            critical if critical is not None else critical_path(trace, tf)
+        ),
     }
+    pert = trace.manifest.get("perturb")
+    if pert:
+        extra = [int(x) for x in pert.get("extra_compute_ns", []) if isinstance(x, int)]
+        out["perturbation"] = {
+            "slow": pert.get("slow", []),
+            "jitter_sigma": pert.get("jitter_sigma", 0.0),
+            "extra_compute_rank_ns": sum(extra),
+            "extra_compute_ns_by_rank": {str(r): x for r, x in enumerate(extra) if x},
+        }
+    return out

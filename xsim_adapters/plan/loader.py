@@ -13,6 +13,7 @@ from . import limits as lim
 from .bounded_yaml import parse_yaml
 from .memory import check_feasible
 from .model import DeviceType, Plan
+from .perturb import parse_perturb
 from .presets import _device_presets, _model_presets
 from .replicas import parse_groups, parse_replicas
 from .sections import (
@@ -35,9 +36,10 @@ TOP_KEYS = (
     "network",
     "replicas",
     "collectives",
+    "perturb",
 )
 REQUIRED_TOP_KEYS = ("name", "model", "training", "device_groups", "replicas")
-OPTIONAL_SECTIONS = ("device_types", "network", "collectives")
+OPTIONAL_SECTIONS = ("device_types", "network", "collectives", "perturb")
 
 
 def read_plan_file(path: str | os.PathLike[str], *, stored: bool = False) -> str:
@@ -124,6 +126,7 @@ def plan_from_dict(d: Any, base_dir: str | None = None, *, feasibility: bool = T
     groups = parse_groups(d["device_groups"], "device_groups", known)
     network = parse_network(d.get("network", {}), "network")
     collectives = parse_collectives(d.get("collectives", {}), "collectives")
+    perturb = parse_perturb(d.get("perturb", {}), "perturb", groups)
     used = {g.type: known[g.type] for g in groups}
     check_precision(training, used)
     device_types = {**used, **{k: v for k, v in defined.items() if k not in used}}
@@ -140,6 +143,7 @@ def plan_from_dict(d: Any, base_dir: str | None = None, *, feasibility: bool = T
         replicas=replicas,
         collectives=collectives,
         seed=seed,
+        perturb=perturb,
     )
     lim.check_size(plan)
     if feasibility:

@@ -14,7 +14,10 @@ Global numbering (used by the trace, the topology and every backend):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from .perturb import PerturbSpec
 
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zb_h1"]
 Recompute = Literal["none", "selective", "full"]
@@ -253,6 +256,7 @@ class Plan:
     replicas: tuple[Replica, ...]
     collectives: CollectivesSpec = field(default_factory=CollectivesSpec)
     seed: int = 0
+    perturb: PerturbSpec = field(default_factory=lambda: _no_perturb())
 
     def __hash__(self) -> int:  # dict field: hash by identity of the frozen content's repr
         return hash(repr(self))
@@ -300,3 +304,9 @@ class Plan:
             off += g.num_devices
             node_off += g.nodes
         raise IndexError(f"rank {rank} out of range (plan has {off} ranks)")
+
+
+def _no_perturb() -> PerturbSpec:
+    from .perturb import PerturbSpec  # late import: perturb imports DeviceGroup from here
+
+    return PerturbSpec()

@@ -15,6 +15,7 @@ import yaml
 
 from .._atomic import write_text_atomic
 from .model import Plan
+from .perturb import perturb_to_dict
 
 
 def _plain(obj: Any) -> Any:
@@ -62,6 +63,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "network": network,
         "replicas": replicas,
         "collectives": _plain(plan.collectives),
+        **({"perturb": perturb_to_dict(plan.perturb)} if plan.perturb.active else {}),
     }
 
 

@@ -94,3 +94,16 @@ def write_run(out: str | Path, timeline: Timeline, met: Metrics, plots: bool = T
         for stale in ("timeline.png", "timeline.perfetto.json"):
             (out / stale).unlink(missing_ok=True)
     return paths
+
+
+def write_links(out: str | Path, links: pd.DataFrame, plots: bool = True, title: str = ""
+                ) -> list[Path]:
+    """Write ``links.csv`` (:func:`~xsim_adapters.metrics.links.link_metrics`) and, with
+    ``plots``, ``links.png`` (the hottest links) into ``out``; returns the paths written."""
+    from .plot_links import plot_links
+
+    out = Path(out)
+    paths = [write_csv(out / "links.csv", links)]
+    if plots:
+        paths.append(plot_links(out / "links.png", links, title))
+    return paths

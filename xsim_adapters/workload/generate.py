@@ -42,6 +42,7 @@ from .builder import BulkBuilder
 from .collectives import ring_flows
 from .compute import ADAM_BYTES_PER_PARAM, optimizer_time_ns, stage_params
 from .dpsync import buckets, chunk_rings, sweep_segments
+from .perturb import apply_perturbations
 from .reshard import DEST, SOURCE, algorithm_label, reshard_transfers
 from .rings import (
     RankInfo,
@@ -58,7 +59,10 @@ GENERATOR_VERSION = "1"
 
 def plan_digest(plan: Plan) -> str:
     """sha256 (hex) of the canonical JSON form of the validated plan."""
-    text = json.dumps(asdict(plan), sort_keys=True, separators=(",", ":"), default=str)
+    data = asdict(plan)
+    if not plan.perturb.active:  # plans without a perturb section keep their earlier digests
+        del data["perturb"]
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -590,5 +594,8 @@ def generate(plan: Plan) -> Trace:
     gen.add_transfers()
     gen.add_dp_and_optimizer()
     ops, deps, colls = gen.tb.frames()
+    perturbed = apply_perturbations(ops, plan.perturb, plan.num_ranks, plan.seed)
     manifest = gen.manifest(ops["kind"].to_numpy(), ops["phase"].to_numpy(), len(deps))
+    if perturbed:
+        manifest["perturb"] = perturbed
     return Trace(ops=ops, deps=deps, collectives=colls, manifest=manifest)

@@ -20,6 +20,11 @@ void FluidGroup::add(uint32_t op, uint64_t bytes, int32_t route) {
     resolve();
 }
 
+void FluidGroup::capacity_changed() {
+    advance();
+    resolve();
+}
+
 void FluidGroup::advance() {
     simtime_picosec now = eventlist().now();
     if (now > _last) {
@@ -71,7 +76,7 @@ void FluidGroup::resolve() {
     for (const Flow& f : _active)
         for (uint32_t l : _in.routes[f.route]) {
             if (cnt[l] == 0) {
-                resid[l] = (double)_in.links[l].bps / 8e12;
+                resid[l] = _s->cap[l];
                 used.push_back(l);
             }
             cnt[l]++;

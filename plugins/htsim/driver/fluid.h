@@ -22,6 +22,7 @@ struct FluidScratch {
     std::vector<double> resid;    // bytes/ps left on a link during progressive filling
     std::vector<uint32_t> count;  // unfrozen flows crossing a link
     std::vector<uint32_t> used;   // links touched by this re-solve
+    std::vector<double> cap;      // bytes/ps each link serves now (timed link events change it)
 };
 
 class FluidGroup : public EventSource {
@@ -31,6 +32,8 @@ public:
     void add(uint32_t op, uint64_t bytes, int32_t route);
     // The earliest last-byte time: called by htsim's event list.
     void doNextEvent() override;
+    // A link this group's flows may use changed capacity (FluidScratch::cap): re-solve now.
+    void capacity_changed();
     uint64_t recomputes() const { return _recomputes; }
 
 private:

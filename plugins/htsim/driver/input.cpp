@@ -49,12 +49,12 @@ bool read_input(const std::string& path, Input& in, std::string& error) {
     std::string magic;
     int version = 0;
     if (!r.next() || !(r.ss >> magic >> version) || magic != "xsim-htsim") {
-        error = r.where() + "not an xsim-htsim input (first line must be 'xsim-htsim 2')";
+        error = r.where() + "not an xsim-htsim input (first line must be 'xsim-htsim 3')";
         return false;
     }
-    if (version != 2) {
+    if (version != 3) {
         error = "input format version " + std::to_string(version) +
-                " is not supported by this driver (it reads version 2); rebuild the driver or"
+                " is not supported by this driver (it reads version 3); rebuild the driver or"
                 " rewrite the input with this checkout's xsim_htsim";
         return false;
     }
@@ -82,6 +82,24 @@ bool read_input(const std::string& path, Input& in, std::string& error) {
             return false;
         }
         l.from_host = host != 0;
+    }
+
+    if (!header(r, "events", n, error)) return false;
+    in.events.resize(n);
+    for (uint64_t i = 0; i < n; i++) {
+        EventSpec& e = in.events[i];
+        if (!r.next() || !(r.ss >> e.at_ps >> e.link >> e.bps)) {
+            error = r.where() + "event " + std::to_string(i) + ": expected '<at_ps> <link> <bps>'";
+            return false;
+        }
+        if (e.link >= in.links.size()) {
+            error = r.where() + "event " + std::to_string(i) + ": link id out of range";
+            return false;
+        }
+        if (i > 0 && e.at_ps < in.events[i - 1].at_ps) {
+            error = r.where() + "event " + std::to_string(i) + ": events must be in time order";
+            return false;
+        }
     }
 
     if (!header(r, "routes", n, error)) return false;

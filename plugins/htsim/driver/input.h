@@ -1,4 +1,4 @@
-// The driver's input (format version 2): a small text format written by xsim_htsim.input (see docs/htsim.md).
+// The driver's input (format version 3): a small text format written by xsim_htsim.input (see docs/htsim.md).
 // Everything is in integers: bits per second, picoseconds, bytes, dense ids.
 #ifndef XSIM_HTSIM_INPUT_H
 #define XSIM_HTSIM_INPUT_H
@@ -18,6 +18,13 @@ struct LinkSpec {
     bool from_host;       // the link leaves a GPU: its queue is the host (NIC) queue
 };
 
+// At `at_ps`, link `link` starts serving at `bps` (0: the link is down until a later event).
+struct EventSpec {
+    uint64_t at_ps;
+    uint32_t link;
+    uint64_t bps;
+};
+
 struct OpSpec {
     OpKind kind;
     uint64_t value;       // compute: duration in ps; flow: payload bytes; barrier: 0
@@ -29,6 +36,7 @@ struct OpSpec {
 struct Input {
     uint32_t num_nodes = 0;
     std::vector<LinkSpec> links;
+    std::vector<EventSpec> events;  // timed link rate changes, in time order
     std::vector<std::vector<uint32_t>> routes;  // link ids, source to destination
     std::vector<OpSpec> ops;
     std::vector<uint64_t> succ_start;  // CSR: successors of op i are succ[succ_start[i]..succ_start[i+1])

@@ -190,6 +190,7 @@ int main(int argc, char** argv) {
                           ", \"fluid_flows\": " + std::to_string(rep.fluid_flows()) +
                           ", \"fluid_groups\": " + std::to_string(rep.fluid_groups()) +
                           ", \"fluid_recomputes\": " + std::to_string(rep.fluid_recomputes()) +
+                          ", \"link_events\": " + std::to_string(rep.link_events_applied()) +
                           ", \"links\": " + std::to_string(in.links.size()) +
                           ", \"events\": " + std::to_string(events) +
                           ", \"sim_ps\": " + std::to_string(EventList::now()) +

@@ -187,12 +187,20 @@ bool Replayer::build(std::string& error) {
         const LinkSpec& l = _in.links[i];
         BaseQueue* q;
         if (_opt.protocol == PROTO_NDP || _opt.protocol == PROTO_EQDS) {
-            if (l.from_host)
-                q = new PriorityQueue(l.bps, host_bytes, eventlist(), nullptr);
-            else
-                q = new CompositeQueue(l.bps, qbytes, eventlist(), nullptr);
+            if (l.from_host) {
+                auto* rq = new RatedQueue<PriorityQueue>(l.bps, host_bytes, eventlist(), nullptr);
+                q = rq;
+                _rate.push_back(rq);
+            } else {
+                auto* rq = new RatedQueue<CompositeQueue>(l.bps, qbytes, eventlist(), nullptr);
+                q = rq;
+                _rate.push_back(rq);
+            }
         } else {
-            q = new Queue(l.bps, l.from_host ? host_bytes : qbytes, eventlist(), nullptr);
+            auto* rq = new RatedQueue<Queue>(l.bps, l.from_host ? host_bytes : qbytes,
+                                             eventlist(), nullptr);
+            q = rq;
+            _rate.push_back(rq);
         }
         q->setName("link" + std::to_string(i));
         _queues.push_back(q);
@@ -218,7 +226,32 @@ bool Replayer::build(std::string& error) {
         }
     }
     if (_opt.scale_up_fluid) build_fluid_groups();
+    if (!_in.events.empty()) {
+        _link_events = new LinkEvents(eventlist(), this, _in.events);
+        eventlist().sourceIsPending(*_link_events, _in.events.front().at_ps);
+    }
     return true;
+}
+
+LinkEvents::LinkEvents(EventList& ev, Replayer* owner, const std::vector<EventSpec>& events)
+    : EventSource(ev, "xsim_link_events"), _owner(owner), _events(events) {}
+
+void LinkEvents::doNextEvent() {
+    simtime_picosec now = eventlist().now();
+    while (_next < _events.size() && _events[_next].at_ps <= now) {
+        _owner->set_link_bps(_events[_next].link, _events[_next].bps);
+        _next++;
+    }
+    if (_next < _events.size()) eventlist().sourceIsPending(*this, _events[_next].at_ps);
+}
+
+void Replayer::set_link_bps(uint32_t link, uint64_t bps) {
+    _events_applied++;
+    _rate[link]->set_bps(bps);
+    if (link < _scratch.cap.size()) {
+        _scratch.cap[link] = (double)bps / 8e12;
+        for (int32_t g : _link_groups[link]) _fluid[g]->capacity_changed();
+    }
 }
 
 // Groups are the connected components (union-find over nodes) of the links that fluid flows'
@@ -251,6 +284,17 @@ void Replayer::build_fluid_groups() {
     }
     _scratch.resid.assign(_in.links.size(), 0.0);
     _scratch.count.assign(_in.links.size(), 0);
+    _scratch.cap.resize(_in.links.size());
+    for (size_t l = 0; l < _in.links.size(); l++) _scratch.cap[l] = (double)_in.links[l].bps / 8e12;
+    _link_groups.assign(_in.links.size(), {});
+    for (size_t r = 0; r < _in.routes.size(); r++) {
+        int32_t g = _route_group[r];
+        if (g < 0) continue;
+        for (uint32_t l : _in.routes[r]) {
+            std::vector<int32_t>& gs = _link_groups[l];
+            if (std::find(gs.begin(), gs.end(), g) == gs.end()) gs.push_back(g);
+        }
+    }
 }
 
 uint64_t Replayer::fluid_recomputes() const {

@@ -4,6 +4,7 @@
 #ifndef XSIM_HTSIM_REPLAY_H
 #define XSIM_HTSIM_REPLAY_H
 
+#include <cmath>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -58,6 +59,58 @@ private:
 
 class RoceEndTrigger;
 
+// A queue whose service rate timed link events change. A rate change applies from the next
+// packet the queue starts to serve (the one on the wire finishes at the old rate, as on a real
+// link). Rate 0 takes the link down: the queue stops starting packets (the one on the wire
+// still leaves) and keeps what arrives, up to its capacity (beyond it, drops, as a full queue
+// does); a later event with a rate restarts service.
+class RateControl {
+public:
+    virtual ~RateControl() = default;
+    virtual void set_bps(uint64_t bps) = 0;
+};
+
+template <class Q>
+class RatedQueue : public Q, public RateControl {
+public:
+    using Q::Q;
+    void set_bps(uint64_t bps) override {
+        if (bps == 0) {
+            _down = true;
+            return;
+        }
+        this->_bitrate = bps;
+        this->_ps_per_byte = (simtime_picosec)((pow(10.0, 12.0) * 8) / this->_bitrate);
+        bool restart = _down && _stalled;
+        _down = _stalled = false;
+        if (restart && this->queuesize() > 0) Q::beginService();
+    }
+    void beginService() override {
+        if (_down) {
+            _stalled = true;  // started again by the event that brings the link back
+            return;
+        }
+        Q::beginService();
+    }
+
+private:
+    bool _down = false;
+    bool _stalled = false;
+};
+
+class Replayer;
+
+// Applies the input's timed link events at their times, in order.
+class LinkEvents : public EventSource {
+public:
+    LinkEvents(EventList& ev, Replayer* owner, const std::vector<EventSpec>& events);
+    void doNextEvent() override;
+private:
+    Replayer* _owner;
+    const std::vector<EventSpec>& _events;
+    size_t _next = 0;
+};
+
 // Frees a RoCE flow's htsim objects once its sender has its last ACK. Deletion waits one packet
 // slot (the sender's last pacing event has then fired and found nothing to send), and a flow
 // that saw a NACK is kept, since retransmitted copies may still be in flight.
@@ -105,6 +158,9 @@ public:
     uint64_t fluid_recomputes() const;
     // Ids of up to `limit` ops that have not ended, lowest first.
     std::vector<uint32_t> unfinished(size_t limit) const;
+    // A timed link event: link `link` serves at `bps` from now on (0: down).
+    void set_link_bps(uint32_t link, uint64_t bps);
+    uint64_t link_events_applied() const { return _events_applied; }
 
 private:
     void op_done(uint32_t op);
@@ -121,6 +177,10 @@ private:
     const Input& _in;
     Options _opt;
     std::vector<BaseQueue*> _queues;  // by link id
+    std::vector<RateControl*> _rate;  // by link id: the same queues, as rate controls
+    LinkEvents* _link_events = nullptr;
+    uint64_t _events_applied = 0;
+    std::vector<std::vector<int32_t>> _link_groups;  // link id -> fluid groups using it
     std::vector<Pipe*> _pipes;        // by link id
     std::vector<uint32_t> _pending;   // unfinished predecessors per op
     std::vector<simtime_picosec> _start, _end;

@@ -72,13 +72,6 @@ class HtsimBackend(Backend):
         if driver is None:
             raise BackendUnavailable(reason)
         protocol, scale_up = opts["protocol"], opts["scale_up"]
-        events = getattr(topology, "events", None)
-        if events is not None and len(events):
-            raise BackendError(
-                f"htsim: the topology has {len(events)} timed link events (network.events);"
-                " the htsim driver does not model link changes during a run: use the flow or"
-                " ns3 backend for this plan"
-            )
         argv_opts = ["--protocol", protocol, "--scale-up", scale_up]
         for key, flag in (("mtu", "--mtu"), ("queue_bytes", "--queue-bytes"),
                           ("cwnd_pkts", "--cwnd-pkts")):
@@ -139,6 +132,7 @@ class HtsimBackend(Backend):
             "flows": int(summary.get("flows", 0)),
             "scale_up": scale_up,
             "fluid_recomputes": int(summary.get("fluid_recomputes", 0)),
+            "link_events": int(summary.get("link_events", 0)),
             "routes": info.routes,
             "sim_ns": int(summary.get("sim_ps", 0)) / 1000.0,
         }

@@ -2,10 +2,12 @@
 
 Format (text, one record per line, integers only, ``#`` lines ignored)::
 
-    xsim-htsim 2
+    xsim-htsim 3
     nodes <N>
     links <L>
     <src_node> <dst_node> <bps> <latency_ps> <from_gpu 0|1>      L lines, link id = line order
+    events <E>
+    <at_ps> <link_id> <bps>                                       E lines in time order
     routes <R>
     <hops> <link_id> ...                                          R lines, route id = line order
     ops <N_ops>
@@ -22,8 +24,10 @@ routes every flow exactly as the flow backend does. ``su`` is 1 when the flow's 
 is a scale-up path (``topology.model.is_scale_up_path``, the definition ns-3 uses too: an
 intra-server NVLink/NVSwitch flow, which the driver times with its fluid model under
 ``--scale-up fluid``), else 0 (always 0 for a local flow). The flag depends only on the
-topology, so the file is the same for either scale-up mode. The output is a pure function of the
-trace and topology (byte-identical across runs) and is written atomically.
+topology, so the file is the same for either scale-up mode. ``events`` are the topology's timed
+link events (``Topology.events``): from ``at_ps`` on, link ``link_id`` serves at ``bps``
+(``round(gbps x factor x 1e9)``; 0 takes it down until a later event). The output is a pure
+function of the trace and topology (byte-identical across runs) and is written atomically.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from xsim_adapters.errors import BackendError
 from xsim_adapters.topology.model import Topology, is_scale_up_path
 from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, Trace
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,21 @@ def _route_ids(off: np.ndarray, ids: np.ndarray, table: dict[bytes, int]) -> lis
     return out.tolist()
 
 
+def _event_lines(topology: Topology, gbps: np.ndarray) -> list[str]:
+    """The ``events`` section: one ``<at_ps> <link> <bps>`` line per timed link event."""
+    ev = topology.events
+    if ev is None or len(ev) == 0:
+        return ["events 0"]
+    order = np.argsort(ev["at_ns"].to_numpy(dtype=np.float64), kind="stable")
+    at = np.rint(ev["at_ns"].to_numpy(dtype=np.float64)[order] * 1000.0).astype(np.int64)
+    link = ev["link_id"].to_numpy(dtype=np.int64)[order]
+    factor = ev["factor"].to_numpy(dtype=np.float64)[order]
+    bps = np.rint(gbps[link] * factor * 1e9).astype(np.int64)
+    return [f"events {len(ev)}"] + [
+        f"{a} {b} {c}" for a, b, c in zip(at.tolist(), link.tolist(), bps.tolist(), strict=True)
+    ]
+
+
 def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> InputInfo:
     """Write the driver input for ``trace`` on ``topology`` to ``path`` (atomically).
 
@@ -148,6 +167,7 @@ def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> In
             is_gpu[lsrc].tolist(), strict=True,
         )
     ]
+    lines += _event_lines(topology, gbps)
 
     kind = ops["kind"].to_numpy()
     flow_idx = np.flatnonzero(kind == KIND_FLOW)
