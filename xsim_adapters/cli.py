@@ -309,11 +309,11 @@ def _run_jobs(args: argparse.Namespace) -> int:
     check_backend_options(args.backend, options)
     check_output(out, "run", args.force)
     with ProgressBar(3, "xsim run (jobs)", force=args.progress) as bar:
-        bar.advance(0, "loading")
+        bar.step("loading the plans")
         plans = [load_traffic(p) if is_traffic_file(p) else api.load_plan(p) for p in paths]
-        bar.advance(1, f"running {args.backend}: {len(plans)} jobs together, then each alone")
+        bar.step(f"running {args.backend}: {len(plans)} jobs together, then each alone")
         res = run_jobs(plans, args.backend, options, placement=args.placement)
-        bar.advance(1, "writing outputs")
+        bar.step("writing outputs")
         table = res.table()
         with output_dir(out, "run", args.force) as tmp:
             for plan, met in zip(res.jobs.plans, res.results, strict=True):
@@ -333,7 +333,6 @@ def _run_jobs(args: argparse.Namespace) -> int:
                 "backend": args.backend, "placement": args.placement,
                 "jobs": table.to_dict(orient="records"),
             })
-        bar.advance(1, "done")
     for row in table.to_dict(orient="records"):
         if "pattern" in row and isinstance(row.get("pattern"), str):
             print(f"traffic {row['job']}: {row['ranks']} GPUs, {row['pattern']}, offered load "
