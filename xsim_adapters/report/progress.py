@@ -57,11 +57,12 @@ class ProgressBar:
 
     ``labels`` records every label in the order it was set (shown or not), for callers and
     tests. Numeric redraws happen at most every ``min_interval_s`` seconds; a new label is
-    drawn at once.
+    drawn at once. ``unit``: what ``total`` counts, shown after the count.
     """
 
     def __init__(self, total: int, label: str = "", stream: TextIO | None = None,
-                 force: bool | None = None, min_interval_s: float | None = None) -> None:
+                 force: bool | None = None, min_interval_s: float | None = None,
+                 unit: str = "steps") -> None:
         self.total = max(int(total), 1)
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
@@ -75,8 +76,10 @@ class ProgressBar:
             total=self.total, desc=label, file=self.stream, disable=not self.enabled,
             mininterval=MIN_INTERVAL_S if min_interval_s is None else min_interval_s,
             miniters=0, leave=True, dynamic_ncols=True,
-            bar_format="{desc} {percentage:3.0f}%|{bar:24}| {n:.1f}/{total} steps "
-                       "[{elapsed}]{postfix}",
+            # steps show the running step's fraction; other units (variants) are whole
+            bar_format="{desc} {percentage:3.0f}%|{bar:24}| "
+                       + ("{n:.1f}" if unit == "steps" else "{n:.0f}")
+                       + f"/{{total}} {unit} [{{elapsed}}]{{postfix}}",
         )
 
     def advance(self, n: float = 1, note: str = "") -> None:

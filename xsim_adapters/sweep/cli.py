@@ -117,7 +117,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         print(f"resuming in {args.output}: {len(done)} finished variants on record in "
               f"{ROWS_FILE}")
     with writer_lock(out):  # one sweep at a time fills OUT
-        with ProgressBar(total, "xsim sweep", force=args.progress) as bar, \
+        with ProgressBar(total, "xsim sweep", force=args.progress, unit="variants") as bar, \
                 RowLog(out / ROWS_FILE) as log:
             bar.set_label(f"{total} variants on {spec.backend} ({args.executor} executor)")
             variants, frame = run_spec(spec, executor, lambda n: bar.advance(n), log, done)
