@@ -102,7 +102,7 @@ def test_compare_picture_shows_relative_differences(met, tmp_path: Path) -> None
     widths = [p.get_width() for p in ax.patches]
     assert widths[0] == pytest.approx(10.0) and len(widths) == len(COMPARE_METRICS)
     texts = [t.get_text() for t in ax.texts if t.get_gid() == "rel-diff"]
-    assert texts[0] == "+10.00%" and "-100.00%" in texts
+    assert texts[0] == "+10%" and "-100%" in texts and "+0%" in texts
     assert "relative to ns3" in ax.get_xlabel()
     assert plot_compare(tmp_path / "c.png", {"ns3": ref, "flow": other}).read_bytes()[:4] \
         == b"\x89PNG"

@@ -222,7 +222,7 @@ def compare_figure(summaries: dict[str, dict[str, Any]], title: str = "") -> Fig
         ax.barh(y, np.nan_to_num(vals), height=h, color=colors[(j + 1) % len(colors)],
                 label=f"{b} vs {names[0]}")
         for yy, v in zip(y, vals, strict=True):
-            text = "n/a (reference is 0)" if not np.isfinite(v) else f"{v:+.2f}%"
+            text = "n/a (reference is 0)" if not np.isfinite(v) else f"{v:+.3g}%"
             x = 0.0 if not np.isfinite(v) else v
             ax.annotate(text, (x, yy), xytext=(3 if x >= 0 else -3, 0),
                         textcoords="offset points", ha="left" if x >= 0 else "right",
@@ -230,7 +230,7 @@ def compare_figure(summaries: dict[str, dict[str, Any]], title: str = "") -> Fig
     ax.axvline(0.0, color="black", linewidth=0.8)
     ax.set_xlim(-span * 1.35, span * 1.35)
     ax.set_yticks(np.arange(nmet))
-    ax.set_yticklabels(list(rel.index), fontsize=8)
+    ax.set_yticklabels([m.split(" (")[0] for m in rel.index], fontsize=8)  # no units: in %
     ax.invert_yaxis()
     ax.set_xlabel(f"difference relative to {names[0]} (%): (backend - {names[0]}) / "
                   f"|{names[0]}|")
