@@ -139,7 +139,7 @@ def fake_driver(tmp_path: Path, body: str) -> Path:
 def test_fake_driver_complete_run(tmp_path: Path) -> None:
     drv = fake_driver(tmp_path, (
         "open(out, 'w').write(golden)\n"
-        "json.dump({'events': 500, 'sim_wall_s': 0.25, 'flows': 24, 'sim_ps': 148894880},"
+        "json.dump({'events': 500, 'sim_wall_s': 0.25, 'flows': 18, 'sim_ps': 148894880},"
         " open(summary, 'w'))\n"
     ))
     trace, topo = golden_case()
@@ -147,8 +147,23 @@ def test_fake_driver_complete_run(tmp_path: Path) -> None:
     assert tl.backend == "htsim"
     assert tl.makespan_ns == 154096.32
     assert tl.stats["events"] == 500 and tl.stats["events_per_s"] == 2000.0
-    assert tl.stats["protocol"] == "ndp" and tl.stats["flows"] == 24
+    # 26 flows: 24 cross the network with bytes, 6 of those on scale-up links only; under
+    # scale_up=fluid the other 18 are packets (checked against the driver's count; the real
+    # driver reports 18, and 24 with scale_up=packet)
+    assert tl.stats["protocol"] == "ndp" and tl.stats["flows"] == 18
+    assert (tl.stats["packet_flows"], tl.stats["fluid_flows"]) == (18, 8)
     assert tl.stats["wall_s"] > 0
+
+
+def test_fake_driver_reporting_other_flow_counts_is_an_error(tmp_path: Path) -> None:
+    drv = fake_driver(tmp_path, (
+        "open(out, 'w').write(golden)\n"
+        "json.dump({'events': 5, 'sim_wall_s': 0.0, 'flows': 24}, open(summary, 'w'))\n"
+    ))
+    trace, topo = golden_case()
+    with pytest.raises(BackendError, match="the driver started 24 transport flows, but the"
+                       " input has 18 packet flows"):
+        HtsimBackend().run(trace, topo, {"driver": str(drv)})
 
 
 def test_fake_driver_receives_the_options(tmp_path: Path) -> None:
@@ -159,7 +174,7 @@ def test_fake_driver_receives_the_options(tmp_path: Path) -> None:
                                          "queue_bytes": 100000, "cwnd_pkts": 20, "seed": 7})
     assert str(e.value) == ("htsim: the driver failed (exit 2): --protocol ndp --scale-up fluid "
                             "--mtu 4096 "
-                            "--queue-bytes 100000 --cwnd-pkts 20 --seed 7")
+                            "--queue-bytes 100000 --cwnd-pkts 20 --seed 7 --progress-s 0.1")
 
 
 def test_driver_crash_carries_its_stderr(tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
@@ -12,7 +11,6 @@ from test_metrics_helpers import TraceBuilder, asap_timeline, one_f_one_b
 
 from xsim_adapters.metrics import compute_metrics
 from xsim_adapters.report import (
-    ProgressBar,
     perfetto_trace,
     plot_compare,
     plot_timeline,
@@ -150,37 +148,3 @@ def test_write_perfetto_is_compact_json(tmp_path: Path, pipeline) -> None:
     p = write_perfetto(tmp_path / "t.perfetto.json", met.timeline, met.ranks)
     text = p.read_text()
     assert text.startswith('{"traceEvents":[') and "\n" not in text
-
-
-class _Stream(io.StringIO):
-    def __init__(self, tty: bool) -> None:
-        super().__init__()
-        self._tty = tty
-
-    def isatty(self) -> bool:
-        return self._tty
-
-
-def test_progress_bar_silent_unless_tty_or_forced(monkeypatch) -> None:
-    monkeypatch.delenv("XSIM_PROGRESS", raising=False)
-    quiet = _Stream(tty=False)
-    with ProgressBar(4, "run", stream=quiet) as bar:
-        bar.advance(4, "done")
-    assert quiet.getvalue() == ""
-    tty = _Stream(tty=True)
-    with ProgressBar(4, "run", stream=tty, width=8, min_interval_s=0) as bar:
-        bar.advance(2, "half")
-        assert bar.render().startswith("run [####----] 2/4  50%")
-        bar.advance(2)
-    out = tty.getvalue()
-    assert out.endswith("\n") and "run [########] 4/4 100%" in out
-    forced = _Stream(tty=False)
-    with ProgressBar(1, "f", stream=forced, force=True) as bar:
-        bar.advance(1)
-    assert "f [" in forced.getvalue()
-    monkeypatch.setenv("XSIM_PROGRESS", "0")
-    off = _Stream(tty=True)
-    with ProgressBar(1, "f", stream=off) as bar:
-        bar.advance(1)
-    assert off.getvalue() == ""
-

@@ -11,7 +11,7 @@ The pipeline modules are imported when first used, so ``import xsim_adapters`` s
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -138,7 +138,10 @@ def run(plan_or_trace: Plan | Trace | str | Path, backend: str = "flow",
     ``plan_or_trace``: a Plan (the trace is generated, the topology built), a Trace (then
     ``topology`` is required: a trace alone does not describe the network), a plan YAML path,
     or a trace directory holding ``plan.yaml``. ``trace`` reuses an already generated trace
-    of the plan. Raises BackendUnavailable / BackendError from the backend.
+    of the plan. ``options["progress"]``: a hook called during the replay (see
+    :mod:`xsim_adapters.backends.base`). ``timeline.stats`` holds the run info of the contract
+    (start-up vs replay seconds, packet vs fluid flows and bytes). Raises BackendUnavailable /
+    BackendError from the backend, BackendContractError if the run info is missing or wrong.
     """
     plan: Plan | None = None
     if isinstance(plan_or_trace, str | Path):
@@ -172,6 +175,9 @@ def run(plan_or_trace: Plan | Trace | str | Path, backend: str = "flow",
         raise BackendError(f"backend {backend!r} returned {type(timeline).__name__}, not a"
                            " Timeline")
     timeline.check_complete(trace)
+    from .backends.base import check_run_info
+
+    check_run_info(backend, trace, timeline.stats)  # packets vs fluid, start-up vs replay
     return timeline
 
 
@@ -196,6 +202,14 @@ class BackendComparison:
         import pandas as pd
 
         return pd.concat([c.metrics for c in self.pairs.values()], ignore_index=True)
+
+    @property
+    def run_info(self):
+        """One row per backend: packet vs fluid flows and bytes, start-up vs replay seconds
+        (:func:`xsim_adapters.metrics.compare.run_info_frame`)."""
+        from .metrics.compare import run_info_frame
+
+        return run_info_frame(self.timelines)
 
     @property
     def ranks(self):
@@ -241,9 +255,12 @@ def write_report(met: Metrics, out_dir: str | Path, *, plots: bool = True, title
 def compare_backends(plan: Plan, backends: Sequence[str] = ("flow", "ns3"),
                      options: Mapping[str, Mapping[str, Any]] | None = None,
                      trace: Trace | None = None, topology: Topology | None = None,
+                     progress: Callable[[str], Callable[..., None] | None] | None = None,
                      ) -> BackendComparison:
     """Run every backend on the identical trace and topology of ``plan`` and compare each
-    with the first. ``options`` maps a backend name to its options."""
+    with the first. ``options`` maps a backend name to its options. ``progress(name)``, if
+    given, is called as backend ``name`` starts and returns its progress hook (see
+    :mod:`xsim_adapters.backends.base`; e.g. ``ProgressBar.replay_hook``) or None."""
     names = list(dict.fromkeys(backends))
     if len(names) < 2:
         raise XsimError(f"compare needs at least two different backends (got {names})")
@@ -252,7 +269,11 @@ def compare_backends(plan: Plan, backends: Sequence[str] = ("flow", "ns3"),
     tls: dict[str, Timeline] = {}
     mets: dict[str, Metrics] = {}
     for name in names:
-        tls[name] = run(trace, name, topology, (options or {}).get(name))
+        opts = dict((options or {}).get(name) or {})
+        hook = progress(name) if progress is not None else None
+        if hook is not None:
+            opts["progress"] = hook
+        tls[name] = run(trace, name, topology, opts)
         mets[name] = compute_metrics(trace, tls[name])
     ref = names[0]
     pairs = {(ref, b): compare_metrics(mets[ref], mets[b]) for b in names[1:]}

@@ -8,6 +8,7 @@ few) with exit status 1, never a traceback; ``xsim`` without a subcommand prints
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -279,26 +280,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     get_backend(args.backend, options)  # fail on an unknown or unavailable backend first
     check_backend_options(args.backend, options)  # and on an unknown option or a bad value
     check_output(out, "run", args.force)  # and on an output path we may not replace
-    steps = 5 if args.no_plots else 6
-    with ProgressBar(steps, "xsim run", force=args.progress) as bar:
-        bar.advance(0, "loading")
+    with ProgressBar(5, "xsim run", force=args.progress) as bar:
+        bar.step("loading the input")
         plan, trace = _load_input(args.plan)
         if args.baseline and not plan.perturb.active:
             raise XsimError("--baseline: the plan has no perturb: section, so there is no "
                             "perturbation to cost (docs/whatif.md)")
         if trace is None:
-            bar.advance(0, "generating the trace")
+            bar.set_label("generating the trace")
             trace = api.generate(plan, coarsen=args.coarsen)
-        bar.advance(1, "building the topology")
+        bar.step("building the topology")
         topology = api.build_topology(plan)
-        bar.advance(1, f"running {args.backend}")
-        timeline = api.run(trace, args.backend, topology, options)
-        bar.advance(1, "computing metrics")
+        hook = bar.replay_hook(args.backend)  # a step the backend moves through its replay
+        timeline = api.run(trace, args.backend, topology, {**options, "progress": hook})
+        bar.step("computing metrics")
         met = api.metrics(trace, timeline)
         if args.baseline:
-            bar.advance(0, f"running {args.backend} without the perturbation")
+            bar.set_label(f"running {args.backend} without the perturbation")
             api.add_perturbation_cost(met, plan, args.backend, options)
-        bar.advance(1, "writing outputs")
+        bar.step("writing outputs")
         # The whole run directory is one unit: written beside OUT, then swapped in.
         with output_dir(out, "run", args.force) as tmp:
             (tmp / "trace").mkdir()
@@ -308,7 +308,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             if args.links:
                 write_links(tmp, api.link_metrics(trace, timeline, topology),
                             plots=not args.no_plots, title=f"{plan.name} on {timeline.backend}")
-        bar.advance(steps - bar.done, "done")
     _print_summary(met.summary)
     pc = met.summary.get("perturbation", {})
     if "cost_ns" in pc:
@@ -342,11 +341,11 @@ def _run_jobs(args: argparse.Namespace) -> int:
     check_backend_options(args.backend, options)
     check_output(out, "run", args.force)
     with ProgressBar(3, "xsim run (jobs)", force=args.progress) as bar:
-        bar.advance(0, "loading")
+        bar.step("loading the plans")
         plans = [load_traffic(p) if is_traffic_file(p) else api.load_plan(p) for p in paths]
-        bar.advance(1, f"running {args.backend}: {len(plans)} jobs together, then each alone")
+        bar.step(f"running {args.backend}: {len(plans)} jobs together, then each alone")
         res = run_jobs(plans, args.backend, options, placement=args.placement)
-        bar.advance(1, "writing outputs")
+        bar.step("writing outputs")
         table = res.table()
         with output_dir(out, "run", args.force) as tmp:
             for plan, met in zip(res.jobs.plans, res.results, strict=True):
@@ -366,7 +365,6 @@ def _run_jobs(args: argparse.Namespace) -> int:
                 "backend": args.backend, "placement": args.placement,
                 "jobs": table.to_dict(orient="records"),
             })
-        bar.advance(1, "done")
     for row in table.to_dict(orient="records"):
         if "pattern" in row and isinstance(row.get("pattern"), str):
             print(f"traffic {row['job']}: {row['ranks']} GPUs, {row['pattern']}, offered load "
@@ -378,6 +376,27 @@ def _run_jobs(args: argparse.Namespace) -> int:
     print(f"wrote {out}/: summary.json, jobs.csv, links.csv"
           + ("" if args.no_plots else ", links.png") + ", jobs/<name>/")
     return 0
+
+
+def _print_run_info(info: Any) -> None:
+    """What each backend simulated as packets vs fluid, and its start-up vs replay time."""
+    print("what each backend simulated (packets: packet by packet; fluid: rate model) and where"
+          " its time went:")
+    for r in info.itertuples(index=False):
+        flows = r.packet_flows + r.fluid_flows
+        share = "" if math.isnan(r.fluid_bytes_pct) else f" ({r.fluid_bytes_pct:.1f}% of bytes)"
+        print(f"  {r.backend}: packets {r.packet_flows:,} of {flows:,} flows,"
+              f" {_fmt_bytes(r.packet_bytes)}; fluid {r.fluid_flows:,} flows,"
+              f" {_fmt_bytes(r.fluid_bytes)}{share}; start-up {r.startup_s:.2f} s, replay"
+              f" {r.replay_s:.2f} s, wall {r.wall_s:.2f} s")
+
+
+def _fmt_bytes(n: int) -> str:
+    """Bytes in decimal units: ``512 B``, ``3.4 MB``, ``1.2 TB``."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -402,14 +421,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
         get_backend(name, per[name])
     for name in backends:  # and on an unknown option or a bad value
         check_backend_options(name, per[name])
-    with ProgressBar(2 + len(backends), "xsim compare", force=args.progress) as bar:
+    with ProgressBar(3 + len(backends), "xsim compare", force=args.progress) as bar:
+        bar.step("loading the input")
         plan, trace = _load_input(args.plan)
         if trace is None:
+            bar.set_label("generating the trace")
             trace = api.generate(plan, coarsen=args.coarsen)
+        bar.step("building the topology")
         topology = api.build_topology(plan)
-        bar.advance(1, f"running {', '.join(backends)}")
-        cmp = api.compare_backends(plan, backends, per, trace=trace, topology=topology)
-        bar.advance(len(backends), "writing outputs")
+        # each backend's replay is a step of its own, moved by the backend's progress reports
+        cmp = api.compare_backends(plan, backends, per, trace=trace, topology=topology,
+                                   progress=bar.replay_hook)
+        bar.step("writing outputs")
         with output_dir(out, "compare", args.force) as tmp:
             (tmp / "trace").mkdir()
             api.write_trace_files(trace, tmp / "trace", plan)
@@ -417,17 +440,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 write_run(tmp / name, cmp.timelines[name], cmp.metrics[name], plots=False)
             write_csv(tmp / "compare.csv", cmp.table)
             write_csv(tmp / "compare_ranks.csv", cmp.ranks)
+            write_csv(tmp / "compare_runs.csv", cmp.run_info)
             plot_compare(tmp / "compare.png", {b: cmp.metrics[b].summary for b in backends},
                          title=f"{plan.name}: {' vs '.join(backends)}")
-        bar.advance(1, "done")
     for name in backends:
         _print_summary(cmp.metrics[name].summary)
+    _print_run_info(cmp.run_info)
     ref = backends[0]
     for b in backends[1:]:
         t = cmp.pairs[(ref, b)].metrics.set_index("metric")
         rel = t.loc["iteration_time_ns", "rel_diff"]
         print(f"{b} vs {ref}: iteration time {100 * rel:+.2f}%")
-    print(f"wrote {out}/: compare.csv, compare_ranks.csv, compare.png, "
+    print(f"wrote {out}/: compare.csv, compare_ranks.csv, compare_runs.csv, compare.png, "
           + ", ".join(f"{b}/summary.json" for b in backends))
     return 0
 
@@ -507,6 +531,17 @@ FORCE_HELP = ("Replace an earlier xsim output of another kind at the output path
               "files xsim did not write; see docs/outputs.md).")
 
 
+def progress_args(sp: argparse.ArgumentParser) -> None:
+    """``--progress`` / ``--quiet`` (one destination, ``progress``: True, False or None for
+    "only when stderr is a terminal"), shared by every command that draws a progress bar."""
+    g = sp.add_mutually_exclusive_group()
+    g.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="Draw the progress bar even when stderr is not a terminal.")
+    g.add_argument("-q", "--quiet", dest="progress", action="store_false", default=None,
+                   help="Draw no progress bar (by default it is drawn only when stderr is a "
+                        "terminal).")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="xsim",
@@ -568,8 +603,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--option", action="append", metavar="KEY=VALUE",
                         help="A backend option; repeat for several (values are read as YAML "
                              "scalars, e.g. seed=1).")
-        sp.add_argument("--progress", action="store_true", default=None,
-                        help="Draw the progress bar even when stderr is not a terminal.")
+        progress_args(sp)
         sp.add_argument("--force", action="store_true", help=FORCE_HELP)
         coarsen_arg(sp)
 

@@ -16,20 +16,147 @@ Rules every backend keeps: every op of the trace appears in the timeline with ``
 :class:`~xsim_adapters.errors.BackendError` carrying the simulator's own message; a partial
 timeline is never returned as if complete. Results are deterministic for a given trace,
 topology and options (including ``seed``).
+
+Progress: ``options["progress"]`` (None or a hook ``hook(done_ops, total_ops)``; a hook that
+accepts a ``sim_ns`` keyword also gets the simulated time reached, in ns) is called by the
+backend *during its replay*: once with ``done_ops = 0`` when the replay starts, as ops complete,
+and once with ``done_ops = total_ops`` when it ends; ``done_ops`` never decreases. Wrap the hook
+in :class:`ReplayProgress`, which keeps these rules and throttles the calls by wall time. A
+backend whose replay runs in another process relays the child's reports (ns-3: a pipe from the
+worker; htsim: the driver's stderr).
+
+Run info: ``Timeline.stats`` holds, besides backend-specific facts, the keys of
+:data:`RUN_INFO_KEYS`: ``wall_s`` (the whole ``run`` call), ``startup_s`` (importing the
+simulator, building its network and loading the DAG) and ``replay_s`` (the simulated
+replay itself), with ``startup_s + replay_s <= wall_s``; and what was simulated as packets
+against what was timed by a fluid (rate) model: ``packet_flows`` / ``packet_bytes`` and
+``fluid_flows`` / ``fluid_bytes``. Every flow op of the trace is counted once, so the two
+flow counts sum to the trace's flow ops and the byte counts to its flow bytes (a flow with no
+network time, zero bytes or a copy within one rank, counts as fluid: no packet carried it).
+:func:`check_run_info` enforces this; :func:`xsim_adapters.api.run` calls it on every run.
 """
 
 from __future__ import annotations
 
+import inspect
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
+from ..errors import BackendContractError
 from ..options import COMMON_OPTIONS, Option
 from ..topology.model import Topology
-from ..trace.schema import Trace
+from ..trace.schema import KIND_FLOW, Trace
 from ..trace.timeline import Timeline
 
-__all__ = ["Backend", "Timeline"]
+__all__ = ["RUN_INFO_KEYS", "Backend", "ReplayProgress", "Timeline", "check_run_info",
+           "flow_totals"]
+
+#: Keys every backend puts in ``Timeline.stats`` (see the module docstring).
+RUN_INFO_KEYS = ("wall_s", "startup_s", "replay_s", "packet_flows", "packet_bytes",
+                 "fluid_flows", "fluid_bytes")
+
+#: Least wall time between two progress calls, in s: often enough for a bar to move smoothly,
+#: rare enough to cost nothing next to a replay.
+PROGRESS_INTERVAL_S = 0.1
+
+
+class ReplayProgress:
+    """A backend's side of the progress hook: ``rp = ReplayProgress(options["progress"], n)``,
+    ``rp.start()``, ``rp.update(done_ops, sim_ns)`` as often as convenient, ``rp.finish()``.
+
+    Calls the hook at most every ``interval_s`` seconds of wall time, except the first call
+    (``start``) and the last (``finish``, or an update reaching ``total_ops``), which are
+    always made. ``done_ops`` is clamped to ``[previous, total_ops]`` so it never decreases.
+    A None hook makes every method a no-op.
+    """
+
+    def __init__(self, hook: Callable[..., Any] | None, total_ops: int,
+                 interval_s: float = PROGRESS_INTERVAL_S) -> None:
+        self.hook = hook
+        self.total_ops = int(total_ops)
+        self.interval_s = interval_s
+        self.done_ops = 0
+        self.calls = 0
+        self._last = -float("inf")
+        self._ended = False
+        self._with_sim = hook is not None and _accepts_sim_ns(hook)
+
+    def start(self) -> None:
+        """The replay starts: ``hook(0, total_ops)``."""
+        self._call(0, 0.0, force=True)
+
+    def update(self, done_ops: int, sim_ns: float | None = None) -> None:
+        """``done_ops`` ops have completed, the simulated clock is at ``sim_ns``."""
+        done = min(max(int(done_ops), self.done_ops), self.total_ops)
+        self._call(done, sim_ns, force=done >= self.total_ops)
+
+    def finish(self, sim_ns: float | None = None) -> None:
+        """The replay ended with every op done: ``hook(total_ops, total_ops)`` (once)."""
+        self._call(self.total_ops, sim_ns, force=True)
+
+    def _call(self, done: int, sim_ns: float | None, force: bool) -> None:
+        if self.hook is None or self._ended:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < self.interval_s:
+            self.done_ops = done
+            return
+        self._last = now
+        self.done_ops = done
+        self.calls += 1
+        if done >= self.total_ops:
+            self._ended = True
+        if self._with_sim:
+            self.hook(done, self.total_ops, sim_ns=sim_ns)
+        else:
+            self.hook(done, self.total_ops)
+
+
+def _accepts_sim_ns(hook: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(hook).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "sim_ns" or p.kind == p.VAR_KEYWORD for p in params)
+
+
+def flow_totals(trace: Trace) -> tuple[int, int]:
+    """(flow ops, their bytes) of ``trace``: what packet + fluid counts must sum to."""
+    ops = trace.ops
+    is_flow = ops["kind"].to_numpy() == KIND_FLOW
+    return int(is_flow.sum()), int(ops["bytes"].to_numpy(dtype=np.int64)[is_flow].sum())
+
+
+def check_run_info(name: str, trace: Trace, stats: Mapping[str, Any]) -> None:
+    """Raise BackendContractError unless ``stats`` holds the run info of the contract: every
+    key of :data:`RUN_INFO_KEYS`, non-negative times with ``startup_s + replay_s <= wall_s``,
+    and packet + fluid flows and bytes equal to the trace's flow ops and bytes."""
+    missing = [k for k in RUN_INFO_KEYS if k not in stats]
+    if missing:
+        raise BackendContractError(
+            f"backend {name!r}: Timeline.stats lacks the run info {', '.join(missing)} (the"
+            " contract in xsim_adapters/backends/base.py)"
+        )
+    times = {k: float(stats[k]) for k in ("wall_s", "startup_s", "replay_s")}
+    if min(times.values()) < 0 or times["startup_s"] + times["replay_s"] > times["wall_s"] * (
+            1 + 1e-9) + 1e-6:
+        raise BackendContractError(
+            f"backend {name!r}: run info times must be >= 0 with startup_s + replay_s <= wall_s"
+            f" (got startup_s={times['startup_s']:.6g}, replay_s={times['replay_s']:.6g},"
+            f" wall_s={times['wall_s']:.6g})"
+        )
+    flows, nbytes = flow_totals(trace)
+    got_flows = int(stats["packet_flows"]) + int(stats["fluid_flows"])
+    got_bytes = int(stats["packet_bytes"]) + int(stats["fluid_bytes"])
+    if (got_flows, got_bytes) != (flows, nbytes):
+        raise BackendContractError(
+            f"backend {name!r}: packet + fluid flows and bytes must be the trace's {flows} flows"
+            f" and {nbytes} bytes (got {got_flows} flows, {got_bytes} bytes)"
+        )
 
 
 class Backend(ABC):
@@ -50,4 +177,8 @@ class Backend(ABC):
 
     @abstractmethod
     def run(self, trace: Trace, topology: Topology, options: Mapping[str, Any]) -> Timeline:
-        """Replay ``trace`` on ``topology``; return a complete Timeline or raise BackendError."""
+        """Replay ``trace`` on ``topology``; return a complete Timeline or raise BackendError.
+
+        Call ``options["progress"]`` during the replay (through :class:`ReplayProgress`) and
+        put the run info of :data:`RUN_INFO_KEYS` in ``Timeline.stats``.
+        """

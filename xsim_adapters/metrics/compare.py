@@ -87,3 +87,28 @@ def compare_metrics(ma: Metrics, mb: Metrics) -> Comparison:
 def compare(trace: Trace, tl_a: Timeline, tl_b: Timeline) -> Comparison:
     """Compare two backends' timelines of ``trace`` (per-op join on op_id)."""
     return compare_metrics(compute_metrics(trace, tl_a), compute_metrics(trace, tl_b))
+
+
+#: Columns of :func:`run_info_frame`, in order.
+RUN_INFO_COLUMNS = ("backend", "packet_flows", "fluid_flows", "packet_bytes", "fluid_bytes",
+                    "fluid_bytes_pct", "startup_s", "replay_s", "wall_s")
+
+
+def run_info_frame(timelines: dict[str, Timeline]) -> pd.DataFrame:
+    """One row per backend: what it simulated as packets vs timed by a fluid model (flows and
+    bytes, and the fluid share of the bytes in %) and its start-up time (import, network build,
+    DAG load; s) apart from its replay time (s) and the whole run (``wall_s``); from each
+    timeline's run info (the backend contract, :mod:`xsim_adapters.backends.base`)."""
+    rows = []
+    for name, tl in timelines.items():
+        st = tl.stats
+        pb, fb = int(st["packet_bytes"]), int(st["fluid_bytes"])
+        rows.append({
+            "backend": name,
+            "packet_flows": int(st["packet_flows"]), "fluid_flows": int(st["fluid_flows"]),
+            "packet_bytes": pb, "fluid_bytes": fb,
+            "fluid_bytes_pct": 100.0 * fb / (pb + fb) if pb + fb else float("nan"),
+            "startup_s": float(st["startup_s"]), "replay_s": float(st["replay_s"]),
+            "wall_s": float(st["wall_s"]),
+        })
+    return pd.DataFrame(rows, columns=list(RUN_INFO_COLUMNS))

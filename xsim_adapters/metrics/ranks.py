@@ -217,3 +217,66 @@ def _window(ph: np.ndarray, c_rank: np.ndarray, c_s: np.ndarray, c_e: np.ndarray
     np.maximum.at(hi, c_rank[bwd], c_e[bwd])
     has = np.isfinite(lo) & np.isfinite(hi) & (hi > lo)
     return np.where(has, lo, 0.0), np.where(has, hi, 0.0), has
+
+
+def bubble_intervals(tf: pd.DataFrame, num_ranks: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rank, start_ns, end_ns) of every pipeline-bubble gap: inside the rank's pipeline
+    window, the times it neither computes nor takes part in a ``tp``, ``ep`` or ``cp`` flow
+    (the definition of ``bubble_ns``: per rank the lengths sum to it). ``tf``: the metrics
+    timeline frame."""
+    kind = tf["kind"].to_numpy()
+    cm = kind == KIND_COMPUTE
+    c_rank = tf["rank"].to_numpy()[cm].astype(np.int64)
+    c_s = tf["start_ns"].to_numpy()[cm].astype(np.float64)
+    c_e = tf["end_ns"].to_numpy()[cm].astype(np.float64)
+    f_rank, f_s, f_e, f_ph = _comm_arrays(tf, kind)
+    tp = np.isin(f_ph, [PHASE_INDEX["tp"], PHASE_INDEX["ep"], PHASE_INDEX["cp"]])
+    lo, hi, has = _window(tf["phase"].to_numpy()[cm], c_rank, c_s, c_e, num_ranks)
+    k = np.concatenate([c_rank, f_rank[tp]])
+    s, e = clip(np.concatenate([c_s, f_s[tp]]), np.concatenate([c_e, f_e[tp]]), lo[k], hi[k])
+    bk, blo, bhi = union_blocks(k, s, e)
+    # the gaps of each rank's window: before its first busy block, between blocks, after the last
+    ranks_w = np.flatnonzero(has)
+    starts = np.concatenate([lo[ranks_w], bhi])
+    ends = np.concatenate([np.full(len(ranks_w), np.nan), np.full(len(bk), np.nan)])
+    keys = np.concatenate([ranks_w, bk])
+    order = np.lexsort((starts, keys))
+    keys, starts = keys[order], starts[order]
+    # each gap ends where the rank's next busy block starts, or at its window's end
+    nxt_lo = np.concatenate([blo, hi[ranks_w]])
+    nxt_key = np.concatenate([bk, ranks_w])
+    o2 = np.lexsort((nxt_lo, nxt_key))
+    nxt_lo = nxt_lo[o2]
+    ends = nxt_lo  # same count and (rank, position) order as starts: one gap per boundary
+    keep = ends > starts
+    return keys[keep], starts[keep], ends[keep]
+
+
+def straggler_intervals(stragglers: pd.DataFrame, tf: pd.DataFrame
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rank, start_ns, end_ns) of the time each rank sat blocked on a slower data-parallel
+    peer: the union of its DP-sync waits ``[ready_ns, last_ready_ns]`` minus its compute (the
+    definition of ``straggler_wait_ns``: per rank the lengths sum to it)."""
+    wk, ws, we = _dp_wait_intervals(stragglers)
+    comp = tf[tf["kind"].to_numpy() == KIND_COMPUTE]
+    ck = comp["rank"].to_numpy(dtype=np.int64)
+    return _minus(wk, ws, we, ck, comp["start_ns"].to_numpy(dtype=np.float64),
+                  comp["end_ns"].to_numpy(dtype=np.float64))
+
+
+def _minus(ak: np.ndarray, a_s: np.ndarray, a_e: np.ndarray, bk: np.ndarray, b_s: np.ndarray,
+           b_e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per key, the union of the intervals a minus the union of the intervals b, as
+    (key, start, end) blocks (a sweep over +1/-1 events; counts return to 0 per key)."""
+    key = np.concatenate([ak, ak, bk, bk])
+    t = np.concatenate([a_s, a_e, b_s, b_e])
+    da = np.concatenate([np.ones(len(ak)), -np.ones(len(ak)), np.zeros(2 * len(bk))])
+    db = np.concatenate([np.zeros(2 * len(ak)), np.ones(len(bk)), -np.ones(len(bk))])
+    order = np.lexsort((t, key))
+    key, t = key[order], t[order]
+    in_a = np.cumsum(da[order]) > 0.5
+    in_b = np.cumsum(db[order]) > 0.5
+    seg = in_a[:-1] & ~in_b[:-1] & (key[:-1] == key[1:]) & (t[1:] > t[:-1])
+    k, lo, hi = key[:-1][seg], t[:-1][seg], t[1:][seg]
+    return union_blocks(k, lo, hi)

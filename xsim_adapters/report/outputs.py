@@ -86,7 +86,8 @@ def write_run(out: str | Path, timeline: Timeline, met: Metrics, plots: bool = T
         write_json(out / "summary.json", met.summary),
     ]
     if plots:
-        paths.append(plot_timeline(out / "timeline.png", met.timeline, met.ranks, title))
+        paths.append(plot_timeline(out / "timeline.png", met.timeline, met.ranks, title,
+                                   stragglers=met.stragglers))
         paths.append(write_perfetto(out / "timeline.perfetto.json", met.timeline, met.ranks))
     else:
         # Pictures of an earlier run in the same directory would contradict the new numbers.

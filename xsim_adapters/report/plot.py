@@ -63,14 +63,49 @@ def _rects(row: np.ndarray, lo: np.ndarray, hi: np.ndarray, y0: float, y1: float
     ], axis=1)
 
 
+BUBBLE_COLOR = "#9ecae1"  # light blue: waiting on the pipeline
+STRAGGLER_COLOR = "#fdae6b"  # light orange: waiting on a slower data-parallel peer
+CULPRIT_COLOR = "#d62728"
+
+
 def plot_timeline(path: str | Path, tf: pd.DataFrame, ranks: pd.DataFrame,
-                  title: str = "") -> Path:
-    """Draw the timeline (compute in the upper half of each row, communication below) to PNG."""
+                  title: str = "", stragglers: pd.DataFrame | None = None) -> Path:
+    """Draw the timeline (compute in the upper half of each row, communication below) to PNG,
+    annotated: pipeline bubbles and (given ``stragglers``, the metrics' straggler frame)
+    straggler waits shaded behind the ops, and the rank that made others wait longest (the
+    largest ``caused_wait_ns``) marked in red."""
+    fig = timeline_figure(tf, ranks, title, stragglers)
+    return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png"))
+
+
+def _shade(ax: Any, row_of_rank: np.ndarray, k: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+           color: str, label: str, hatch: str | None = None) -> Patch | None:
+    """Shade intervals (rank, lo, hi) over their rows' full height, behind the ops."""
+    if len(k) == 0:
+        return None
+    rk, rlo, rhi = union_blocks(row_of_rank[k], lo, hi)
+    coll = PolyCollection(_rects(rk, rlo, rhi, 0.02, 0.98),  # type: ignore[arg-type]
+                          facecolors=color, edgecolors="none", alpha=0.6, zorder=0,
+                          label=label, hatch=hatch)
+    ax.add_collection(coll)
+    return Patch(facecolor=color, alpha=0.6, label=label, hatch=hatch)
+
+
+def timeline_figure(tf: pd.DataFrame, ranks: pd.DataFrame, title: str = "",
+                    stragglers: pd.DataFrame | None = None) -> Figure:
+    """The annotated timeline as a matplotlib Figure (see :func:`plot_timeline`)."""
+    from ..metrics.ranks import bubble_intervals, straggler_intervals
+
     row_of_rank, labels, what = timeline_rows(ranks)
     nrows = len(labels)
     fig_h = min(2.0 + 0.28 * nrows, 24.0)
     fig = Figure(figsize=(14, fig_h), dpi=100)
     ax = fig.subplots()
+    shades = [_shade(ax, row_of_rank, *bubble_intervals(tf, len(ranks)), BUBBLE_COLOR,
+                     "pipeline bubble")]
+    if stragglers is not None:
+        shades.append(_shade(ax, row_of_rank, *straggler_intervals(stragglers, tf),
+                             STRAGGLER_COLOR, "straggler wait", hatch="//"))
     comp = tf[(tf["kind"] == KIND_COMPUTE) & (tf["rank"] >= 0)]
     fl = tf[tf["kind"] == KIND_FLOW]
     f_rank = np.concatenate([fl["rank"].to_numpy(dtype=np.int64),
@@ -107,16 +142,31 @@ def plot_timeline(path: str | Path, tf: pd.DataFrame, ranks: pd.DataFrame,
     ax.set_ylim(nrows, 0)
     step = max(1, int(np.ceil(nrows / 64)))
     ax.set_yticks(np.arange(0, nrows, step) + 0.5)
-    ax.set_yticklabels(labels[::step], fontsize=7 if nrows > 24 else 8)
+    ticks = ax.set_yticklabels(labels[::step], fontsize=7 if nrows > 24 else 8)
     ax.set_xlabel("time (ms)")
     ax.set_ylabel(f"row = {what}")
-    ax.set_title(title or "timeline", fontsize=10)
+    ax.set_title(title or "timeline", fontsize=10, loc="left")
     ax.grid(axis="x", alpha=0.3)
+    caused = ranks["caused_wait_ns"].to_numpy(dtype=np.float64) if "caused_wait_ns" in ranks \
+        else np.zeros(0)
+    if len(caused) and caused.max() > 0:
+        worst = int(np.argmax(caused))
+        row = int(row_of_rank[worst])
+        if row % step == 0:
+            ticks[row // step].set_color(CULPRIT_COLOR)
+            ticks[row // step].set_fontweight("bold")
+        rank = int(ranks["rank"].iloc[worst])
+        # above the plot's top right corner, clear of the title and the legend
+        ax.text(1.0, 1.01, f"culprit: rank {rank} made others wait {caused[worst] / 1e6:.3g} ms"
+                " (red row)", transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
+                color=CULPRIT_COLOR, fontweight="bold", gid="culprit")
+        ax.axhspan(row, row + 1, color=CULPRIT_COLOR, alpha=0.12, zorder=0, gid="culprit-row")
+    handles += [h for h in shades if h is not None]
     if handles:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
                   title="compute (top) / comm (bottom)", title_fontsize=8)
     fig.tight_layout()
-    return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png"))
+    return fig
 
 
 COMPARE_METRICS = (
@@ -139,25 +189,62 @@ def _get(summary: dict[str, Any], key: str) -> float:
     return float(v) if v is not None else float("nan")
 
 
-def plot_compare(path: str | Path, summaries: dict[str, dict[str, Any]], title: str = "") -> Path:
-    """One small bar chart per headline metric, one bar per backend, to PNG."""
+def relative_differences(summaries: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """Per headline metric (rows, by label) and backend (columns, every backend but the first),
+    ``100 * (backend - reference) / |reference|`` in %, the first backend being the reference;
+    NaN where the reference is 0 or a value is missing."""
     names = list(summaries)
-    ncol = 3
-    nrow = int(np.ceil(len(COMPARE_METRICS) / ncol))
-    fig = Figure(figsize=(12, 2.6 * nrow), dpi=100)
-    axes = np.atleast_1d(fig.subplots(nrow, ncol))
+    ref = names[0]
+    out = {}
+    for b in names[1:]:
+        col = []
+        for key, _label, _scale in COMPARE_METRICS:
+            a, v = _get(summaries[ref], key), _get(summaries[b], key)
+            col.append(100.0 * (v - a) / abs(a) if a != 0 and np.isfinite(a) else float("nan"))
+        out[b] = col
+    return pd.DataFrame(out, index=pd.Index([m[1] for m in COMPARE_METRICS], name="metric"))
+
+
+def compare_figure(summaries: dict[str, dict[str, Any]], title: str = "") -> Figure:
+    """Relative differences against the first backend, in % (see :func:`plot_compare`)."""
+    names = list(summaries)
+    rel = relative_differences(summaries)
+    others = names[1:]
+    nmet = len(rel)
+    fig = Figure(figsize=(10, 1.2 + 0.45 * nmet * max(1, len(others))), dpi=100)
+    ax = fig.subplots()
     colors = mpl.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (key, label, scale) in zip(axes.ravel(), COMPARE_METRICS, strict=False):
-        vals = [_get(summaries[b], key) * scale for b in names]
-        ax.bar(range(len(names)), vals, color=[colors[i % len(colors)] for i in range(len(names))])
-        ax.set_xticks(range(len(names)))
-        ax.set_xticklabels(names, fontsize=8)
-        ax.set_title(label, fontsize=9)
-        for i, v in enumerate(vals):
-            if np.isfinite(v):
-                ax.annotate(f"{v:.4g}", (i, v), ha="center", va="bottom", fontsize=7)
-    for ax in axes.ravel()[len(COMPARE_METRICS):]:
-        ax.set_visible(False)
-    fig.suptitle(title or "backend comparison", fontsize=10)
+    h = 0.8 / max(1, len(others))
+    finite = rel.to_numpy()[np.isfinite(rel.to_numpy())]
+    span = max(float(np.abs(finite).max()) if len(finite) else 0.0, 1e-3)
+    for j, b in enumerate(others):
+        y = np.arange(nmet) + (j - (len(others) - 1) / 2) * h
+        vals = rel[b].to_numpy()
+        ax.barh(y, np.nan_to_num(vals), height=h, color=colors[(j + 1) % len(colors)],
+                label=f"{b} vs {names[0]}")
+        for yy, v in zip(y, vals, strict=True):
+            text = "n/a (reference is 0)" if not np.isfinite(v) else f"{v:+.3g}%"
+            x = 0.0 if not np.isfinite(v) else v
+            ax.annotate(text, (x, yy), xytext=(3 if x >= 0 else -3, 0),
+                        textcoords="offset points", ha="left" if x >= 0 else "right",
+                        va="center", fontsize=7, gid="rel-diff")
+    ax.axvline(0.0, color="black", linewidth=0.8)
+    ax.set_xlim(-span * 1.35, span * 1.35)
+    ax.set_yticks(np.arange(nmet))
+    ax.set_yticklabels([m.split(" (")[0] for m in rel.index], fontsize=8)  # no units: in %
+    ax.invert_yaxis()
+    ax.set_xlabel(f"difference relative to {names[0]} (%): (backend - {names[0]}) / "
+                  f"|{names[0]}|")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title or "backend comparison", fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def plot_compare(path: str | Path, summaries: dict[str, dict[str, Any]], title: str = "") -> Path:
+    """Relative differences of the headline metrics (iteration time, tokens/s, MFU, mean
+    compute, communication, bubble, straggler wait, idle) of every backend against the first
+    (the reference), in %, one horizontal bar per metric and backend, to PNG."""
+    fig = compare_figure(summaries, title)
     return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png"))

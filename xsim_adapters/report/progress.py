@@ -1,15 +1,34 @@
-"""A dependency-free progress bar on stderr.
+"""The progress bar of ``xsim run``, ``compare``, ``sweep`` (and any command driving backends),
+drawn by tqdm on stderr.
 
-Silent unless the stream is a terminal, so logs and CI output stay clean; ``force=True`` or the
-environment variable ``XSIM_PROGRESS=1`` turns it on anyway (``XSIM_PROGRESS=0`` turns it off).
+Silent unless the stream is a terminal, so logs and CI output stay clean; ``force=True`` (the
+``--progress`` flag) or the environment variable ``XSIM_PROGRESS=1`` turns it on anyway,
+``force=False`` (``--quiet``) or ``XSIM_PROGRESS=0`` turns it off.
+
+The bar counts steps (load, build, replay per backend, metrics, write). A step's label is shown
+the moment it changes, never throttled away; a running backend moves the bar inside its replay
+step through the backend progress hook (:meth:`ProgressBar.replay_hook`), and those numeric
+updates are throttled by time (tqdm's ``mininterval``).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
+from collections.abc import Callable
 from typing import TextIO
+
+from tqdm import tqdm
+
+
+class _Tqdm(tqdm):
+    # No monitor thread: our updates come from the caller's thread, and a thread left behind
+    # by a bar would outlive short commands and tests.
+    monitor_interval = 0
+
+
+#: Least wall time between two redraws for numbers only, in s (a new label is drawn at once).
+MIN_INTERVAL_S = 0.1
 
 
 def progress_enabled(stream: TextIO, force: bool | None = None) -> bool:
@@ -23,62 +42,121 @@ def progress_enabled(stream: TextIO, force: bool | None = None) -> bool:
     return bool(isatty and isatty())
 
 
-class ProgressBar:
-    """``with ProgressBar(total, "label") as bar: bar.advance(n, "what")``.
+def _fmt_sim(sim_ns: float) -> str:
+    """Simulated time with a readable unit: ``850 ns``, ``12.3 us``, ``4.56 ms``, ``1.23 s``."""
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if sim_ns >= scale:
+            return f"{sim_ns / scale:.3g} {unit}"
+    return f"{sim_ns:.0f} ns"
 
-    Redraws at most every ``min_interval_s`` seconds (and always at the end) with ``\\r`` so
-    it stays on one line; prints a newline when closed.
+
+class ProgressBar:
+    """``with ProgressBar(3, "xsim run") as bar: bar.step("building the topology");
+    hook = bar.replay_hook("flow"); ...; bar.step("writing outputs")``, or, counting units
+    (``xsim sweep``): ``bar.advance(1)``. Closing the bar completes it.
+
+    ``labels`` records every label in the order it was set (shown or not), for callers and
+    tests. Numeric redraws happen at most every ``min_interval_s`` seconds; a new label is
+    drawn at once. ``unit``: what ``total`` counts, shown after the count.
     """
 
     def __init__(self, total: int, label: str = "", stream: TextIO | None = None,
-                 force: bool | None = None, width: int = 30, min_interval_s: float = 0.1) -> None:
+                 force: bool | None = None, min_interval_s: float | None = None,
+                 unit: str = "steps") -> None:
         self.total = max(int(total), 1)
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = progress_enabled(self.stream, force)
-        self.width = width
-        self.min_interval_s = min_interval_s
-        self.done = 0
+        self.done = 0.0  # whole steps plus the running step's fraction
         self.note = ""
-        self._last_draw = -1.0
-        self._t0 = time.monotonic()
+        self.labels: list[str] = []
+        self.started = 0  # steps started with step() / replay_hook()
+        self._closed = False
+        self._bar = _Tqdm(
+            total=self.total, desc=label, file=self.stream, disable=not self.enabled,
+            mininterval=MIN_INTERVAL_S if min_interval_s is None else min_interval_s,
+            miniters=0, leave=True, dynamic_ncols=True,
+            # steps show the running step's fraction; other units (variants) are whole
+            bar_format="{desc} {percentage:3.0f}%|{bar:24}| "
+                       + ("{n:.1f}" if unit == "steps" else "{n:.0f}")
+                       + f"/{{total}} {unit} [{{elapsed}}]{{postfix}}",
+        )
 
-    def advance(self, n: int = 1, note: str = "") -> None:
-        """Count ``n`` more units done; ``note`` says what is happening now."""
-        self.done = min(self.done + n, self.total)
+    def advance(self, n: float = 1, note: str = "") -> None:
+        """Count ``n`` more steps done; ``note`` (if given) is the step now running."""
+        self._move(min(self.done + n, self.total))
         if note:
-            self.note = note
-        self._draw(final=self.done >= self.total)
+            self.set_label(note)
+
+    def step(self, note: str) -> None:
+        """End the running step (if any: the bar moves to its end) and start the next one,
+        labelled ``note``. ``total`` counts these steps."""
+        self.labels.append(note)
+        self.note = note
+        self._bar.set_postfix_str(note, refresh=False)
+        if self.started:
+            self._move(min(float(self.started), self.total))
+        self.started += 1
+        self._bar.refresh()  # the new label is drawn now, whatever the throttle says
+
+    def set_label(self, note: str) -> None:
+        """Show ``note`` as the current step, drawn immediately (label changes are never
+        dropped by the throttle)."""
+        self.labels.append(note)
+        self.note = note
+        self._bar.set_postfix_str(note, refresh=False)
+        self._bar.refresh()
+
+    def replay_hook(self, backend: str) -> Callable[..., None]:
+        """A backend progress hook (``hook(done_ops, total_ops, sim_ns=None)``) that moves the
+        bar through the replay's step as it advances and labels it ``running BACKEND:
+        done/total ops, sim T``. Starts that step (:meth:`step`) labelled ``running BACKEND``."""
+        self.step(f"running {backend}")
+        base = self.started - 1.0
+
+        def hook(done_ops: int, total_ops: int, sim_ns: float | None = None) -> None:
+            frac = done_ops / total_ops if total_ops > 0 else 1.0
+            text = f"running {backend}: {done_ops:,}/{total_ops:,} ops"
+            if sim_ns is not None:
+                text += f", sim {_fmt_sim(sim_ns)}"
+            self.note = text
+            # numbers only: throttled by tqdm's mininterval (the label itself was drawn above)
+            self._bar.set_postfix_str(text, refresh=False)
+            self._move(min(base + frac, self.total))
+            if done_ops >= total_ops:
+                self._bar.refresh()  # the replay's end is always shown
+            else:
+                self._bar.update(0)
+
+        return hook
+
+    def _move(self, done: float) -> None:
+        delta = done - self.done
+        self.done = done
+        if delta > 0:
+            self._bar.update(delta)
 
     def render(self) -> str:
-        """The bar as text, e.g. ``run [#######-------]  2/5  40% 1.2s running flow``."""
-        frac = self.done / self.total
-        filled = int(round(frac * self.width))
-        bar = "#" * filled + "-" * (self.width - filled)
-        elapsed = time.monotonic() - self._t0
-        text = f"{self.label} [{bar}] {self.done}/{self.total} {frac:4.0%} {elapsed:.1f}s"
-        return f"{text} {self.note}".rstrip()
+        """The bar as tqdm draws it (``xsim run  40%|#####...| 2.0/5 steps [00:01], running
+        flow``), or "" when the bar is off."""
+        return "" if not self.enabled or self._closed else str(self._bar)
 
-    def _draw(self, final: bool = False) -> None:
-        if not self.enabled:
+    def close(self, note: str = "done") -> None:
+        """Complete the bar (unless an exception is propagating), label it ``note`` and end
+        the line."""
+        if self._closed:
             return
-        now = time.monotonic()
-        if not final and now - self._last_draw < self.min_interval_s:
-            return
-        self._last_draw = now
-        self.stream.write("\r\x1b[K" + self.render())
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self._draw(final=True)
-            self.stream.write("\n")
-            self.stream.flush()
-            self.enabled = False
+        self._move(float(self.total))
+        self.set_label(note)
+        self._bar.close()
+        self._closed = True
 
     def __enter__(self) -> ProgressBar:
-        self._draw(final=True)
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        elif not self._closed:  # leave the bar where it stopped, labelled with the failed step
+            self._bar.close()
+            self._closed = True

@@ -85,8 +85,8 @@ class Analyzer:
             tp_ns = self.tp_comm_ns(ch, group, tp)
             # a unit's collectives delay the rank's next unit of the same block; the last
             # unit's do not delay the rank (only the next stage), so they are not counted
-            per = [sum(u.duration_ns for u in us) + tp_ns * sum(1 for u in us[:-1] if u.kinds)
-                   for us in units]
+            per = [sum(_min_ns(u.duration_ns) for u in us)
+                   + tp_ns * sum(1 for u in us[:-1] if u.kinds) for us in units]
             hit = StageCost(per[0], sum(per[1:]))
             self._cost[key] = hit
         return hit
@@ -245,3 +245,9 @@ class Analyzer:
                         worst = min(worst, (sm.capacity - sm.total) / GB)
                 r += 1
         return worst
+
+
+def _min_ns(duration: int | tuple[int, ...]) -> int:
+    """A unit's duration for the bound: MoE units give one per local rank (expert loads
+    differ); the smallest keeps the bound a lower bound."""
+    return duration if isinstance(duration, int) else min(duration)

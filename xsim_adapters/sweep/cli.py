@@ -65,8 +65,9 @@ def add_sweep_arguments(sp: argparse.ArgumentParser) -> None:
                          "xsim did not write; see docs/outputs.md).")
     sp.add_argument("--allow-failures", action="store_true",
                     help="Exit 0 even if some variants failed (their rows carry the error).")
-    sp.add_argument("--progress", action="store_true", default=None,
-                    help="Draw the progress bar even when stderr is not a terminal.")
+    from ..cli import progress_args
+
+    progress_args(sp)
 
 
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
@@ -116,8 +117,9 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         print(f"resuming in {args.output}: {len(done)} finished variants on record in "
               f"{ROWS_FILE}")
     with writer_lock(out):  # one sweep at a time fills OUT
-        with ProgressBar(total, "xsim sweep", force=args.progress) as bar, \
+        with ProgressBar(total, "xsim sweep", force=args.progress, unit="variants") as bar, \
                 RowLog(out / ROWS_FILE) as log:
+            bar.set_label(f"{total} variants on {spec.backend} ({args.executor} executor)")
             variants, frame = run_spec(spec, executor, lambda n: bar.advance(n), log, done)
         write_sweep(out, frame, spec.to_yaml())
     if args.resume:

@@ -2,7 +2,7 @@
 //
 //   xsim-htsim INPUT --out TIMES.csv --summary SUMMARY.json
 //              [--protocol roce|ndp|eqds] [--mtu BYTES] [--queue-bytes BYTES] [--cwnd-pkts N] [--seed N]
-//              [--scale-up fluid|packet]
+//              [--scale-up fluid|packet] [--progress-s SECONDS]
 //
 // Writes TIMES.csv (op_id,start_ps,end_ps; one line per op, in op order) and SUMMARY.json only
 // when every op has ended; otherwise prints why on stderr and exits non-zero, so a partial
@@ -40,7 +40,7 @@ namespace {
 const char* USAGE =
     "usage: xsim-htsim INPUT --out TIMES.csv --summary SUMMARY.json [--protocol roce|ndp|eqds]"
     " [--mtu BYTES] [--queue-bytes BYTES] [--cwnd-pkts N] [--seed N]"
-    " [--scale-up fluid|packet]";
+    " [--scale-up fluid|packet] [--progress-s SECONDS]";
 
 uint64_t parse_uint(const char* flag, const char* s) {
     char* end = nullptr;
@@ -97,6 +97,12 @@ int main(int argc, char** argv) {
             if (scale_up_name == "fluid") opt.scale_up_fluid = true;
             else if (scale_up_name == "packet") opt.scale_up_fluid = false;
             else fail(2, "unknown --scale-up mode '" + scale_up_name + "' (fluid or packet)");
+        } else if (a == "--progress-s") {
+            char* end = nullptr;
+            const char* v = argv[++i];
+            opt.progress_s = std::strtod(v, &end);
+            if (!*v || *end || !(opt.progress_s >= 0))
+                fail(2, std::string("--progress-s expects seconds >= 0 (got '") + v + "')");
         } else if (a == "--seed") {
             opt.seed = (uint32_t)parse_uint("--seed", argv[++i]);
         } else if (a.rfind("--", 0) == 0) {

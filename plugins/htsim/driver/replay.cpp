@@ -519,30 +519,39 @@ std::vector<uint32_t> Replayer::unfinished(size_t limit) const {
     return ids;
 }
 
+void Replayer::report(uint64_t events, double wall_s) const {
+    std::fprintf(stderr,
+                 "xsim-htsim: progress: %llu of %zu ops done, sim t=%llu ns, %.1f s wall,"
+                 " %llu events\n",
+                 (unsigned long long)_done_count, _in.ops.size(),
+                 (unsigned long long)(eventlist().now() / 1000), wall_s,
+                 (unsigned long long)events);
+    std::fflush(stderr);
+}
+
 uint64_t Replayer::run() {
-    for (uint32_t i = 0; i < _in.ops.size(); i++)
-        if (_pending[i] == 0) _ready.push_back(i);
-    drain();
     uint64_t events = 0;
     auto t0 = std::chrono::steady_clock::now();
     auto last = t0;
+    // A progress line when the replay starts, at most every progress_s wall seconds while it
+    // runs (the clock is read every 16k events) and when it ends: the Python side relays them
+    // to the backend progress hook, and a run stopped by a wall limit says where it got to.
+    if (_opt.progress_s > 0) report(0, 0.0);
+    for (uint32_t i = 0; i < _in.ops.size(); i++)
+        if (_pending[i] == 0) _ready.push_back(i);
+    drain();
     while (_done_count < _in.ops.size() && EventList::doNextEvent()) {
-        // Every ~1M events, and at most every progress_s wall seconds, say how far the run is on
-        // stderr, so a run stopped by a wall limit reports where it got to.
-        if ((++events & 0xFFFFF) == 0 && _opt.progress_s > 0) {
+        if ((++events & 0x3FFF) == 0 && _opt.progress_s > 0) {
             auto t = std::chrono::steady_clock::now();
             if (std::chrono::duration<double>(t - last).count() >= _opt.progress_s) {
                 last = t;
-                std::fprintf(stderr,
-                             "xsim-htsim: progress: %.0f s wall, sim t=%.6f s, %llu of %zu ops"
-                             " done, %llu events\n",
-                             std::chrono::duration<double>(t - t0).count(),
-                             (double)eventlist().now() * 1e-12, (unsigned long long)_done_count,
-                             _in.ops.size(), (unsigned long long)events);
-                std::fflush(stderr);
+                report(events, std::chrono::duration<double>(t - t0).count());
             }
         }
     }
+    if (_opt.progress_s > 0)
+        report(events, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                           .count());
     return events;
 }
 

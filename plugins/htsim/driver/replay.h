@@ -39,7 +39,7 @@ struct Options {
     uint32_t cwnd_pkts = 0;       // NDP/EQDS initial window; 0: 1.5 x the route's bandwidth-delay
     uint32_t seed = 1;
     bool scale_up_fluid = true;   // flows flagged scale_up are timed by the fluid model
-    double progress_s = 10.0;     // progress line on stderr at most this often (0: never)
+    double progress_s = 0.0;      // progress lines on stderr at most this often (0: none)
 };
 
 // Walks NDP sources that are still sending, every `period`, so their retransmission timers run;
@@ -149,6 +149,8 @@ public:
     const std::vector<simtime_picosec>& start_ps() const { return _start; }
     const std::vector<simtime_picosec>& end_ps() const { return _end; }
     uint64_t ops_done() const { return _done_count; }
+    // One "xsim-htsim: progress: ..." line on stderr (see run()).
+    void report(uint64_t events, double wall_s) const;
     uint64_t flows_started() const { return _flows_started; }
     uint64_t flows_freed() const { return _reaper ? _reaper->reaped() : 0; }
     uint64_t fluid_flows() const { return _fluid_flows; }

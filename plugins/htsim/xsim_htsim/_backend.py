@@ -8,8 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from xsim_adapters._proc import owned_tempdir
-from xsim_adapters.backends.base import Backend
-from xsim_adapters.errors import BackendUnavailable
+from xsim_adapters.backends.base import (
+    PROGRESS_INTERVAL_S,
+    Backend,
+    ReplayProgress,
+    flow_totals,
+)
+from xsim_adapters.errors import BackendError, BackendUnavailable
 from xsim_adapters.options import PROGRESS, SEED, Option, check_options
 from xsim_adapters.topology.model import Topology
 from xsim_adapters.trace.schema import Trace
@@ -47,8 +52,8 @@ OPTIONS: tuple[Option, ...] = (
 class HtsimBackend(Backend):
     """Packet-level replay on htsim through the project's own C++ driver.
 
-    Options: :data:`OPTIONS` (``xsim backends`` lists them); ``progress`` is accepted and
-    unused (the driver reports no progress).
+    Options: :data:`OPTIONS` (``xsim backends`` lists them); ``progress``: the backend progress
+    hook, fed from the driver's progress lines on stderr (``--progress-s``).
     """
 
     name = "htsim"
@@ -85,14 +90,40 @@ class HtsimBackend(Backend):
             t1 = time.perf_counter()
             argv = [str(driver), str(d / "input.txt"), "--out", str(d / "times.csv"),
                     "--summary", str(d / "summary.json"), *argv_opts]
-            run_driver(argv, wall_limit)
+            argv += ["--progress-s", str(PROGRESS_INTERVAL_S)]
+            rp = ReplayProgress(opts["progress"], trace.num_ops)
+            replay_started = run_driver(argv, wall_limit,
+                                        lambda done, _n, sim_ns: rp.update(done, sim_ns))
             t2 = time.perf_counter()
             frame = read_times(d / "times.csv", trace.num_ops)
             summary = read_summary(d / "summary.json")
         sim_wall = float(summary.get("sim_wall_s", 0.0))
+        rp.finish(int(summary.get("sim_ps", 0)) / 1000.0)
         ev = int(summary.get("events", 0))
+        # packets: flows crossing the network with bytes, except scale-up-only paths under
+        # scale_up=fluid; everything else (those, local copies, empty messages) is fluid
+        packet_flows, packet_bytes = info.network_flows, info.network_bytes
+        if scale_up == "fluid":
+            packet_flows -= info.scale_up_net_flows
+            packet_bytes -= info.scale_up_net_bytes
+        if int(summary.get("flows", packet_flows)) != packet_flows:
+            raise BackendError(
+                f"htsim: the driver started {summary.get('flows')} transport flows, but the"
+                f" input has {packet_flows} packet flows (internal error)")
+        flows, nbytes = flow_totals(trace)
+        wall = time.perf_counter() - t0
+        # start-up: writing the input, starting the driver, reading it and building the
+        # network (up to its first progress line); replay: its event loop, timed by the driver
+        startup = (replay_started - t0) if replay_started is not None else (
+            t2 - t0 - sim_wall)
         stats = {
-            "wall_s": time.perf_counter() - t0,
+            "wall_s": wall,
+            "startup_s": max(0.0, min(startup, wall - sim_wall)),
+            "replay_s": sim_wall,
+            "packet_flows": packet_flows,
+            "packet_bytes": packet_bytes,
+            "fluid_flows": flows - packet_flows,
+            "fluid_bytes": nbytes - packet_bytes,
             "driver_wall_s": t2 - t1,
             "input_write_s": t1 - t0,
             "events": ev,
@@ -100,7 +131,6 @@ class HtsimBackend(Backend):
             "protocol": protocol,
             "flows": int(summary.get("flows", 0)),
             "scale_up": scale_up,
-            "fluid_flows": int(summary.get("fluid_flows", 0)),
             "fluid_recomputes": int(summary.get("fluid_recomputes", 0)),
             "link_events": int(summary.get("link_events", 0)),
             "routes": info.routes,

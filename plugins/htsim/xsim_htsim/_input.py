@@ -59,6 +59,13 @@ class InputInfo:
     edges: int
     scale_up_flows: int  # flows flagged su=1 (remote, every forward link tier scale_up)
     bytes_written: int
+    # Flows that cross the network with bytes to send (the driver starts a transport or fluid
+    # flow for each), split by whether their path is scale-up only (``su``): the backend
+    # counts them as packets or fluid according to its scale_up option.
+    network_flows: int = 0
+    network_bytes: int = 0
+    scale_up_net_flows: int = 0
+    scale_up_net_bytes: int = 0
 
 
 def _flow_paths(topology: Topology, src: np.ndarray, dst: np.ndarray, keys: np.ndarray):
@@ -218,6 +225,8 @@ def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> In
                                     rev.tolist(), su, strict=True)
     ]
     lines.extend(op_lines.tolist())
+    sent = (fwd >= 0) & (nbytes > 0)  # what the driver puts on the network (replay.cpp)
+    su_arr = np.asarray(su, dtype=bool)
 
     pred = trace.deps["pred"].to_numpy(dtype=np.int64)
     succ = trace.deps["succ"].to_numpy(dtype=np.int64)
@@ -244,4 +253,7 @@ def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> In
     return InputInfo(
         links=len(links), routes=len(table), ops=n, flows=len(flow_idx), edges=len(succ),
         scale_up_flows=int(sum(su)), bytes_written=len(text),
+        network_flows=int(sent.sum()), network_bytes=int(nbytes[sent].sum()),
+        scale_up_net_flows=int((sent & su_arr).sum()),
+        scale_up_net_bytes=int(nbytes[sent & su_arr].sum()),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from xsim_adapters._proc import child_preexec, owned_tempdir
-from xsim_adapters.backends.base import Backend
+from xsim_adapters.backends.base import Backend, ReplayProgress, flow_totals
 from xsim_adapters.errors import BackendError, BackendUnavailable
 from xsim_adapters.topology.model import Topology
 from xsim_adapters.trace.schema import KINDS, PHASES, Trace
@@ -25,6 +26,7 @@ from xsim_adapters.trace.timeline import Timeline
 
 from ._options import OPTIONS, parse_options
 from ._prepare import prepare
+from ._sim import PROGRESS_FD_ENV
 
 INSTALL_HINT = "install the official ns-3 wheel with `pip install ns3` (ns-3 3.44 or later)"
 # Lines cppyy prints on every import of the wheel; they are not errors.
@@ -125,7 +127,8 @@ class Ns3Backend(Backend):
             (work / "cwd").mkdir()  # clean directory for the wheel's *.so glob
             np.savez(work / "in" / "input.npz", **rin.arrays)
             (work / "in" / "meta.json").write_text(json.dumps(rin.meta))
-            stats = self._spawn(work, opts.wall_limit_s)
+            rp = ReplayProgress((options or {}).get("progress"), trace.num_ops)
+            stats, replay_started = self._spawn(work, opts.wall_limit_s, rp)
             with np.load(work / "out" / "result.npz") as z:
                 start, end = z["start_ns"], z["end_ns"]
         unfinished = np.flatnonzero(~np.isfinite(end))
@@ -147,36 +150,63 @@ class Ns3Backend(Backend):
         frame = pd.DataFrame(
             {"op_id": np.arange(len(end), dtype=np.int64), "start_ns": start, "end_ns": end}
         )
+        rp.finish(float(stats["sim_time_ns"]))
         wall = time.perf_counter() - t0
         stats.update(rin.meta)
         stats.pop("options", None)
+        # Start-up: preparing the arrays, starting the worker, importing ns-3 (most of it:
+        # ~10 s for the wheel), building the network and loading the DAG, up to the engine's
+        # first progress line; replay: the engine's Simulator::Run, timed in the worker.
+        if replay_started is not None:
+            startup = replay_started - t0
+        else:  # no line arrived (a replay of no ops): the parts the worker timed
+            startup = prepare_s + float(stats["import_s"]) + float(stats["build_s"])
         stats.update(
             wall_s=wall,
             prepare_s=prepare_s,
+            startup_s=min(startup, wall - float(stats["run_s"])),
+            replay_s=float(stats["run_s"]),
             transport=opts.transport,
             scale_up=opts.scale_up,
         )
+        flows, nbytes = flow_totals(trace)
+        if (stats["packet_flows"] + stats["fluid_flows"], stats["packet_bytes"]
+                + stats["fluid_bytes"]) != (flows, nbytes):
+            raise BackendError(f"ns3: packet and fluid flows do not add up to the trace's"
+                               f" {flows} flows and {nbytes} bytes (internal error)")
         tl = Timeline(backend=self.name, frame=frame, stats=stats)
         tl.check_complete(trace)
         return tl
 
     @staticmethod
-    def _spawn(work: Path, wall_limit_s: float) -> dict[str, Any]:
-        """Run the worker; return its stats or raise BackendError with its own message."""
+    def _spawn(work: Path, wall_limit_s: float, rp: ReplayProgress) -> tuple[dict[str, Any],
+                                                                             float | None]:
+        """Run the worker, relaying its progress lines to ``rp``; return its stats and the
+        ``time.perf_counter()`` at which its replay started (its first progress line; None if
+        it sent none), or raise BackendError with its own message."""
         err_path = work / "stderr.txt"
         env = dict(os.environ)
         # The worker must import this package and the core from anywhere.
         here = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
         cmd = [sys.executable, "-m", "xsim_ns3.worker", str(work / "in"), str(work / "out")]
+        # The engine writes "progress <done> <n> <sim ns>" lines into this pipe during the run.
+        r, w = os.pipe()
+        env[PROGRESS_FD_ENV] = str(w)
+        started: float | None = None
         with open(err_path, "wb") as err, open(work / "stdout.txt", "wb") as out:
-            # Own process group (killed whole on timeout) and SIGKILL when this process dies.
-            proc = subprocess.Popen(
-                cmd, cwd=work / "cwd", stdout=out, stderr=err, env=env, start_new_session=True,
-                preexec_fn=child_preexec(),
-            )
             try:
-                rc = proc.wait(timeout=wall_limit_s)
+                # Own process group (killed whole on timeout), SIGKILL when this process dies.
+                proc = subprocess.Popen(
+                    cmd, cwd=work / "cwd", stdout=out, stderr=err, env=env,
+                    start_new_session=True, preexec_fn=child_preexec(), pass_fds=(w,),
+                )
+            finally:
+                os.close(w)
+            try:
+                with os.fdopen(r, "rb", buffering=0) as pipe:
+                    started = _relay_progress(pipe, proc, time.monotonic() + wall_limit_s, rp)
+                rc = proc.returncode
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
                 raise BackendError(
@@ -199,4 +229,34 @@ class Ns3Backend(Backend):
                 "ns3: the ns-3 worker exited without writing results: "
                 + (_stderr_text(err_path) or "(no message on stderr)")
             )
-        return json.loads(stats_path.read_text())
+        return json.loads(stats_path.read_text()), started
+
+
+def _relay_progress(pipe: Any, proc: subprocess.Popen, deadline: float,
+                    rp: ReplayProgress) -> float | None:
+    """Read progress lines from ``pipe`` until the worker closes it, calling ``rp.update``;
+    then wait for the worker. Returns the perf_counter time of the first line (the replay's
+    start) or None. Raises subprocess.TimeoutExpired at ``deadline`` (time.monotonic)."""
+    started: float | None = None
+    buf = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(pipe, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, 0)
+            if not sel.select(timeout=min(left, 1.0)):
+                continue
+            chunk = pipe.read(65536)
+            if not chunk:  # the worker exited (or closed its end)
+                break
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                parts = line.split()
+                if len(parts) == 4 and parts[0] == b"progress":
+                    if started is None:
+                        started = time.perf_counter()
+                    rp.update(int(parts[1]), float(parts[3]))
+    proc.wait(timeout=max(deadline - time.monotonic(), 0.001))
+    return started

@@ -99,8 +99,8 @@ def parse_options(options: Mapping[str, Any] | None) -> Ns3Options:
     :func:`xsim_adapters.options.check_options`), then the rules that tie two options together;
     errors name the option.
 
-    ``progress`` (a callback other backends use) is accepted and ignored: the replay runs in a
-    child process that reports no progress.
+    ``progress`` (the backend progress hook) is not part of the result: the backend reads it
+    from ``options`` itself.
     """
     opts = check_options("ns3", OPTIONS, options)
     opts.pop("progress")

@@ -6,13 +6,18 @@ addresses, host routes, persistent connections), loads the DAG into the C++ engi
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from xsim_adapters.backends.base import PROGRESS_INTERVAL_S
+
 TRANSPORT_CODE = {"dctcp": 0, "tcp": 1, "udp": 2}
+#: Environment variable naming the file descriptor the worker writes progress lines to.
+PROGRESS_FD_ENV = "XSIM_NS3_PROGRESS_FD"
 _ENGINE_SOURCE = Path(__file__).with_name("engine.cpp")
 
 
@@ -86,6 +91,9 @@ def replay(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> tuple[np.ndar
     ):
         eng.AddLinkEvent(int(at), int(fluid), int(index), int(side), float(value))
     build_s = time.perf_counter() - t_build
+    # The parent's end of a pipe (see _backend.Ns3Backend._spawn): the engine reports progress.
+    fd = int(os.environ.get(PROGRESS_FD_ENV, "-1"))
+    eng.SetProgress(fd, PROGRESS_INTERVAL_S)
 
     t_run = time.perf_counter()
     sim_now = int(xsim.RunSimulation(eng, float(opts["sim_limit_ns"])))

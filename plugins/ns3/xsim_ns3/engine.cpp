@@ -13,8 +13,12 @@
 #include "ns3/point-to-point-module.h"
 #include "ns3/traffic-control-module.h"
 
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <deque>
 #include <string>
 #include <vector>
@@ -90,8 +94,31 @@ class Engine {
     uint64_t fluidRecomputes = 0;
     uint64_t queueDrops = 0;  // packets dropped by queue discs (overflow or RED forced drop)
     std::string error;
+    // --- progress: "progress <done> <n> <sim ns>" lines on a pipe to the parent process ---
+    int progressFd = -1;
+    double progressIntervalS = 0.1;
+    std::chrono::steady_clock::time_point progressLast;
 
     void OnQueueDrop(Ptr<const QueueDiscItem> item) { ++queueDrops; }
+
+    void SetProgress(int fd, double intervalS) {
+        progressFd = fd;
+        progressIntervalS = intervalS;
+    }
+
+    // Report how far the replay is: always when `force`, else at most every progressIntervalS
+    // of wall time (the clock is read only every 64 completions: cheap next to a packet).
+    void Report(bool force) {
+        if (progressFd < 0) return;
+        auto now = std::chrono::steady_clock::now();
+        if (!force && std::chrono::duration<double>(now - progressLast).count() < progressIntervalS)
+            return;
+        progressLast = now;
+        char buf[96];
+        int k = std::snprintf(buf, sizeof buf, "progress %lld %lld %lld\n", (long long)done,
+                              (long long)n, (long long)Simulator::Now().GetNanoSeconds());
+        if (k > 0 && ::write(progressFd, buf, size_t(k)) < 0) progressFd = -1;  // parent gone
+    }
 
     // ---------- set-up ----------
     void LoadDag(int64_t nops, const int64_t* k, const int64_t* d, const int64_t* b,
@@ -259,7 +286,12 @@ class Engine {
         for (int64_t e = sptr[op]; e < sptr[op + 1]; ++e)
             if (--pending[sidx[e]] == 0) ready.push_back(sidx[e]);
         Drain();
-        if (done == n) Simulator::Stop();
+        if (done == n) {
+            Report(true);
+            Simulator::Stop();
+        } else if ((done & 63) == 0) {
+            Report(false);
+        }
     }
 
     // ---------- fluid scale-up model: max-min fair share of each link's capacity ----------
@@ -530,6 +562,7 @@ void CreateNodes(uint32_t count) {
 }
 
 int64_t RunSimulation(Engine& eng, double stopNs) {
+    eng.Report(true);  // the replay starts: 0 of n ops
     eng.Start();
     if (stopNs > 0) Simulator::Stop(NanoSeconds(int64_t(stopNs)));
     Simulator::Run();

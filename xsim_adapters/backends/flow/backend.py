@@ -14,7 +14,7 @@ from ...options import COMMON_OPTIONS, Option, check_options
 from ...topology.model import Topology
 from ...trace.schema import KIND_FLOW, Trace
 from ...trace.timeline import Timeline
-from ..base import Backend
+from ..base import Backend, ReplayProgress, flow_totals
 from .executor import FlowProblem, run_flows
 from .native import native_status, run_flows_native
 
@@ -29,13 +29,16 @@ class FlowBackend(Backend):
     """Event-driven DAG executor; flows share links max-min fairly (progressive filling).
 
     Options (:data:`~xsim_adapters.options.COMMON_OPTIONS`): ``seed`` (accepted; the model has
-    no randomness), ``progress`` (``callable(done_ops, total_ops)`` or None, called about every
-    1% of ops), ``engine`` (``native``: the compiled core :mod:`xsim_flowcore`, the default
-    when it is installed; ``python``: the reference executor; an error if ``native`` is asked
-    for and the core is missing). Any other key is an error.
-    ``Timeline.stats``: ``engine`` (which executor ran), ``wall_s`` (whole run, s),
-    ``sim_wall_s`` (event loop only, s), ``sim_cpu_s`` (the same in CPU time of the running
-    thread, s: steadier than wall time on a shared machine),
+    no randomness), ``progress`` (the hook of the contract in :mod:`..base`, checked about every
+    1% of ops, with the simulated time reached on the Python engine), ``engine`` (``native``:
+    the compiled core :mod:`xsim_flowcore`, the default when it is installed; ``python``: the
+    reference executor; an error if ``native`` is asked for and the core is missing). Any
+    other key is an error.
+    ``Timeline.stats``: the run info of the contract (every flow is fluid: ``packet_flows`` and
+    ``packet_bytes`` are 0; ``startup_s`` is routing and array building, ``replay_s`` the event
+    loop), ``engine`` (which executor ran), ``wall_s`` (whole run, s), ``sim_wall_s`` (event
+    loop only, s), ``sim_cpu_s`` (the same in CPU time of the running thread, s: steadier than
+    wall time on a shared machine),
     ``routing_s`` (ECMP paths of every flow, s), ``events`` (op ends, flow transmission ends and
     link events processed), ``events_per_s`` (events / ``sim_wall_s``), ``max_active_flows``
     (most flows transmitting at once), ``rate_recomputations`` (independent groups of flows
@@ -64,8 +67,14 @@ class FlowBackend(Backend):
             if not ok:  # before any work: the one-line reason carries the install command
                 raise BackendError(f"flow: engine native: {why}")
         problem, routing_s = build_problem(trace, topology)
-        run = run_flows_native if engine == "native" else run_flows
-        result = run(problem, opts["progress"])
+        startup_s = time.perf_counter() - t0
+        rp = ReplayProgress(opts["progress"], trace.num_ops)
+        rp.start()
+        if engine == "native":  # the core reports (ops done, ops total): no simulated time
+            result = run_flows_native(problem, lambda done, _total: rp.update(done))
+        else:
+            result = run_flows(problem, lambda done, sim_ns: rp.update(done, sim_ns))
+        rp.finish(float(result.end_ns.max()) if len(result.end_ns) else 0.0)
         frame = pd.DataFrame(
             {
                 "op_id": np.arange(trace.num_ops, dtype=np.int64),
@@ -78,6 +87,9 @@ class FlowBackend(Backend):
         stats["sim_cpu_s"] = stats.pop("cpu_s")
         stats["routing_s"] = routing_s
         stats["wall_s"] = time.perf_counter() - t0
+        flows, nbytes = flow_totals(trace)
+        stats.update(startup_s=startup_s, replay_s=stats["sim_wall_s"], packet_flows=0,
+                     packet_bytes=0, fluid_flows=flows, fluid_bytes=nbytes)
         timeline = Timeline(backend=self.name, frame=frame, stats=stats)
         timeline.check_complete(trace)
         return timeline

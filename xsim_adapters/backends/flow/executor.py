@@ -28,7 +28,7 @@ from ...errors import BackendError
 from ...trace.schema import KIND_FLOW, KINDS, PHASES
 from .maxmin import maxmin_rates
 
-Progress = Callable[[int, int], None]
+Progress = Callable[[int, float], None]  # (ops done, simulated time reached in ns)
 
 
 @dataclass
@@ -218,7 +218,7 @@ class _Executor:
                         else:
                             tx_due[f] = -1.0
             if progress is not None and done >= next_report:
-                progress(done, n)
+                progress(done, t)
                 next_report = done + report_every
             # 3. take everything due at the next instant
             if times:
@@ -278,7 +278,7 @@ class _Executor:
         wall = time.perf_counter() - t0
         cpu = time.thread_time() - c0
         if progress is not None:
-            progress(done, n)
+            progress(done, t)
         if done < n:
             raise BackendError(
                 stuck_message(self.p, np.asarray(end, dtype=np.float64), flow_links, rate,
