@@ -44,6 +44,7 @@ from .moe import (
 from .moe_units import MoELayerCost, StageMoE
 from .nccl import NVLINK_BW_EFFICIENCY, RING_BASE_LATENCY_US, RING_STEP_LATENCY_US
 from .rings import RankInfo, ring_delay_ns
+from .selection import choose_algorithm
 
 SIMPLE = 2  # index of the Simple protocol in nccl.PROTOCOLS (p2p runs Simple)
 
@@ -247,20 +248,27 @@ class MoEPlanner:
         perms, sizes, labels = [], [], []
         kinds = ("all_reduce", "reduce_scatter", "all_gather")
         delays: dict[str, list[int]] = {k: [] for k in kinds}
+        choices: dict[str, list[Any]] = {k: [] for k in kinds}
         for row in rows:
             orders, sz = gen._ring(row["members"], row["nbytes"])
             pos = {rk: k for k, rk in enumerate(row["members"])}
             perms.append([[pos[rk] for rk in o] for o in orders])
             sizes.append(sz)
             labels.append(",".join(map(str, orders[0])))
+            for kd in kinds:  # the algorithm NCCL's tuner picks, as for the dense DP sync
+                choices[kd].append(choose_algorithm(plan, self.info, list(row["members"]), kd,
+                                                    row["nbytes"]))
             if plan.collectives.nccl_cost:
                 for kd in kinds:
-                    delays[kd].append(ring_delay_ns(self.info, kd, orders, sz))
+                    ch = choices[kd][-1]
+                    delays[kd].append(ring_delay_ns(self.info, kd, orders, sz)
+                                      if ch.algorithm == "ring" else ch.delay_ns)
         return {
             "members": np.array([r["members"] for r in rows], dtype=np.int64),
             "perm": np.array(perms, dtype=np.int64),
             "sizes": np.array(sizes, dtype=np.int64),
             "delays": {k: np.array(v, dtype=np.int64) for k, v in delays.items() if v},
+            "choices": choices,
             "labels": np.array(labels, dtype=object),
             "nbytes": np.array([r["nbytes"] for r in rows], dtype=np.int64),
             "chunk": np.full(len(rows), -1, dtype=np.int64),
