@@ -148,15 +148,18 @@ def test_replay_progress_throttles_but_keeps_start_end_and_order(monkeypatch) ->
     ReplayProgress(None, 3).finish()  # no hook: nothing to do
 
 
-def test_flow_backend_reports_monotone_progress_reaching_total() -> None:
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_flow_backend_reports_monotone_progress_reaching_total(engine: str) -> None:
     tb = TraceBuilder(8)
     ring_allreduce(tb, list(range(8)), 8_000_000)
     trace = tb.build()
     calls: list[tuple[int, int, float]] = []
     tl = FlowBackend().run(trace, two_servers(), {
-        "progress": lambda d, t, sim_ns=None: calls.append((d, t, sim_ns))})
+        "engine": engine, "progress": lambda d, t, sim_ns=None: calls.append((d, t, sim_ns))})
     done = [c[0] for c in calls]
-    sims = [c[2] for c in calls]
+    # the compiled core reports ops only; the simulated time comes with the last call
+    sims = [c[2] for c in calls if c[2] is not None]
+    assert engine == "native" or len(sims) == len(calls)
     assert calls[0][:2] == (0, trace.num_ops)
     assert calls[-1][:2] == (trace.num_ops, trace.num_ops)
     assert done == sorted(done) and sims == sorted(sims)
