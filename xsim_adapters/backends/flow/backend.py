@@ -71,7 +71,9 @@ class FlowBackend(Backend):
         rp = ReplayProgress(opts["progress"], trace.num_ops)
         rp.start()
         if engine == "native":  # the core reports (ops done, ops total): no simulated time
-            result = run_flows_native(problem, lambda done, _total: rp.update(done))
+            # the last report (all done) comes from finish(), with the simulated end time
+            result = run_flows_native(
+                problem, lambda done, total: rp.update(done) if done < total else None)
         else:
             result = run_flows(problem, lambda done, sim_ns: rp.update(done, sim_ns))
         rp.finish(float(result.end_ns.max()) if len(result.end_ns) else 0.0)
