@@ -123,11 +123,12 @@ def test_traffic_slows_a_job_only_where_they_share_links():
 def test_shipped_traffic_file_loads():
     from pathlib import Path
 
-    from xsim_adapters.traffic import is_traffic_file, load_traffic
+    from xsim_adapters.plan.model import Plan
+    from xsim_adapters.traffic import TrafficSpec, load_job, load_traffic
 
     path = Path(__file__).resolve().parents[1] / "workloads" / "traffic" / \
         "tenants-permutation.yaml"
-    assert is_traffic_file(path)
+    assert isinstance(load_job(path), TrafficSpec)
     spec = load_traffic(path)
     assert spec.num_ranks == 32 and spec.pattern == "permutation" and spec.duration_ms is None
-    assert not is_traffic_file(path.parents[1] / "uneven-layers.yaml")
+    assert isinstance(load_job(path.parents[1] / "uneven-layers.yaml"), Plan)

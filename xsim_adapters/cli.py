@@ -321,13 +321,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_jobs(args: argparse.Namespace) -> int:
     """``xsim run PLAN --job PLAN2 ...``: several jobs on one fabric (docs/whatif.md)."""
-    from . import api
     from ._outdir import check_output, output_dir
     from .backends.registry import check_backend_options, get_backend
     from .jobs import run_jobs
     from .report.outputs import write_csv, write_json, write_links, write_run
     from .report.progress import ProgressBar
-    from .traffic import is_traffic_file, load_traffic
+    from .traffic import load_job
 
     paths = [args.plan, *args.job]
     for p in paths:
@@ -342,7 +341,7 @@ def _run_jobs(args: argparse.Namespace) -> int:
     check_output(out, "run", args.force)
     with ProgressBar(3, "xsim run (jobs)", force=args.progress) as bar:
         bar.step("loading the plans")
-        plans = [load_traffic(p) if is_traffic_file(p) else api.load_plan(p) for p in paths]
+        plans = [load_job(p) for p in paths]
         bar.step(f"running {args.backend}: {len(plans)} jobs together, then each alone")
         res = run_jobs(plans, args.backend, options, placement=args.placement)
         bar.step("writing outputs")

@@ -94,21 +94,22 @@ class TrafficSpec:
         raise KeyError(name)
 
 
-def is_traffic_file(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is a traffic file (its first key is ``traffic:``), not a plan."""
-    text = read_plan_file(path)
-    for line in text.splitlines():
-        s = line.strip()
-        if s and not s.startswith("#"):
-            return s.startswith("traffic:")
-    return False
+def load_job(path: str | os.PathLike[str]) -> Any:
+    """A job file for ``xsim run --job``: a traffic file (top key ``traffic:``) as a
+    TrafficSpec, anything else as a validated Plan. The file is read and parsed once."""
+    from .plan.loader import plan_from_dict
+
+    p = Path(path)
+    data = parse_yaml(read_plan_file(p), str(p))
+    if isinstance(data, dict) and "traffic" in data:
+        return traffic_from_dict(data)
+    return plan_from_dict(data, base_dir=str(p.resolve().parent))
 
 
 def load_traffic(path: str | os.PathLike[str]) -> TrafficSpec:
     """Read and validate a traffic file; PlanError naming the place otherwise."""
     p = Path(path)
-    data = parse_yaml(read_plan_file(p), str(p))
-    return traffic_from_dict(data)
+    return traffic_from_dict(parse_yaml(read_plan_file(p), str(p)))
 
 
 def traffic_from_dict(d: Any) -> TrafficSpec:

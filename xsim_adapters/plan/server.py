@@ -12,6 +12,7 @@ a connected mesh, a NIC map of the right length) are in :func:`check_server`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, get_args
 
 from ..errors import PlanError
@@ -50,15 +51,20 @@ SERVER_PRESETS = {
 }
 
 
+def _named(value: str, table: Mapping[str, Any], path: str, what: str, other: str) -> Any:
+    """``table[value]``, or a PlanError listing the names and the other accepted form."""
+    if value not in table:
+        raise PlanError(
+            path, f"unknown {what}; expected one of {', '.join(table)} or {other} "
+            f"(got {f.got(value)})"
+        )
+    return table[value]
+
+
 def parse_server(value: Any, path: str) -> ServerSpec:
     """A ``server:`` value (preset name or mapping) -> ServerSpec (structure checked here)."""
     if isinstance(value, str):
-        if value not in SERVER_PRESETS:
-            raise PlanError(
-                path, f"unknown server preset; expected one of {', '.join(SERVER_PRESETS)} "
-                f"or a mapping (got {f.got(value)})"
-            )
-        return SERVER_PRESETS[value]
+        return _named(value, SERVER_PRESETS, path, "server preset", "a mapping")
     m = f.expect_mapping(value, path)
     f.check_keys(m, path, SERVER_KEYS)
     m = {k: v for k, v in m.items() if v is not None}  # null: the default (serialized plans)
@@ -135,12 +141,7 @@ def _parse_pcie(value: Any, path: str) -> PcieSpec:
 
 def _parse_nvlink(value: Any, path: str) -> tuple[tuple[int, int, int], ...]:
     if isinstance(value, str):
-        if value not in NVLINK_MESHES:
-            raise PlanError(
-                path, f"unknown NVLink mesh; expected one of {', '.join(NVLINK_MESHES)} or a "
-                f"list of [a, b, links] (got {f.got(value)})"
-            )
-        return NVLINK_MESHES[value]
+        return _named(value, NVLINK_MESHES, path, "NVLink mesh", "a list of [a, b, links]")
     out: list[tuple[int, int, int]] = []
     seen: set[tuple[int, int]] = set()
     for i, item in enumerate(f.expect_list(value, path)):

@@ -61,11 +61,11 @@ class FlowBackend(Backend):
     def run(self, trace: Trace, topology: Topology, options: Mapping[str, Any]) -> Timeline:
         opts = check_options(self.name, self.options, options)
         t0 = time.perf_counter()
-        engine = opts["engine"] or ("native" if native_status()[0] else "python")
-        if engine == "native":
-            ok, why = native_status()
-            if not ok:  # before any work: the one-line reason carries the install command
-                raise BackendError(f"flow: engine native: {why}")
+        ok, why = native_status()
+        engine = opts["engine"] or ("native" if ok else "python")
+        if engine == "native" and not ok:
+            # before any work: the one-line reason carries the install command
+            raise BackendError(f"flow: engine native: {why}")
         problem, routing_s = build_problem(trace, topology)
         startup_s = time.perf_counter() - t0
         rp = ReplayProgress(opts["progress"], trace.num_ops)
