@@ -154,8 +154,8 @@ class Ns3Backend(Backend):
         wall = time.perf_counter() - t0
         stats.update(rin.meta)
         stats.pop("options", None)
-        # Start-up: preparing the arrays, starting the worker, loading ns-3 (most of it:
-        # ~2.3 CPU s for the engine's modules), building the network and loading the DAG, up to the engine's
+        # Start-up: preparing the arrays, starting the worker, loading ns-3 (~2.3 CPU s for
+        # the engine's modules), building the network and loading the DAG, up to the engine's
         # first progress line; replay: the engine's Simulator::Run, timed in the worker.
         if replay_started is not None:
             startup = replay_started - t0
