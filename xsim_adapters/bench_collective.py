@@ -27,7 +27,6 @@ from .workload.algorithms import lower
 from .workload.rings import (
     RankInfo,
     channel_orders,
-    channels_for,
     ring_bottleneck_GBps,
     ring_delay_ns,
     ring_order,
@@ -70,7 +69,7 @@ def lowered_trace(plan: Plan, kind: str, nbytes: int, channels: int = 0,
     ranks = list(range(plan.num_ranks))
     if algorithm != "ring":
         p = replace(plan, collectives=replace(
-            plan.collectives, nccl_cost=nccl_cost, channels=max(1, channels),
+            plan.collectives, nccl_cost=nccl_cost, channels=max(0, channels),
             algorithm=CollectiveAlgorithms(algorithm, algorithm, algorithm)))  # type: ignore[arg-type]
         choice = choose_algorithm(p, info, ranks, kind, nbytes)
         if choice.algorithm != "ring":
@@ -83,7 +82,7 @@ def lowered_trace(plan: Plan, kind: str, nbytes: int, channels: int = 0,
             end = tb.barrier(deps=tails)
             return tb.build(), end, choice.label
     base = ring_order(info, ranks, plan.collectives.ring_order)
-    orders = channel_orders(info, base, channels_for(info, ranks, channels))
+    orders = channel_orders(info, base, channels)
     sizes = split_bytes(nbytes, [ring_bottleneck_GBps(info, o) for o in orders])
     delay = ring_delay_ns(info, kind, orders, sizes) if nccl_cost else 0
     tb = TraceBuilder(plan.num_ranks)
@@ -204,7 +203,8 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
                     help="NIC Gb/s per GPU (default: the device type's).")
     sp.add_argument("--kind", choices=KINDS, default="all_reduce", help="The collective.")
     sp.add_argument("--channels", type=int, default=0,
-                    help="Ring channels; 0 (default): two per NIC a server's members use.")
+                    help="Ring channels; 0 (default): auto, one ring per NIC a server's "
+                         "members use, as NCCL opens (collectives.channels: auto).")
     sp.add_argument("--algorithm", choices=ALGORITHM_CHOICES, default="auto",
                     help="Collective algorithm; auto (default) chooses as NCCL's tuner "
                          "(docs/collectives.md); one the group cannot run falls back to ring.")

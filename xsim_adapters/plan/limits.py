@@ -90,6 +90,12 @@ def estimate_ops(plan: Plan, simulated: Collection[int] | None = None) -> int:
     from ..workload.schedule import replica_chunks
 
     c, t = plan.collectives, plan.training
+    # ``channels: auto`` opens one ring per NIC the members of a server use: a ring inside a
+    # server has one; a DP ring has at most one member per replica on a server
+    gpn = max(g.gpus_per_node for g in plan.device_groups)
+    smallest = min(sum(st.tp for st in rep.stages)
+                   for rep in plan.replicas)
+    chans = c.channels or min(gpn, max(1, -(-gpn // smallest)))
     kinds = ("reduce_scatter", "all_gather") if t.sequence_parallel else ("all_reduce",)
     # compute ops per unit and rank (tp_comm cuts a unit in three), and per layer without
     # collectives (selective recompute, the W passes of zb_h1)
@@ -110,7 +116,8 @@ def estimate_ops(plan: Plan, simulated: Collection[int] | None = None) -> int:
             # TP ring flows of one unit: steps x ranks x channels, per collective kind
             # (+ st.tp NCCL-delay barriers per collective with collectives.nccl_cost)
             flows = sum(
-                num_steps(k, st.tp, c.granularity, c.chunks) * st.tp * c.channels
+                num_steps(k, st.tp, c.granularity, c.chunks) * st.tp * (
+                    c.channels or (1 if st.tp <= gpn else gpn))
                 + (st.tp if c.nccl_cost and st.tp > 1 else 0)
                 for k in kinds
             )
@@ -126,7 +133,7 @@ def estimate_ops(plan: Plan, simulated: Collection[int] | None = None) -> int:
     buckets = math.ceil(plan.model.layers / max(1, c.dp_bucket_layers)) + len(boundaries)
     steps = num_steps("all_reduce", dp, c.granularity, c.chunks)
     # (+ dp NCCL-delay barriers per ring, and ZeRO's all-gather rings as many again)
-    total += 2 * buckets * big_l * (steps * c.channels + int(c.nccl_cost)) * dp
+    total += 2 * buckets * big_l * (steps * chans + int(c.nccl_cost)) * dp
     return total + 4 * plan.num_ranks
 
 

@@ -18,7 +18,7 @@ from ..plan.model import Plan
 from .algorithms import Layout, layout_of, lower, merge, nominal_ns, tile
 from .collectives import RingFlows, ring_flows
 from .nccl import NVLS_MIN_RANKS_PER_SERVER, Fabric, choose, delay_ns
-from .rings import RankInfo
+from .rings import RankInfo, channels_for
 
 # A scale-up rate at or below PCIe Gen5 x16 (64 GB/s per direction, Hopper blog) is taken to be
 # PCIe, not NVLink (NCCL's link type for its per-step latency and PCI_BW efficiency).
@@ -82,7 +82,7 @@ def choose_algorithm(plan: Plan, info: RankInfo, ranks: Sequence[int], kind: str
     r = list(ranks)
     if len(r) < 2 or nbytes <= 0:
         return Choice("ring", "Simple", "ring")
-    fab = fabric(plan, info, r, max(1, plan.collectives.channels))
+    fab = fabric(plan, info, r, channels_for(info, r, plan.collectives.channels))
     idx = np.asarray(r, dtype=np.int64)
     layout = layout_of(info.server[idx], info.local[idx])
     ok = {"ring", "tree", "nvls", "hierarchical"}
