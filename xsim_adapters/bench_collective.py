@@ -98,6 +98,7 @@ def ring_cost_protocol(info: RankInfo, kind: str, orders: list[list[int]],
                        sizes: list[int]) -> str:
     """The protocol NCCL's tuner picks for the ring (its first channel), for the report."""
     from .workload.nccl import ring_cost
+    from .workload.rings import nics_per_server
 
     o, s = orders[0], sizes[0]
     hops = [(o[i], o[(i + 1) % len(o)]) for i in range(len(o))]
@@ -105,7 +106,7 @@ def ring_cost_protocol(info: RankInfo, kind: str, orders: list[list[int]],
     link = "nvlink" if info.server[slow[0]] == info.server[slow[1]] else "net"
     servers = len({int(info.server[r]) for r in o})
     return ring_cost(kind, len(o), int(s), servers, info.link_GBps(*slow), link,
-                     len(orders)).protocol
+                     len(orders), nics=nics_per_server(info, o)).protocol
 
 
 def add_template(tb: TraceBuilder, t: Any, ranks: list[int], ready: int, delay_ns: int,

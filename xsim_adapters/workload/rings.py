@@ -16,8 +16,8 @@ wrap-around is on a rail too. Channel pair j leaves server 0 from its member j-1
 servers from member j, so channel pairs 0..m-1 use all m NICs of a server with m ring members.
 Odd channels run the same ring reversed (the other direction of each NIC). On one server,
 channels are the base order and its reverse. ``channels: auto`` (the default) opens the rings
-NCCL opens: one forward ring per NIC the members of a server use (:func:`auto_orders`). Each channel's share of the bytes is proportional
-to its ring's bottleneck bandwidth (slowest hop).
+NCCL opens: one forward ring per NIC the members of a server use (:func:`auto_orders`). Each
+channel's share of the bytes is proportional to its ring's bottleneck bandwidth (slowest hop).
 """
 
 from __future__ import annotations
@@ -132,9 +132,18 @@ def ring_delay_ns(info: RankInfo, kind: str, orders: Sequence[Sequence[int]],
         slow = min(hops, key=lambda h: info.link_GBps(*h))
         link = info.link_kind(*slow)  # nvlink | pci | net, from the server fabric
         servers = len({int(info.server[r]) for r in order})
-        cost = ring_cost(kind, n, int(nbytes), servers, info.link_GBps(*slow), link, len(orders))
+        cost = ring_cost(kind, n, int(nbytes), servers, info.link_GBps(*slow), link, len(orders),
+                         nics=nics_per_server(info, order))
         worst = max(worst, cost.extra_ns)
     return worst
+
+
+def nics_per_server(info: RankInfo, ranks: Sequence[int]) -> int:
+    """Distinct NICs the members of the fullest (in NICs) server among ``ranks`` use."""
+    per: dict[int, set[int]] = {}
+    for r in ranks:
+        per.setdefault(int(info.server[r]), set()).add(int(info.nic[r]))
+    return max((len(v) for v in per.values()), default=1)
 
 
 def _server_blocks(info: RankInfo, order: Sequence[int]) -> list[list[int]]:
