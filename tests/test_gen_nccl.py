@@ -15,6 +15,7 @@ from xsim_adapters.workload.nccl import (
     LL_MAX_BW_1NODE_GBPS,
     LL_MAX_BW_NET_GBPS,
     NVLINK_BW_EFFICIENCY,
+    PER_CH_MAX_RING_LL128_GBPS,
     PROTOCOL_BW_FACTOR,
     PROTOCOLS,
     RING_BASE_LATENCY_US,
@@ -59,6 +60,8 @@ def test_the_chosen_protocol_is_the_fastest(size: int) -> None:
         bw = 25.0 * PROTOCOL_BW_FACTOR[p]
         if name == "LL":
             bw = min(bw, LL_MAX_BW_NET_GBPS[0])
+        if name == "LL128":  # one graph channel of 24 GB/s (search.cc): perChMaxRingLL128Bw 20
+            bw = min(bw, PER_CH_MAX_RING_LL128_GBPS[80][1])
         other = lat + nominal * 25.0 / bw - nominal
         assert c.total_ns <= other + 1e-6
 

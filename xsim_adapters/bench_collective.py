@@ -27,7 +27,6 @@ from .workload.algorithms import lower
 from .workload.rings import (
     RankInfo,
     channel_orders,
-    channels_for,
     ring_bottleneck_GBps,
     ring_delay_ns,
     ring_order,
@@ -70,7 +69,7 @@ def lowered_trace(plan: Plan, kind: str, nbytes: int, channels: int = 0,
     ranks = list(range(plan.num_ranks))
     if algorithm != "ring":
         p = replace(plan, collectives=replace(
-            plan.collectives, nccl_cost=nccl_cost, channels=max(1, channels),
+            plan.collectives, nccl_cost=nccl_cost, channels=max(0, channels),
             algorithm=CollectiveAlgorithms(algorithm, algorithm, algorithm)))  # type: ignore[arg-type]
         choice = choose_algorithm(p, info, ranks, kind, nbytes)
         if choice.algorithm != "ring":
@@ -83,7 +82,7 @@ def lowered_trace(plan: Plan, kind: str, nbytes: int, channels: int = 0,
             end = tb.barrier(deps=tails)
             return tb.build(), end, choice.label
     base = ring_order(info, ranks, plan.collectives.ring_order)
-    orders = channel_orders(info, base, channels_for(info, ranks, channels))
+    orders = channel_orders(info, base, channels)
     sizes = split_bytes(nbytes, [ring_bottleneck_GBps(info, o) for o in orders])
     delay = ring_delay_ns(info, kind, orders, sizes) if nccl_cost else 0
     tb = TraceBuilder(plan.num_ranks)
@@ -99,6 +98,7 @@ def ring_cost_protocol(info: RankInfo, kind: str, orders: list[list[int]],
                        sizes: list[int]) -> str:
     """The protocol NCCL's tuner picks for the ring (its first channel), for the report."""
     from .workload.nccl import ring_cost
+    from .workload.rings import nics_per_server
 
     o, s = orders[0], sizes[0]
     hops = [(o[i], o[(i + 1) % len(o)]) for i in range(len(o))]
@@ -106,7 +106,7 @@ def ring_cost_protocol(info: RankInfo, kind: str, orders: list[list[int]],
     link = "nvlink" if info.server[slow[0]] == info.server[slow[1]] else "net"
     servers = len({int(info.server[r]) for r in o})
     return ring_cost(kind, len(o), int(s), servers, info.link_GBps(*slow), link,
-                     len(orders)).protocol
+                     len(orders), nics=nics_per_server(info, o)).protocol
 
 
 def add_template(tb: TraceBuilder, t: Any, ranks: list[int], ready: int, delay_ns: int,
@@ -204,7 +204,8 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
                     help="NIC Gb/s per GPU (default: the device type's).")
     sp.add_argument("--kind", choices=KINDS, default="all_reduce", help="The collective.")
     sp.add_argument("--channels", type=int, default=0,
-                    help="Ring channels; 0 (default): two per NIC a server's members use.")
+                    help="Ring channels; 0 (default): auto, one ring per NIC a server's "
+                         "members use, as NCCL opens (collectives.channels: auto).")
     sp.add_argument("--algorithm", choices=ALGORITHM_CHOICES, default="auto",
                     help="Collective algorithm; auto (default) chooses as NCCL's tuner "
                          "(docs/collectives.md); one the group cannot run falls back to ring.")

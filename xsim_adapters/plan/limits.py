@@ -90,6 +90,10 @@ def estimate_ops(plan: Plan, simulated: Collection[int] | None = None) -> int:
     from ..workload.schedule import replica_chunks
 
     c, t = plan.collectives, plan.training
+    # ``channels: auto`` opens one ring per NIC the members of a server use: a ring inside a
+    # server has one; a DP ring has at most one member per replica on a server
+    gpn = max(g.gpus_per_node for g in plan.device_groups)
+    chans = c.channels or min(gpn, _replicas_per_server(plan))
     kinds = ("reduce_scatter", "all_gather") if t.sequence_parallel else ("all_reduce",)
     # compute ops per unit and rank (tp_comm cuts a unit in three), and per layer without
     # collectives (selective recompute, the W passes of zb_h1)
@@ -110,7 +114,8 @@ def estimate_ops(plan: Plan, simulated: Collection[int] | None = None) -> int:
             # TP ring flows of one unit: steps x ranks x channels, per collective kind
             # (+ st.tp NCCL-delay barriers per collective with collectives.nccl_cost)
             flows = sum(
-                num_steps(k, st.tp, c.granularity, c.chunks) * st.tp * c.channels
+                num_steps(k, st.tp, c.granularity, c.chunks) * st.tp * (
+                    c.channels or _tp_ring_channels(plan, st))
                 + (st.tp if c.nccl_cost and st.tp > 1 else 0)
                 for k in kinds
             )
@@ -126,8 +131,31 @@ def estimate_ops(plan: Plan, simulated: Collection[int] | None = None) -> int:
     buckets = math.ceil(plan.model.layers / max(1, c.dp_bucket_layers)) + len(boundaries)
     steps = num_steps("all_reduce", dp, c.granularity, c.chunks)
     # (+ dp NCCL-delay barriers per ring, and ZeRO's all-gather rings as many again)
-    total += 2 * buckets * big_l * (steps * c.channels + int(c.nccl_cost)) * dp
+    total += 2 * buckets * big_l * (steps * chans + int(c.nccl_cost)) * dp
     return total + 4 * plan.num_ranks
+
+
+def _tp_ring_channels(plan: Plan, st: Any) -> int:
+    """``channels: auto`` for a stage's TP ring: 1 on one server, else its most members on a
+    server (one ring per NIC)."""
+    gpn = plan.group(st.group).gpus_per_node
+    d0, d1 = st.devices
+    first, last = d0 // gpn, (d1 - 1) // gpn
+    if first == last:
+        return 1
+    return max(min(d1, (s + 1) * gpn) - max(d0, s * gpn) for s in range(first, last + 1))
+
+
+def _replicas_per_server(plan: Plan) -> int:
+    """The most replicas that have a GPU on one server (DP-ring members a server holds)."""
+    from ..workload.rings import RankInfo
+
+    server = RankInfo(plan).server
+    count: dict[int, int] = {}
+    for rep in plan.replicas:
+        for s in {int(x) for st in rep.stages for x in server[list(plan.stage_ranks(st))]}:
+            count[s] = count.get(s, 0) + 1
+    return max(count.values(), default=1)
 
 
 def _ep_cp_ops_per_rank(plan: Plan, st: Any) -> float:

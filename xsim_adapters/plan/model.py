@@ -345,7 +345,9 @@ class CollectiveAlgorithms:
 @dataclass(frozen=True)
 class CollectivesSpec:
     resharding: Resharding = "lcm"
-    channels: int = 1  # rings per collective; bytes split by each ring's bottleneck bandwidth
+    # rings per collective (bytes split by each ring's bottleneck bandwidth); 0 is ``auto``:
+    # one ring per NIC the members of a server use, as NCCL opens (workload/rings.py)
+    channels: int = 0
     granularity: Granularity = "step"
     chunks: int = 4  # pipelined chunks per ring step when granularity == "chunked"
     ring_order: RingOrder = "hetero_aware"

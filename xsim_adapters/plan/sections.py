@@ -517,8 +517,7 @@ def parse_collectives(value: Any, path: str) -> CollectivesSpec:
     f.check_keys(m, path, [x.name for x in dataclasses.fields(CollectivesSpec)])
     return CollectivesSpec(
         resharding=f.get_enum(m, "resharding", path, get_args(Resharding), d.resharding),  # type: ignore[arg-type]
-        channels=f.get_int(m, "channels", path, d.channels, maximum=lim.MAX_CHANNELS,
-                           limit="MAX_CHANNELS, docs/plan.md#limits"),
+        channels=parse_channels(m, path),
         granularity=f.get_enum(m, "granularity", path, get_args(Granularity), d.granularity),  # type: ignore[arg-type]
         chunks=f.get_int(m, "chunks", path, d.chunks, maximum=lim.MAX_CHUNKS,
                          limit="MAX_CHUNKS, docs/plan.md#limits"),
@@ -528,6 +527,24 @@ def parse_collectives(value: Any, path: str) -> CollectivesSpec:
         nccl_cost=f.get_bool(m, "nccl_cost", path, d.nccl_cost),
         algorithm=parse_algorithms(m.get("algorithm", "auto"), f.join(path, "algorithm")),
     )
+
+
+def parse_channels(m: Mapping[str, Any], path: str) -> int:
+    """``collectives.channels``: ``auto`` (the default, stored as 0: one ring per NIC the
+    members of a server use, as NCCL opens them) or a positive ring count."""
+    where = f.join(path, "channels")
+    f.note(where, {"anyOf": [{"const": "auto"},
+                             {"type": "integer", "minimum": 1, "maximum": lim.MAX_CHANNELS}]},
+           "auto")
+    v = m.get("channels", "auto")
+    if v == "auto":
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise PlanError(where, f"expected 'auto' or a positive integer (got {f.got(v)})")
+    if v > lim.MAX_CHANNELS:
+        raise PlanError(where, f"expected at most {lim.MAX_CHANNELS} (MAX_CHANNELS, "
+                               f"docs/plan.md#limits) (got {f.got(v)})")
+    return int(v)
 
 
 def parse_algorithms(value: Any, path: str) -> CollectiveAlgorithms:

@@ -47,6 +47,14 @@ def _stage_plain(stage: Any) -> dict[str, Any]:
     return d  # type: ignore[no-any-return]
 
 
+def _collectives_plain(c: Any) -> dict[str, Any]:
+    """The collectives section as data; ``channels: auto`` is stored as 0."""
+    d = _plain(c)
+    if d["channels"] == 0:
+        d["channels"] = "auto"
+    return d  # type: ignore[no-any-return]
+
+
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     """The plan as plain data in the plan format (``plan_from_dict`` of it equals ``plan``)."""
     types = {}
@@ -88,7 +96,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         },
         "network": network,
         "replicas": replicas,
-        "collectives": _plain(plan.collectives),
+        "collectives": _collectives_plain(plan.collectives),
         **({"perturb": perturb_to_dict(plan.perturb)} if plan.perturb.active else {}),
     }
 

@@ -25,6 +25,10 @@ phase B per piece P, spread evenly over its m-1 peers; B from a GPU waits for A 
 several servers (NVLSTree) the reduced slice of each GPU is all-reduced between servers by a
 ring over the GPUs of one rail (local index) between A and B.
 
+NVLS reduce-scatter and all-gather (one server, :func:`nvls_rs_ag_flows`): every GPU sends the
+buffer spread over its peers in one phase (the switch's S up for a reduce-scatter, S down for an
+all-gather).
+
 **hierarchical**: ring reduce-scatter inside each server, ring all-reduce of each GPU's 1/m slice
 across servers over its rail, ring all-gather inside each server (reduce-scatter and all-gather
 kinds: the two halves of that). Pieces pipeline through the phases.
@@ -319,11 +323,36 @@ def _nvls_share(piece: int, m: int, phase: str) -> int:
     return a if phase == "intra_rs" else total - a
 
 
+def nvls_rs_ag_flows(layout: Layout, nbytes: int) -> RingFlows:
+    """NVLS reduce-scatter or all-gather of a buffer of ``nbytes`` on one server of m GPUs.
+
+    Reduce-scatter: every GPU writes its whole buffer to the switch (S up) and reads its reduced
+    slice back (S/m down, ``multimem.ld_reduce``); all-gather: every GPU multicasts its slice
+    (S/m up, ``multimem.st``) and receives every slice (S down). Flows are rank to rank, so the
+    binding direction is written exactly: every GPU sends S spread evenly over its m-1 peers
+    (and so receives S), one phase. The other direction then carries S where the switch moves
+    S/m: exact for the collective alone, pessimistic for traffic sharing that direction."""
+    if len(layout.blocks) != 1:
+        raise ValueError("NVLS reduce-scatter / all-gather runs on one server")
+    block = list(layout.blocks[0])
+    m, n = len(block), layout.n
+    g = _Graph()
+    ids, tl = _nvls_phase(g, block, nbytes, nbytes, 0, None)
+    start = np.zeros((m - 1, n), dtype=np.int64)
+    tails = np.zeros((m - 1, n, 2), dtype=np.int64)
+    for i, pos in enumerate(block):
+        start[:, pos] = ids[:, i]
+        tails[:, pos] = tl[:, i]
+    return g.done(start, tails)
+
+
 def lower(algorithm: str, kind: str, layout: Layout, nbytes: int, channels: int,
           chunks: int) -> RingFlows:
     """The template of ``kind`` over ``layout`` lowered by ``algorithm`` (not ``ring``)."""
     if algorithm == "tree":
         return tree_flows(layout, nbytes, channels, chunks)
+    if algorithm == "nvls" and kind != "all_reduce":
+        return nvls_rs_ag_flows(layout, nbytes)
     if algorithm == "nvls":
         return staged_flows(layout, nbytes, kind, "nvls", chunks)
     if algorithm == "hierarchical":

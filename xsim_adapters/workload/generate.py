@@ -141,7 +141,7 @@ class _Generator:
         """Channel orders (global ranks) and bytes per channel for a ring over ``ranks``."""
         c = self.plan.collectives
         base = ring_order(self.info, ranks, c.ring_order)
-        orders = channel_orders(self.info, base, max(1, c.channels))
+        orders = channel_orders(self.info, base, c.channels)
         bws = [ring_bottleneck_GBps(self.info, o) for o in orders]
         return orders, split_bytes(nbytes, bws)
 
@@ -457,8 +457,15 @@ class _Generator:
         seen: dict[tuple, tuple[int, ...]] = {}
         picked: dict[tuple, Choice] = {}
         info = self.info
-        for cr in rings:
-            orders, sz = self._ring(list(cr.members), cr.nbytes)
+        # ``channels: auto`` may open more rings for some DP rings than for others; the
+        # vectorized lowering wants one channel count, so rings with fewer repeat theirs
+        # (the same NIC load, the bytes split over the copies)
+        ring_orders = [self._ring(list(cr.members), cr.nbytes) for cr in rings]
+        width = max(len(o) for o, _ in ring_orders)
+        for cr, (orders, sz) in zip(rings, ring_orders, strict=True):
+            if len(orders) < width:
+                orders = [orders[i % len(orders)] for i in range(width)]
+                sz = split_bytes(cr.nbytes, [ring_bottleneck_GBps(info, o) for o in orders])
             pos = {rk: k for k, rk in enumerate(cr.members)}
             perms.append([[pos[rk] for rk in o] for o in orders])
             sizes.append(sz)
@@ -542,7 +549,7 @@ class _Generator:
         c = self.plan.collectives
         rf, algos, chans = lower_instances(
             dp["members"], dp["perm"], dp["sizes"], dp["nbytes"], dp["choices"][kind], kind,
-            c.granularity, c.chunks, self.algorithm, max(1, c.channels))
+            c.granularity, c.chunks, self.algorithm, int(dp["perm"].shape[1]))
         coll = tb.add_collectives(
             len(dp["members"]),
             kind=kind,
@@ -625,7 +632,7 @@ class _Generator:
                 "version": GENERATOR_VERSION,
                 "schedule": t.schedule,
                 "resharding": c.resharding,
-                "channels": c.channels,
+                "channels": c.channels or "auto",
                 "granularity": c.granularity,
                 "chunks": c.chunks,
                 "ring_order": c.ring_order,

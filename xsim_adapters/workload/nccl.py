@@ -71,6 +71,31 @@ TREE_CORRECTION = (
     (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9,
      .9),
 )
+# tuning.cc per-channel caps, GB/s per channel of the algorithm's graph, by architecture and
+# node count (1 node, 2 nodes, >= 4 nodes): perChMaxRingLL128Bws, perChMaxTreeBws,
+# perChMaxTreeLL128Bws, perChMaxNVLSTreeBws (Volta, Ampere, Hopper, Blackwell).
+PER_CH_MAX_RING_LL128_GBPS = {70: (20.0, 20.0, 20.0), 80: (20.0, 20.0, 20.0),
+                              90: (36.7, 36.7, 36.7), 100: (40.0, 40.0, 40.0)}
+PER_CH_MAX_TREE_GBPS = {70: (26.5, 18.5, 10.0), 80: (24.0, 23.6, 17.8),
+                        90: (38.7, 41.4, 36.0), 100: (70.0, 42.8, 24.0)}
+PER_CH_MAX_TREE_LL128_GBPS = {70: (20.0, 20.0, 20.0), 80: (20.0, 20.0, 20.0),
+                              90: (36.7, 36.7, 29.0), 100: (55.6, 31.67, 20.0)}
+PER_CH_MAX_NVLS_TREE_GBPS = {70: (26.5, 18.5, 10.0), 80: (24.0, 23.6, 17.8),
+                             90: (0.0, 57.7, 45.5), 100: (0.0, 96.0, 80.0)}
+# search.cc speed arrays, GB/s per channel, that the topology search tries from the top
+# (speedArrayIntra / sm90SpeedArrayIntra; Inter for graphs across nodes), and its channel cap
+# (MAXCHANNELS / 2): the graph's nChannels and per-channel bandwidth the caps above multiply.
+SPEEDS_INTRA_GBPS = (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0)
+SPEEDS_INTRA_SM90_GBPS = (60.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 6.0, 3.0)
+SPEEDS_INTER_GBPS = (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0,
+                     4.0, 3.0, 2.4, 1.2, 0.24, 0.12)
+SPEEDS_INTER_SM90_GBPS = (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0,
+                          2.4, 1.2, 0.24, 0.12)
+GRAPH_MAX_CHANNELS = 16
+# search.cc: a graph is duplicated (channels x2, bandwidth /2) when its per-channel bandwidth
+# is >= 25 GB/s, except on SM90+ below 50 GB/s with more than 4 channels. GB/s.
+GRAPH_DUP_MIN_GBPS = 25.0
+GRAPH_DUP_SM90_MIN_GBPS = 50.0
 # tuning.cc nvlsEfficiency by architecture (Hopper 0.85, Blackwell 0.74). Dimensionless.
 NVLS_EFFICIENCY = {90: 0.85, 100: 0.74}
 # nvls.cc NVLS_NCHANNELS_SM90 = 16, NVLS_NCHANNELS_SM100 = 32 (24 on one NVL domain); tuning.cc
@@ -125,7 +150,8 @@ class Fabric:
     intra_link: str = "nvlink"  # "nvlink" or "pci"
     cc: int = 80  # smallest compute capability x 10 among the members
     nvls: bool = False  # every member's server does NVLink SHARP
-    channels: int = 1  # ring channels (for the ring plateau rule)
+    channels: int = 1  # ring channels the lowering opens (one per NIC across servers)
+    nics: int = 1  # distinct NICs the members of the fullest server use (several servers)
 
     @property
     def bus_nominal_GBps(self) -> float:
@@ -142,6 +168,34 @@ class Fabric:
         if self.servers < 2:
             return intra
         return min(intra, self.ppn * self.nic_GBps)
+
+
+def graph(fab: Fabric) -> tuple[int, float]:
+    """(nChannels, GB/s per channel) of NCCL's ring / tree graph for ``fab`` (search.cc): the
+    fastest speed of the search's array a member's scale-up rate (one server) or its server's
+    NICs (one channel per NIC, several servers) can carry, as many channels as fit, then the
+    duplication rule. The per-channel caps of the tuner multiply these channels."""
+    sm90 = arch(fab.cc) >= 90
+    speeds: tuple[float, ...]
+    if fab.servers < 2:
+        total = fab.intra_GBps * link_efficiency(fab.intra_link, fab.cc)
+        speeds = SPEEDS_INTRA_SM90_GBPS if sm90 else SPEEDS_INTRA_GBPS
+        speed = next((x for x in speeds if x <= total), speeds[-1])
+        nch = max(1, min(GRAPH_MAX_CHANNELS, int(total // speed)))
+    else:
+        speeds = SPEEDS_INTER_SM90_GBPS if sm90 else SPEEDS_INTER_GBPS
+        nch = max(1, min(GRAPH_MAX_CHANNELS, fab.nics))
+        speed = next((x for x in speeds if x <= fab.bus_GBps / nch), speeds[-1])
+    if speed >= GRAPH_DUP_MIN_GBPS and not (sm90 and speed < GRAPH_DUP_SM90_MIN_GBPS
+                                            and nch > 4):
+        dup = min(2 * nch, GRAPH_MAX_CHANNELS)
+        speed /= -(-dup // nch)
+        nch = dup
+    return nch, speed
+
+
+def _node_index(fab: Fabric) -> int:
+    return 0 if fab.servers == 1 else 1 if fab.servers == 2 else 2
 
 
 @dataclass(frozen=True)
@@ -169,14 +223,19 @@ def ring_steps(kind: str, n: int) -> int:
 def available(kind: str, fab: Fabric) -> tuple[str, ...]:
     """Algorithms NCCL's tuner considers for ``kind`` on ``fab`` (``auto`` picks among them):
     ring always; tree for all-reduce; NVLS (NVLSTree across servers) for all-reduce where every
-    server has NVLink SHARP and holds >= 3 members. Hierarchical is not an NCCL algorithm."""
+    server has NVLink SHARP and holds >= 3 members, and for reduce-scatter / all-gather on one
+    such server (tuning.cc 2.30.7). Hierarchical is not an NCCL algorithm."""
     if fab.n < 2:
         return ("ring",)
     out = ["ring"]
+    nvls = (fab.nvls and fab.ppn >= NVLS_MIN_RANKS_PER_SERVER
+            and arch(fab.cc) in NVLS_EFFICIENCY)
     if kind == "all_reduce":
         out.append("tree")
-        if fab.nvls and fab.ppn >= NVLS_MIN_RANKS_PER_SERVER and arch(fab.cc) in NVLS_EFFICIENCY:
+        if nvls:
             out.append("nvls")
+    elif nvls and fab.servers == 1:  # NVLS RS / AG across nodes needs CollNet (enqueue.cc)
+        out.append("nvls")
     return tuple(out)
 
 
@@ -199,6 +258,8 @@ def tuner_table(kind: str, nbytes: int, fab: Fabric) -> list[AlgoCost]:
     nominal = fab.bus_nominal_GBps
     steps = ring_steps(kind, n)
     intra_hw = fab.intra_link
+    nch, _ = graph(fab)
+    a, ni = arch(fab.cc), _node_index(fab)
     out: list[AlgoCost] = []
     for algo in available(kind, fab):
         for p, proto in enumerate(PROTOCOLS):
@@ -211,34 +272,51 @@ def tuner_table(kind: str, nbytes: int, fab: Fabric) -> list[AlgoCost]:
                 bw = bus * PROTOCOL_BW_FACTOR[p]
                 if proto == "LL":
                     bw = min(_ll_max(fab), bw)
+                elif proto == "LL128":
+                    bw = min(bw, nch * PER_CH_MAX_RING_LL128_GBPS[a][ni])
                 algbw = bw * n / steps
             elif algo == "tree":
-                bw = bus * TREE_BW_FACTOR
+                bw = min(bus * TREE_BW_FACTOR, nch * PER_CH_MAX_TREE_GBPS[a][ni])
                 if proto == "LL":
                     bw = min(bw * TREE_LL_BW_FACTOR, _ll_max(fab))
                 elif proto == "LL128":
-                    bw *= TREE_LL128_BW_FACTOR_1NODE if nodes == 1 else TREE_LL128_BW_FACTOR_NET
+                    bw = min(bw * (TREE_LL128_BW_FACTOR_1NODE if nodes == 1
+                                   else TREE_LL128_BW_FACTOR_NET),
+                             nch * PER_CH_MAX_TREE_LL128_GBPS[a][ni])
                 log = int(math.log2(max(nbytes >> 6, 1)))
                 corr = TREE_CORRECTION[p][log] if 0 <= log < 23 else 1.0
                 bw *= corr
                 algbw = bw * 0.5
             else:  # nvls (one server) / NVLSTree (several)
-                a = arch(fab.cc)
-                ch = NVLS_CHANNELS[a]
+                link = nvls_link_GBps(fab)
+                if kind != "all_reduce":
+                    # RS / AG: intraBw x (ppn-1)/ppn, left as NCCL's bandwidth (tuning.cc
+                    # converts no busBw of a non-ring RS / AG to an algorithm bandwidth)
+                    out.append(AlgoCost(algo, proto, lat, link * (fab.ppn - 1) / fab.ppn,
+                                        fab.intra_GBps / link))
+                    continue
                 # The switch link's reachable rate; NCCL counts it twice for an all-reduce
                 # (reduce and broadcast pipelined), an accounting of its own busBw: the
                 # lowering's flows carry the bytes each link really moves (algorithms.py), so
                 # their slowdown is the link rate ratio alone.
-                link = (fab.intra_GBps * link_efficiency(fab.intra_link, fab.cc)
-                        * NVLS_EFFICIENCY[a] * (ch - 1) / ch)
                 bw = link * 2.0
                 if nodes > 1:
-                    bw = min(bw, fab.ppn * fab.nic_GBps * (2.0 if nodes <= 2 else 1.0))
+                    bw = min(bw, fab.ppn * fab.nic_GBps * (2.0 if nodes <= 2 else 1.0),
+                             NVLS_CHANNELS[a] * PER_CH_MAX_NVLS_TREE_GBPS[a][ni])
                 algbw = bw * n / ring_steps("all_reduce", n)
                 out.append(AlgoCost(algo, proto, lat, algbw, fab.intra_GBps / link))
                 continue
             out.append(AlgoCost(algo, proto, lat, algbw, nominal / bw if bw > 0 else 1.0))
     return out
+
+
+def nvls_link_GBps(fab: Fabric) -> float:
+    """The rate NVLS moves data over a GPU's switch link: scale-up rate x NCCL's link
+    efficiency x nvlsEfficiency x (nChannels - 1) / nChannels (tuning.cc), GB/s."""
+    a = arch(fab.cc)
+    ch = NVLS_CHANNELS[a]
+    return (fab.intra_GBps * link_efficiency(fab.intra_link, fab.cc) * NVLS_EFFICIENCY[a]
+            * (ch - 1) / ch)
 
 
 def _latency_us(algo: str, kind: str, p: int, fab: Fabric, steps: int, intra_hw: str,
@@ -322,10 +400,12 @@ def delay_ns(cost: AlgoCost, flow_ns: float) -> int:
 
 
 def ring_cost(kind: str, n: int, nbytes: int, servers: int, bottleneck_GBps: float,
-              bottleneck_link: str, channels: int = 1, cc: int = 80) -> RingCost:
+              bottleneck_link: str, channels: int = 1, cc: int = 80,
+              nics: int = 1) -> RingCost:
     """NCCL's protocol choice and extra cost for a ring ``kind`` of ``nbytes`` (per rank) over
     ``n`` ranks on ``servers`` servers, whose slowest hop runs at ``bottleneck_GBps`` (nominal)
-    over a link of type ``bottleneck_link`` (``nvlink``, ``pci`` or ``net``).
+    over a link of type ``bottleneck_link`` (``nvlink``, ``pci`` or ``net``), its server
+    contributing ``nics`` NICs (NCCL's graph channels across servers).
 
     Latency (tuning.cc): ``base + (steps - inter)·intra + inter·net`` with ``inter`` =
     2(servers-1) for an all-reduce and servers-1 otherwise (steps that cross servers).
@@ -339,9 +419,10 @@ def ring_cost(kind: str, n: int, nbytes: int, servers: int, bottleneck_GBps: flo
     inf = float("inf")
     if bottleneck_link == "net":
         fab = Fabric(n, servers, ppn, inf, bottleneck_GBps / ppn, intra_link, cc,
-                     channels=channels)
+                     channels=channels, nics=nics)
     else:
-        fab = Fabric(n, servers, ppn, bottleneck_GBps, inf, intra_link, cc, channels=channels)
+        fab = Fabric(n, servers, ppn, bottleneck_GBps, inf, intra_link, cc, channels=channels,
+                     nics=nics)
     cost = choose(kind, nbytes, fab, "ring")
     nominal_ns = steps / n * nbytes / bottleneck_GBps  # bytes / (GB/s) = ns
     return RingCost(cost.protocol, cost.latency_us * 1e3,

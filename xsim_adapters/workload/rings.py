@@ -15,8 +15,9 @@ around). Odd servers are walked in the other direction, so with an even number o
 wrap-around is on a rail too. Channel pair j leaves server 0 from its member j-1 and the odd
 servers from member j, so channel pairs 0..m-1 use all m NICs of a server with m ring members.
 Odd channels run the same ring reversed (the other direction of each NIC). On one server,
-channels are the base order and its reverse. Each channel's share of the bytes is proportional
-to its ring's bottleneck bandwidth (slowest hop).
+channels are the base order and its reverse. ``channels: auto`` (the default) opens the rings
+NCCL opens: one forward ring per NIC the members of a server use (:func:`auto_orders`). Each
+channel's share of the bytes is proportional to its ring's bottleneck bandwidth (slowest hop).
 """
 
 from __future__ import annotations
@@ -131,9 +132,18 @@ def ring_delay_ns(info: RankInfo, kind: str, orders: Sequence[Sequence[int]],
         slow = min(hops, key=lambda h: info.link_GBps(*h))
         link = info.link_kind(*slow)  # nvlink | pci | net, from the server fabric
         servers = len({int(info.server[r]) for r in order})
-        cost = ring_cost(kind, n, int(nbytes), servers, info.link_GBps(*slow), link, len(orders))
+        cost = ring_cost(kind, n, int(nbytes), servers, info.link_GBps(*slow), link, len(orders),
+                         nics=nics_per_server(info, order))
         worst = max(worst, cost.extra_ns)
     return worst
+
+
+def nics_per_server(info: RankInfo, ranks: Sequence[int]) -> int:
+    """Distinct NICs the members of the fullest (in NICs) server among ``ranks`` use."""
+    per: dict[int, set[int]] = {}
+    for r in ranks:
+        per.setdefault(int(info.server[r]), set()).add(int(info.nic[r]))
+    return max((len(v) for v in per.values()), default=1)
 
 
 def _server_blocks(info: RankInfo, order: Sequence[int]) -> list[list[int]]:
@@ -167,9 +177,14 @@ def _rail_aligned(info: RankInfo, blocks: list[list[int]], j: int) -> list[int]:
 
 
 def channel_orders(info: RankInfo, base: Sequence[int], channels: int) -> list[list[int]]:
-    """``channels`` ring orders derived from ``base`` (a server-contiguous order): rail-aligned
-    rotations spreading the server exits over the members' NICs, odd channels reversed."""
+    """Ring orders of the channels of a ring over ``base`` (a server-contiguous order).
+
+    ``channels`` > 0: that many rail-aligned rotations, channel pair j (2j, 2j+1) leaving
+    server 0 from its member j-1, odd channels reversed (the plan's explicit count).
+    ``channels`` = 0 (``auto``): NCCL's channels, see :func:`auto_orders`."""
     base = list(base)
+    if channels <= 0:
+        return auto_orders(info, base)
     blocks = _server_blocks(info, base)
     out = []
     for c in range(channels):
@@ -178,16 +193,36 @@ def channel_orders(info: RankInfo, base: Sequence[int], channels: int) -> list[l
     return out
 
 
+def auto_orders(info: RankInfo, base: Sequence[int]) -> list[list[int]]:
+    """``channels: auto``: the rings NCCL opens for the ring's members (its topology search
+    gives at least one ring per NIC a server contributes; each ring enters a server through
+    one NIC and leaves through another, so a ring per NIC loads every NIC once in each
+    direction). One rail-aligned forward ring per distinct NIC among the members of the
+    server with the most of them, leaving server 0 from the first member on each NIC; on one
+    server a single ring (every GPU link carries the ring once each way already)."""
+    base = list(base)
+    blocks = _server_blocks(info, base)
+    if len(blocks) < 2:
+        return [base]
+    first = blocks[0]
+    exits: dict[int, int] = {}
+    for pos, r in enumerate(first):
+        exits.setdefault(int(info.nic[r]), pos)
+    most = max(len({int(info.nic[r]) for r in b}) for b in blocks)
+    if len(exits) == most:
+        starts = [(pos + 1) % len(first) for pos in sorted(exits.values())]
+    else:  # another server has more NICs: successive starts cover its members
+        starts = list(range(most))
+    return [_rail_aligned(info, blocks, j) for j in starts]
+
+
 def channels_for(info: RankInfo, ranks: Sequence[int], requested: int) -> int:
-    """Channel count: ``requested`` if positive; ``0`` (auto) gives two channels (both
-    directions) per member a server contributes, so every member's NIC carries one channel
-    out and one in, as NCCL opens at least one ring per NIC; 1 for a ring inside one server."""
+    """Channel count of a ring over ``ranks``: ``requested`` if positive, else (``auto``) the
+    number of rings :func:`auto_orders` opens."""
     if requested > 0:
         return requested
-    servers = info.server[np.asarray(list(ranks), dtype=np.int64)]
-    if len(np.unique(servers)) < 2:
-        return 1
-    return 2 * int(np.bincount(servers).max())
+    base = ring_order(info, ranks, "hetero_aware")
+    return len(auto_orders(info, base))
 
 
 def split_bytes(total: int, weights: Sequence[float]) -> list[int]:

@@ -2,9 +2,11 @@
 
 ``collectives.algorithm`` (per kind) is ``auto`` (NCCL's tuner rule, :func:`.nccl.choose`),
 ``ring``, ``tree``, ``nvls`` or ``hierarchical``. A requested algorithm the group cannot run
-falls back to ``ring`` (recorded in the trace's ``collectives.algorithm`` column): tree and NVLS
-lower all-reduce only, NVLS needs NVLink SHARP on every member's server and >= 3 members per
-server, hierarchical and NVLS need the same member count on every server.
+falls back to ``ring`` (recorded in the trace's ``collectives.algorithm`` column): tree lowers
+all-reduce only, NVLS reduce-scatter / all-gather one server only; NVLS needs NVLink SHARP on
+every member's server and >= 3 members per server, hierarchical and NVLS need the same member
+count on every server. The delay of a templated algorithm adds what its kernel achieves beyond
+the tuner's model (:mod:`.nccl_achieved`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from ..plan.model import Plan
 from .algorithms import Layout, layout_of, lower, merge, nominal_ns, tile
 from .collectives import RingFlows, ring_flows
 from .nccl import NVLS_MIN_RANKS_PER_SERVER, Fabric, choose, delay_ns
-from .rings import RankInfo
+from .nccl_achieved import extra_us
+from .rings import RankInfo, channels_for, nics_per_server
 
 # A scale-up rate at or below PCIe Gen5 x16 (64 GB/s per direction, Hopper blog) is taken to be
 # PCIe, not NVLink (NCCL's link type for its per-step latency and PCI_BW efficiency).
@@ -72,7 +75,7 @@ def fabric(plan: Plan, info: RankInfo, ranks: Sequence[int], channels: int = 1) 
         intra_link="pci" if pci else "nvlink",
         cc=min(t.compute_capability for t in types),
         nvls=nvswitch and all(t.nvls for t in types),
-        channels=channels)
+        channels=channels, nics=nics_per_server(info, r.tolist()))
 
 
 def choose_algorithm(plan: Plan, info: RankInfo, ranks: Sequence[int], kind: str,
@@ -82,12 +85,14 @@ def choose_algorithm(plan: Plan, info: RankInfo, ranks: Sequence[int], kind: str
     r = list(ranks)
     if len(r) < 2 or nbytes <= 0:
         return Choice("ring", "Simple", "ring")
-    fab = fabric(plan, info, r, max(1, plan.collectives.channels))
+    fab = fabric(plan, info, r, channels_for(info, r, plan.collectives.channels))
     idx = np.asarray(r, dtype=np.int64)
     layout = layout_of(info.server[idx], info.local[idx])
     ok = {"ring", "tree", "nvls", "hierarchical"}
     if kind != "all_reduce":
-        ok -= {"tree", "nvls"}
+        ok.discard("tree")
+        if fab.servers > 1:  # NVLS RS / AG across servers needs CollNet (enqueue.cc)
+            ok.discard("nvls")
     if not (fab.nvls and fab.ppn >= NVLS_MIN_RANKS_PER_SERVER):
         ok.discard("nvls")
     if not layout.uniform:
@@ -101,8 +106,9 @@ def choose_algorithm(plan: Plan, info: RankInfo, ranks: Sequence[int], kind: str
     t = template(cost.algorithm, kind, layout, nbytes, plan)
     server = layout.server_of()
     flow_ns = nominal_ns(t, server, fab.intra_GBps, fab.nic_GBps)
+    delay = delay_ns(cost, flow_ns) + int(round(extra_us(cost, kind, nbytes, fab) * 1e3))
     return Choice(cost.algorithm, cost.protocol, f"{cost.algorithm}:{cost.protocol}", layout,
-                  delay_ns(cost, flow_ns) if plan.collectives.nccl_cost else 0,
+                  delay if plan.collectives.nccl_cost else 0,
                   *template_args(cost.algorithm, layout, nbytes, plan))
 
 
