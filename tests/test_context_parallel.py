@@ -10,7 +10,7 @@ from xsim_adapters.api import generate, run
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import plan_from_dict
 from xsim_adapters.plan.memory import stage_memory
-from xsim_adapters.trace.schema import KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
+from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
 
 S, H, HEADS, KV = 4096, 1024, 16, 4  # seq_len, hidden, heads, kv heads (GQA) of the test model
 
@@ -104,3 +104,20 @@ def test_tp_collectives_and_pipeline_sends_carry_the_local_chunk():
     pp = trace.ops[(trace.ops["kind"] == KIND_FLOW) & (trace.ops["phase"] == PHASE_INDEX["pp"])]
     assert pp.groupby(["collective"])["bytes"].sum().eq(local).all()
     assert run(plan, trace=trace).makespan_ns > 0
+
+
+def test_a_ring_step_waits_for_its_own_send_as_well_as_its_receive():
+    """Transformer Engine waits on both requests of a step's send/receive pair before the next
+    step's attention core and before it forwards the chunk: every K/V flow is a predecessor of
+    a compute op on its own sender and of one on its receiver, and of the sender's next send."""
+    trace = generate(cp_plan(4, 1, 4))
+    ops = trace.ops
+    succ = trace.deps.groupby("pred")["succ"].apply(list)
+    flows = ops[(ops["kind"] == KIND_FLOW) & (ops["phase"] == PHASE_INDEX["cp"])]
+    kind, rank = ops["kind"].to_numpy(), ops["rank"].to_numpy()
+    for op_id, row in flows.iterrows():
+        comp = {int(rank[s]) for s in succ[op_id] if kind[s] == KIND_COMPUTE}
+        assert comp == {int(row["rank"]), int(row["dst"])}
+        # the barrier before the next step's send, on the sender and on the receiver
+        nxt = {int(rank[s]) for s in succ[op_id] if kind[s] == KIND_BARRIER}
+        assert nxt == (set() if row["step"] == 2 else {int(row["rank"]), int(row["dst"])})

@@ -237,3 +237,52 @@ def test_full_recompute_repeats_the_forward_exchanges():
     ops = trace.ops
     rec = ops[(ops["phase"] == PHASE_INDEX["recompute"]) & (ops["kind"] == KIND_COMPUTE)]
     assert len(rec) == 8 * 2 * 2 * 4  # ranks x layers x micro-batches x (attn, pre, experts, post)
+
+
+def _h100_a100_pair() -> Any:
+    """One H100 (NIC 400 Gb/s) and one A100 (NIC 200 Gb/s) server, one GPU each, one EP group
+    of 2; ``by_speed`` gives the H100 6 of the 8 experts, so the A100 sends 3x what it gets."""
+    return plan_from_dict({
+        "name": "moe-pair",
+        "model": {"layers": 1, "hidden": H, "ffn_hidden": 2048, "heads": 8, "seq_len": 4096,
+                  "vocab": 32000, "moe": {"num_experts": E, "top_k": K,
+                                          "expert_ffn_hidden": 1024, "placement": "by_speed"}},
+        "training": {"global_batch": 2, "micro_batch": 1},
+        "device_groups": {"h100": {"type": "H100-80GB", "nodes": 1, "gpus_per_node": 1},
+                          "a100": {"type": "A100-80GB", "nodes": 1, "gpus_per_node": 1}},
+        "network": {"scale_out": {"topology": "leaf_spine", "link_gbps": 400,
+                                  "latency_us": 1.0}},
+        "replicas": [{"uniform": {"group": "h100", "tp": 1, "pp": 1, "dp": 1, "ep": 2}},
+                     {"uniform": {"group": "a100", "tp": 1, "pp": 1, "dp": 1, "ep": 2}}],
+    })
+
+
+def test_a_member_finishes_its_alltoall_only_when_its_own_sends_are_done():
+    """NCCL runs an all-to-all as one grouped send/receive kernel per rank: the kernel (and the
+    expert GEMMs waiting on its output) ends when the rank's receives *and* its sends are done,
+    and the next exchange on the same communicator queues behind it. Closed form on the
+    H100 + A100 pair: the A100 dispatches 4096 x 2 x 6/8 tokens x 1024 x 2 B = 12,582,912 B
+    over its 25 GB/s NIC (2 hops of 1 us), while it receives only a third of that; its experts
+    start when that send ends, not when its receive does."""
+    plan = _h100_a100_pair()
+    trace = generate(plan)
+    tl = run(plan, trace=trace)
+    ops = trace.ops.join(tl.frame.set_index("op_id")[["start_ns", "end_ns"]], on="op_id")
+    first = trace.collectives.query("kind == 'all_to_all'")["collective"].min()
+    c0 = ops[(ops["collective"] == first) & (ops["kind"] == KIND_FLOW)].set_index("rank")
+    out_a100 = c0.loc[1]
+    assert out_a100["bytes"] == 4096 * K * 6 // 8 * H * 2
+    assert c0.loc[0, "bytes"] == 4096 * K * 2 // 8 * H * 2
+    send_end = out_a100["start_ns"] + out_a100["bytes"] / 25.0 + 2 * 1000.0
+    assert out_a100["end_ns"] == pytest.approx(send_end, rel=1e-9)
+    assert c0.loc[0, "end_ns"] < send_end - 300_000  # its receive ended long before
+    succ = trace.deps.groupby("pred")["succ"].apply(list)
+    experts = [s for s in succ[int(out_a100["op_id"])] if ops.at[s, "rank"] == 1]
+    assert len(experts) == 1 and ops.at[experts[0], "kind"] == KIND_COMPUTE
+    assert ops.at[experts[0], "start_ns"] == pytest.approx(send_end, rel=1e-9)
+    # the same rule everywhere: no member's next compute starts before its own sends end
+    flows = ops[(ops["kind"] == KIND_FLOW) & (ops["phase"] == PHASE_INDEX["ep"])]
+    for op_id, row in flows.iterrows():
+        nxt = [s for s in succ[op_id] if ops.at[s, "rank"] == row["rank"]
+               and ops.at[s, "kind"] == KIND_COMPUTE]
+        assert len(nxt) == 1 and ops.at[nxt[0], "start_ns"] >= row["end_ns"]

@@ -5,7 +5,16 @@ NCCL has no all-to-all kernel: Megatron-Core's token dispatcher calls
 one pair per peer, all in flight together. Lowerings (``model.moe.alltoall``):
 
 - ``direct``: one flow per (source, destination) member pair with bytes > 0 (own tokens stay
-  local, no flow). The destination's next compute waits for every flow into it.
+  local, no flow).
+
+Completion: a member's part of the exchange is one NCCL kernel (the grouped sends and
+receives), which ends when its receives *and* its sends are done; the compute that consumes the
+output waits for that kernel, and the next exchange on the same communicator (the combine after
+the dispatch) is queued behind it on the same stream. So a member's next compute waits for every
+flow into it and every flow out of it (forwarding proxies included). Without the second half a
+slow-NIC member would start its experts, and its combine, while its dispatch sends were still
+on the wire: on ``moe-hetero-h100-a100-by-speed`` that made the flow backend (fair sharing) 6.4%
+slower than the packet backends, whose sender queues happened to serve the older flows first.
 - ``hierarchical``: intra-server exchange first. Member ``i`` sends what it has for member ``j``
   on another server to its proxy: the member on ``i``'s server at ``j``'s position among the
   group's members of ``j``'s server (so the proxy and ``j`` share a rail), together with what
@@ -389,5 +398,6 @@ class MoEPlanner:
                 if not self.plan.collectives.nccl_cost:
                     for k in into:
                         tb.add_edges(ids[:, k], ids[:, f])
-        for q in range(nf):
+        for q in range(nf):  # a member's kernel ends after its receives and its sends
             tb.add_edges(ids[:, q], dst_ops[:, int(ex.dst[q])])
+            tb.add_edges(ids[:, q], dst_ops[:, int(ex.src[q])])
