@@ -286,3 +286,31 @@ def test_a_member_finishes_its_alltoall_only_when_its_own_sends_are_done():
         nxt = [s for s in succ[op_id] if ops.at[s, "rank"] == row["rank"]
                and ops.at[s, "kind"] == KIND_COMPUTE]
         assert len(nxt) == 1 and ops.at[nxt[0], "start_ns"] >= row["end_ns"]
+
+
+def test_waiting_on_a_slower_ep_peer_is_straggler_wait_with_the_peer_as_culprit():
+    """pp = 1, so nothing is pipeline bubble: the H100 waits on the A100 (slower pre and expert
+    blocks) at the exchanges, and that time is straggler wait (EP) caused by the A100. Closed
+    form of the first dispatch: the H100 waits from the end of its pre block to the end of the
+    A100's (the A100's NCCL latency after that is communication of the exchange)."""
+    from xsim_adapters.api import metrics
+
+    plan = _h100_a100_pair()
+    trace = generate(plan)
+    m = metrics(trace, run(plan, trace=trace))
+    r = m.ranks.set_index("rank")
+    assert r.loc[0, "breakdown_bubble_ns"] == 0 and r.loc[0, "bubble_ns"] == 0
+    assert r.loc[0, "breakdown_straggler_wait_ns"] > 0.1 * r.loc[0, "iteration_time_ns"]
+    parts = [c for c in r.columns if c.startswith("breakdown_")]
+    assert (r[parts].sum(axis=1) == r["iteration_time_ns"]).all()
+    assert r.loc[1, "caused_wait_ns"] == r.loc[0, "straggler_wait_ns"]
+    assert r.loc[0, "straggler_ep_ns"] > 0 and r.loc[0, "straggler_cp_ns"] == 0
+    ep = m.stragglers[(m.stragglers["kind"] == "ep") & (m.stragglers["waiter"] == 0)]
+    first = ep.sort_values("collective").iloc[0]
+    assert first["culprit"] == 1
+    tf = m.timeline
+    comp = tf[(tf["kind"] == KIND_COMPUTE) & (tf["phase"] == PHASE_INDEX["fwd"])]
+    bar = tf[(tf["kind"] == KIND_BARRIER) & (tf["collective"] == first["collective"])]
+    pre_end = {int(x): int(comp[(comp["rank"] == x) & (comp["end_ns"] <= bar.loc[
+        bar["rank"] == x, "start_ns"].iloc[0])]["end_ns"].max()) for x in (0, 1)}
+    assert first["wait_ns"] == pre_end[1] - pre_end[0] > 0
