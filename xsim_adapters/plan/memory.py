@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InfeasiblePlanError
+from .attention import attention_params
 from .model import ModelSpec, Plan
 from .moe import (
     active_ffn_params,
@@ -59,13 +60,15 @@ def layer_params(model: ModelSpec) -> int:
 
     ``gated_mlp`` models follow Llama (SwiGLU: three FFN matrices, RMSNorm with a gain only,
     no biases); the others GPT (GELU: two FFN matrices, LayerNorm gain and bias, biases on
-    every linear layer). Grouped-query attention shrinks K and V to ``kv_heads`` heads.
+    every linear layer). Grouped-query attention shrinks K and V to ``kv_heads`` heads;
+    ``model.attention`` (explicit head width, biases, MLA, sinks) and ``model.mlp_bias`` add
+    their parameters (:mod:`.attention`).
     """
     h, ffn = model.hidden, model.ffn_hidden
     kv = model.kv_heads * model.head_dim
-    attention = 2 * h * h + 2 * h * kv  # Q and O: h x h; K and V: h x kv
+    attention = attention_params(model)  # Q, K, V, O (MLA: its latents), model.attention's extras
     if model.gated_mlp:
-        return attention + 3 * h * ffn + 2 * h
+        return attention + dense_mlp_params(model) + 2 * h
     biases = (h + 2 * kv) + h + ffn + h  # QKV, O, FFN up, FFN down
     return attention + 2 * h * ffn + biases + 4 * h
 
@@ -101,13 +104,15 @@ def model_params(model: ModelSpec) -> int:
     return span_params(model, (0, model.layers)) + embedding_params(model) + head_params(model)
 
 
-def active_params(model: ModelSpec) -> int:
+def active_params(model: ModelSpec, embedding: bool = True) -> int:
     """Parameters one token uses: ``model_params`` with only the top-k routed experts of each
-    MoE layer counted (the "active parameters" of MoE model cards)."""
+    MoE layer counted (the "active parameters" of MoE model cards). ``embedding=False`` leaves
+    out the input embedding table (a lookup, not a product), as DeepSeek-V3's and GPT-OSS's
+    model cards count; Mixtral's and Qwen's cards include it."""
     dense = dense_mlp_params(model)
     per_layer = sum(active_ffn_params(model, x) - dense for x in range(model.layers))
-    return (model.layers * layer_params(model) + per_layer + embedding_params(model)
-            + head_params(model))
+    return (model.layers * layer_params(model) + per_layer
+            + (embedding_params(model) if embedding else 0) + head_params(model))
 
 
 def activation_bytes_per_layer(plan: Plan, tp: int) -> float:
