@@ -103,3 +103,102 @@ BASE = {"layers": 4, "hidden": 256, "ffn_hidden": 512, "heads": 4, "seq_len": 12
 def test_attention_plan_errors(attention, msg):
     with pytest.raises(PlanError, match=msg):
         parse_model({**BASE, "attention": attention}, "model", {})
+
+
+# ---- compute, communication and memory of the new shapes -----------------------------------
+
+def _plan(attention, tp=1, cp=1, dp=1, layers=2, heads=8, kv=8, **training):
+    from xsim_adapters.plan import plan_from_dict
+
+    return plan_from_dict({
+        "name": "attn-test",
+        "model": {"layers": layers, "hidden": 1024, "ffn_hidden": 2048, "heads": heads,
+                  "kv_heads": kv, "seq_len": 4096, "vocab": 32000, "attention": attention},
+        "training": {"global_batch": 2 * dp // cp, "micro_batch": 1,
+                     "sequence_parallel": tp > 1, **training},
+        "device_groups": {"h100": {"type": "H100-80GB", "nodes": 1, "gpus_per_node": 8}},
+        "replicas": {"uniform": {"group": "h100", "tp": tp, "pp": 1, "dp": dp, "cp": cp}},
+    })
+
+
+MLA = {"mla": {"q_lora_rank": 384, "kv_lora_rank": 256, "qk_nope_head_dim": 64,
+               "qk_rope_head_dim": 32, "v_head_dim": 64}}
+
+
+def _core_ops(trace):
+    from xsim_adapters.trace.schema import KIND_COMPUTE, PHASE_INDEX
+
+    o = trace.ops
+    return o[(o["kind"] == KIND_COMPUTE) & (o["phase"] == PHASE_INDEX["fwd"])
+             & (o["layer_start"] >= 0) & (o["layer_start"] < 1000) & (o["microbatch"] == 0)]
+
+
+def test_sliding_window_layers_count_window_keys_per_query():
+    """Forward FLOPs of a layer: QKV + out + core + MLP; the core is 4 b s s_k hd hq with s_k =
+    4096 (full) or 128 (window), on alternating layers (full_every 2)."""
+    from xsim_adapters.api import generate
+
+    att = {"head_dim": 64, "sliding_window": 128, "full_every": 2}
+    trace = generate(_plan(att, heads=16, kv=4))
+    s, h, hq, hkv, hd, f = 4096, 1024, 16, 4, 64, 2048
+    dense = 2 * s * h * (hq + 2 * hkv) * hd + 2 * s * hq * hd * h + 2 * s * h * f * 3
+    per_layer = _core_ops(trace).groupby("layer_start")["flops"].sum()
+    assert per_layer[0] == pytest.approx(dense + 4 * s * 128 * hd * hq, rel=1e-12)
+    assert per_layer[1] == pytest.approx(dense + 4 * s * s * hd * hq, rel=1e-12)
+    # the windowed layer's attention block is the faster one
+    o = _core_ops(trace)
+    attn = o.drop_duplicates("layer_start", keep="first").set_index("layer_start")
+    assert attn.loc[0, "duration_ns"] < attn.loc[1, "duration_ns"]
+
+
+def test_mla_flops_and_the_latent_all_gather_under_sequence_parallel():
+    """MLA, TP 2 with sequence parallelism: the all-gather ahead of each attention block moves
+    the latents (384 + 256 + 32 values per token), the reduce-scatter after it the hidden state
+    (1024), b s x width x 2 bytes each; the forward FLOPs follow the MLA terms."""
+    from xsim_adapters.api import generate
+    from xsim_adapters.trace.schema import PHASE_INDEX
+
+    trace = generate(_plan(MLA, tp=2))
+    s, h, heads = 4096, 1024, 8
+    tp_colls = trace.collectives[trace.collectives["phase"] == PHASE_INDEX["tp"]]
+    sizes = tp_colls.groupby("kind")["bytes"].agg(set)
+    assert sizes["all_gather"] == {s * 1024 * 2, s * (384 + 256 + 32) * 2}
+    assert sizes["reduce_scatter"] == {s * 1024 * 2, s * (384 + 256 + 32) * 2}
+    # per micro-batch, the latent collectives are: the gathers after the embedding and after
+    # MLP 0 (they feed attention blocks; MLP 1's feeds the head), and the reduce-scatter after
+    # each attention block's backward
+    latent = s * (384 + 256 + 32) * 2
+    lat = tp_colls[tp_colls["bytes"] == latent].groupby(["kind", "layer_start"]).size()
+    assert lat.to_dict() == {("all_gather", -2): 2, ("all_gather", 0): 2,
+                             ("reduce_scatter", 0): 2, ("reduce_scatter", 1): 2}
+    mla = 2 * s * (384 * (h + heads * 96) + h * (256 + 32) + 256 * heads * (64 + 64))
+    proj = 2 * s * heads * 64 * h
+    core = 4 * s * s * 0.5 * (96 + 64) * heads
+    mlp = 2 * s * h * 2048 * 3
+    per_layer = _core_ops(trace).groupby("layer_start")["flops"].sum()
+    assert per_layer[0] == pytest.approx(mla + proj + core + mlp, rel=1e-12)  # both ranks
+
+
+def test_cp_ring_carries_mla_keys_and_values():
+    from xsim_adapters.api import generate
+    from xsim_adapters.trace.schema import KIND_FLOW, PHASE_INDEX
+
+    trace = generate(_plan(MLA, tp=1, cp=2, dp=2))
+    o = trace.ops
+    flows = o[(o["kind"] == KIND_FLOW) & (o["phase"] == PHASE_INDEX["cp"])]
+    kv = (4096 // 2) * 8 * (96 + 64) * 2  # s/cp tokens, 8 heads of K (96) and V (64), bf16
+    assert set(flows["bytes"]) == {kv, 2 * kv}  # forward K/V, backward K/V and dK/dV
+
+
+def test_mla_activations_exceed_mha_and_window_with_cp_is_refused():
+    from xsim_adapters.plan.memory import stage_memory
+
+    mha = stage_memory(_plan(None, tp=2), 0, 0).activations
+    mla = stage_memory(_plan(MLA, tp=2), 0, 0).activations
+    # TP-split attention terms: 8 h per token for MHA; MLA's (8 x (96 + 96 + 64 + 64) + 672) x 2
+    # = 6464 = 6.3125 h; everything else alike
+    s = 4096
+    assert mha - mla == pytest.approx(2 * s * (8 * 1024 - 6464) / 2, rel=1e-12)
+    with pytest.raises(PlanError, match=r"cp: cannot be combined with model\.attention\."
+                                        r"sliding_window"):
+        _plan({"sliding_window": 128}, cp=2, dp=2)

@@ -220,11 +220,11 @@ def _breakdown(busy: tuple[np.ndarray, np.ndarray, np.ndarray],
     other.
 
     ``busy``: the merged blocks (rank, lo, hi) of compute and communication; ``waits``: wait
-    intervals (rank, ready, last_ready) on a slower DP, EP or CP peer; ``window``: the pipeline window (lo, hi, has);
-    ``compute_ns``: |C|, the union of the rank's compute intervals. B is [0, end of the rank's
-    last backward or wgrad]: idle time before that is the pipeline's fill, drain and waits at
-    receives. Each part is the time the next set adds to the union of the sets before it,
-    every set clipped to [0, it]: compute |C|, exposed comm |C∪M| - |C|,
+    intervals (rank, ready, last_ready) on a slower DP, EP or CP peer; ``window``: the pipeline
+    window (lo, hi, has); ``compute_ns``: |C|, the union of the rank's compute intervals. B is
+    [0, end of the rank's last backward or wgrad]: idle time before that is the pipeline's fill,
+    drain and waits at receives. Each part is the time the next set adds to the union of the
+    sets before it, every set clipped to [0, it]: compute |C|, exposed comm |C∪M| - |C|,
     straggler wait |C∪M∪W| - |C∪M|, bubble |C∪M∪W∪B| - |C∪M∪W| and other = it - |C∪M∪W∪B|.
     With integer endpoints every length is an exact integer, so the parts sum to ``it`` exactly.
     """

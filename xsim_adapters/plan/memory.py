@@ -26,6 +26,9 @@ Model (bytes per device of a stage's TP group, P = the stage's parameters / tp):
   expert-data-parallel group (``dp / (ep / tp)`` replicas) instead of ``dp``. Each MoE layer's
   activations replace the dense MLP's share by dispatch/combine buffers and the experts'
   activations for the ``top_k`` copies of every token.
+- other attention shapes (``model.attention``): the TP-split attention terms (8 sbh for MHA)
+  become :func:`attention_split_activations` (Q, K, V and projection input at their widths,
+  MLA's latents); standard attention keeps the formula above (GQA not resolved in it).
 - CP: a device of a CP group keeps the activations of ``s / cp`` tokens (the formulas above at
   ``seq_len / cp``); weights are not split by CP.
 Capacity is the device type's ``hbm_GB`` (1 GB = 1e9 bytes); no allowance for the CUDA
@@ -40,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InfeasiblePlanError
-from .attention import attention_params
+from .attention import attention_dims, attention_params, is_standard
 from .model import ModelSpec, Plan
 from .moe import (
     active_ffn_params,
@@ -120,10 +123,28 @@ def activation_bytes_per_layer(plan: Plan, tp: int) -> float:
     m, t = plan.model, plan.training
     s, b, h, a = m.seq_len, t.micro_batch, m.hidden, m.heads
     sbh = s * b * h
-    linear = sbh * 34 / tp if t.sequence_parallel else sbh * (10 + 24 / tp)
+    if is_standard(m):  # Korthikanti et al.'s MHA terms, as they were
+        linear = sbh * 34 / tp if t.sequence_parallel else sbh * (10 + 24 / tp)
+    else:  # their TP-split attention terms (Q, K, V, projection input: 8 sbh) at this shape
+        split = 24 - 8 + attention_split_activations(m) / h
+        linear = sbh * (10 + split) / tp if t.sequence_parallel else sbh * (10 + split / tp)
     kept_scores = not t.flash_attention and t.recompute != "selective"
     scores = 5 * a * s * s * b / tp if kept_scores else 0.0
     return linear + scores
+
+
+def attention_split_activations(model: ModelSpec) -> float:
+    """Bytes per token (16-bit values, whole TP group) the attention block keeps for backward
+    in its TP-split part: Q and K (``hq + hkv`` heads of the q/k width), V (``hkv`` heads), the
+    output projection's input (``hq`` heads of the v width), and with MLA the two latents and
+    the shared rope key the up projections read. For standard MHA this is Korthikanti et al.'s
+    8 h."""
+    hq, hkv, dqk, dv = attention_dims(model)
+    per = 2 * (hq + hkv) * dqk + 2 * hkv * dv + 2 * hq * dv
+    a = model.attention
+    if a is not None and a.mla is not None:
+        per += 2 * (a.mla.q_lora_rank + a.mla.kv_lora_rank + a.mla.qk_rope_head_dim)
+    return float(per)
 
 
 def moe_activation_delta(plan: Plan, tp: int, ep: int) -> float:

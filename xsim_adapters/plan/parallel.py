@@ -72,6 +72,10 @@ def check_stage_ep_cp(st: Any, model: ModelSpec, training: TrainingSpec) -> None
         if st.ep > 1:
             raise PlanError(st.fp("cp"), f"cannot be combined with ep > 1 on one stage (not "
                                          f"built) (got {st.cp})")
+        if model.attention is not None and model.attention.sliding_window:
+            raise PlanError(st.fp("cp"), f"cannot be combined with model.attention."
+                                         f"sliding_window (ring attention over a window is not "
+                                         f"built) (got {st.cp})")
         if training.schedule == "zb_h1":
             raise PlanError(st.fp("cp"), f"cannot be combined with training.schedule zb_h1 "
                                          f"(not built) (got {st.cp})")

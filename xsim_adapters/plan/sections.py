@@ -17,8 +17,8 @@ from typing import Any, get_args
 from ..errors import PlanError
 from . import _fields as f
 from . import limits as lim
-from .measured import parse_measured
 from .attention import parse_attention
+from .measured import parse_measured
 from .model import (
     DTYPE_BYTES,
     Algorithm,

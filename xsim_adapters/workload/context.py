@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..plan.attention import attention_dims
 from ..plan.model import DeviceType, ModelSpec, Plan, TrainingSpec
 from ..trace.schema import KIND_BARRIER, KIND_FLOW, PHASE_INDEX
 from .kernels import _attention_core, make_ctx, unit_seconds
@@ -80,10 +81,14 @@ def cp_mark(layer: int, step: int, phase: str, cp: int) -> object:
 
 
 def kv_bytes(plan: Plan, tp: int, cp: int) -> int:
-    """K and V of one rank's chunk (one TP rank's KV heads), bytes: what one ring step sends."""
+    """K and V of one rank's chunk (one TP rank's KV heads), bytes: what one ring step sends.
+
+    With MLA the ring carries the up-projected K (every head, nope + rope wide) and V (every
+    head, v wide), as Megatron-Core's MLA hands them to Transformer Engine's ring attention."""
     m = plan.model
-    kv_heads = max(1, m.kv_heads // tp)
-    return 2 * plan.training.micro_batch * (m.seq_len // cp) * kv_heads * m.head_dim * (
+    _, hkv, dqk, dv = attention_dims(m)
+    kv_heads = max(1, hkv // tp)
+    return plan.training.micro_batch * (m.seq_len // cp) * kv_heads * (dqk + dv) * (
         m.dtype_bytes)
 
 
