@@ -76,9 +76,6 @@ def check_stage_ep_cp(st: Any, model: ModelSpec, training: TrainingSpec) -> None
             raise PlanError(st.fp("cp"), f"cannot be combined with model.attention."
                                          f"sliding_window (ring attention over a window is not "
                                          f"built) (got {st.cp})")
-        if training.schedule == "zb_h1":
-            raise PlanError(st.fp("cp"), f"cannot be combined with training.schedule zb_h1 "
-                                         f"(not built) (got {st.cp})")
 
 
 def check_cp_uniform(raw: Sequence[Any]) -> int:

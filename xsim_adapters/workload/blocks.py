@@ -194,10 +194,14 @@ def stage_units(
                                 k.rm))
             if training.recompute == "selective":
                 bwd.append(Unit("recompute", layer, layer + 1, k.sel_ns, k.core, ()))
-            bwd.append(
-                Unit("bwd", layer, layer + 1, k.attn_b, costs.attn_flops + k.core, tpk, None,
-                     k.ra, scatter)
-            )
+            if cpc is not None:  # B: the ring's input gradients; the local GEMMs' W deferred
+                bwd.extend(_cp_units(cpc, layer, "bwd", k.attn_b, costs.attn_flops + k.core,
+                                     tpk, scatter))
+            else:
+                bwd.append(
+                    Unit("bwd", layer, layer + 1, k.attn_b, costs.attn_flops + k.core, tpk, None,
+                         k.ra, scatter)
+                )
             mw, mfl = (0, 0.0) if is_moe else (k.mlp_w, costs.mlp_flops)
             wgr.append(
                 Unit("wgrad", layer, layer + 1, mw + k.attn_w, mfl + k.attn_wfl, (), mark=layer)
