@@ -24,7 +24,7 @@ H, S, K, E = 1024, 1024, 2, 8  # hidden, seq_len, top_k, experts of the test mod
 
 
 def moe_plan(ep: int = 8, tp: int = 1, dp: int = 8, nodes: int = 1, cp: int = 1,
-             moe: dict[str, Any] | None = None, **training: Any):
+             moe: dict[str, Any] | None = None, etp: int = 1, **training: Any):
     spec = {"num_experts": E, "top_k": K, "expert_ffn_hidden": 1024, **(moe or {})}
     return plan_from_dict({
         "name": "moe-test",
@@ -34,7 +34,7 @@ def moe_plan(ep: int = 8, tp: int = 1, dp: int = 8, nodes: int = 1, cp: int = 1,
                      "sequence_parallel": tp > 1, **training},
         "device_groups": {"h100": {"type": "H100-80GB", "nodes": nodes, "gpus_per_node": 8}},
         "replicas": {"uniform": {"group": "h100", "tp": tp, "pp": 1, "dp": dp, "ep": ep,
-                                 "cp": cp}},
+                                 "cp": cp, **({"etp": etp} if etp != 1 else {})}},
     })
 
 
@@ -314,3 +314,75 @@ def test_waiting_on_a_slower_ep_peer_is_straggler_wait_with_the_peer_as_culprit(
     pre_end = {int(x): int(comp[(comp["rank"] == x) & (comp["end_ns"] <= bar.loc[
         bar["rank"] == x, "start_ns"].iloc[0])]["end_ns"].max()) for x in (0, 1)}
     assert first["wait_ns"] == pre_end[1] - pre_end[0] > 0
+
+
+def test_expert_tensor_parallel_closed_form():
+    """ep 4, etp 2 on TP 2 (sequence parallel), 16 H100s: an expert block is 8 ranks (4
+    replicas); EP groups are the ranks of one ETP position ([0,2,4,6], [1,3,5,7]), ETP groups
+    the TP pairs, each EP position holds 2 of the 8 experts split 2 ways. Balanced routing, T =
+    1024 / 2 = 512 tokens per rank, top-2: the dispatch sends 512 x 2 x 3/4 token copies per
+    rank within its EP group; after it every rank holds 1024 copies, and the ETP all-gather-v
+    sends them to its partner (1024 x 1024 x 2 B); each rank computes 2 experts on all 2048
+    copies routed to them at half width (the FLOPs of ep 8 with one full expert); the experts'
+    gradients sync over the 2 blocks (rings of 2) with half an expert per rank."""
+    plan = moe_plan(ep=4, tp=2, dp=8, nodes=2, moe={"num_experts": 8}, etp=2)
+    trace = generate(plan)
+    colls = trace.collectives
+    tok = S // 2 * H * 2  # one rank's tokens x hidden x bf16
+    a2a = colls[colls["kind"] == "all_to_all"]
+    assert set(a2a["ranks"]) == {"0,2,4,6", "1,3,5,7", "8,10,12,14", "9,11,13,15"}
+    flows = a2a_flows(trace)
+    sent = flows[flows["collective"].isin(a2a["collective"])].groupby(
+        ["collective", "rank"])["bytes"].sum()
+    assert (sent == tok * K * 3 // 4).all()
+    etp_c = colls[colls["algorithm"] == "etp_ring_v(etp=2)"]
+    assert set(etp_c["kind"]) == {"all_gather", "reduce_scatter"}
+    assert set(etp_c["ranks"]) == {f"{2 * i},{2 * i + 1}" for i in range(8)}
+    etp_f = flows[flows["collective"].isin(etp_c["collective"])]
+    assert set(etp_f["bytes"]) == {tok * K}
+    # 2 layers x 2 micro-batches x 4 passes (fwd AG + RS, bwd AG + RS) x 8 ETP groups
+    assert len(etp_c) == 2 * 2 * 4 * 8
+    exp = trace.ops[(trace.ops["kind"] == KIND_COMPUTE) & (trace.ops["phase"] == 0)
+                    & (trace.ops["layer_start"] == 0) & (trace.ops["microbatch"] == 0)]
+    ref = generate(moe_plan(ep=8, tp=2, dp=8, nodes=2, moe={"num_experts": 8}))
+    rexp = ref.ops[(ref.ops["kind"] == KIND_COMPUTE) & (ref.ops["phase"] == 0)
+                   & (ref.ops["layer_start"] == 0) & (ref.ops["microbatch"] == 0)]
+    assert exp.groupby("rank")["flops"].sum().to_numpy() == pytest.approx(
+        rexp.groupby("rank")["flops"].sum().to_numpy(), rel=1e-12)
+    dp = colls[(colls["phase"] == PHASE_INDEX["dp"]) & (colls["sync_group"] == -1)]
+    assert len(dp) == 8 and (dp["bytes"] == 2 * 2 * 3 * H * (1024 // 2) * 2).all()
+    from xsim_adapters.plan.memory import expert_params_per_device
+
+    assert expert_params_per_device(plan, 0, 0) == (2 * 2 * 3 * H * 512, 2)
+    assert run(plan, trace=trace).makespan_ns > 0
+
+
+def test_ep_and_cp_on_one_stage():
+    """ep 8 and cp 2 on 8 H100s (tp 1): the EP group folds over both CP ranks of 4 replicas
+    pairs, each rank routes its s / cp = 512 tokens: it dispatches 512 x 2 x 7/8 copies; the K/V
+    ring runs between CP pairs; both exchanges are in the trace and the iteration completes."""
+    plan = moe_plan(ep=8, tp=1, dp=8, cp=2)
+    trace = generate(plan)
+    flows = a2a_flows(trace)
+    sent = flows.groupby(["collective", "rank"])["bytes"].sum()
+    assert (sent == (S // 2) * H * 2 * K * 7 // 8).all()
+    o = trace.ops
+    cpf = o[(o["kind"] == KIND_FLOW) & (o["phase"] == PHASE_INDEX["cp"])]
+    assert set(zip(cpf["rank"], cpf["dst"], strict=True)) == {(2 * i + a, 2 * i + 1 - a)
+                                                             for i in range(4) for a in (0, 1)}
+    from xsim_adapters.plan.memory import stage_memory
+
+    assert stage_memory(plan, 0, 0).activations < stage_memory(
+        moe_plan(ep=8, tp=1, dp=8, global_batch=16), 0, 0).activations
+    assert run(plan, trace=trace).makespan_ns > 0
+
+
+@pytest.mark.parametrize(("kw", "msg"), [
+    ({"ep": 4, "tp": 2, "dp": 4, "etp": 3}, r"etp: must divide the stage's tp 2 \(got 3\)"),
+    ({"ep": 1, "tp": 2, "dp": 4, "etp": 2}, r"etp: needs ep > 1"),
+    ({"ep": 3, "tp": 4, "dp": 2, "etp": 2, "moe": {"num_experts": 6}},
+     r"ep: ep x etp 6 must be a multiple of the stage's tp 4"),
+])
+def test_etp_plan_errors(kw, msg):
+    with pytest.raises(PlanError, match=msg):
+        moe_plan(**kw)

@@ -147,14 +147,17 @@ def attention_split_activations(model: ModelSpec) -> float:
     return float(per)
 
 
-def moe_activation_delta(plan: Plan, tp: int, ep: int) -> float:
+def moe_activation_delta(plan: Plan, tp: int, ep: int, etp: int = 1) -> float:
     """Activation bytes an MoE layer keeps per micro-batch beyond the dense layer's estimate.
 
     The dense MLP's share of Korthikanti et al.'s formula (19 sbh, / t with sequence parallel)
     is replaced by: the dispatch and combine buffers (``2 T k h``), and per routed token copy
     the expert's input and its gated activations (``T k (h + 3 f_e / t_e)``), T the rank's
-    tokens (b s / t with sequence parallel, all b s with expert TP), t_e the expert TP (t when
-    ep = 1, else 1); plus the shared experts like a dense MLP of their width. 16-bit values.
+    tokens (b s / t with sequence parallel, all b s with expert TP = TP), t_e the expert TP (t
+    when ep = 1, else ``etp``). With ep > 1 and etp > 1 the ETP all-gather gives each rank the
+    token copies of its whole ETP group (``etp T k``) at ``f_e / etp`` width: inputs
+    ``etp T k h``, activations ``3 T k f_e``. Plus the shared experts like a dense MLP of
+    their width. 16-bit values.
     """
     moe = plan.model.moe
     if moe is None:
@@ -164,9 +167,11 @@ def moe_activation_delta(plan: Plan, tp: int, ep: int) -> float:
     sp = t.sequence_parallel
     dense_mlp = 19 * s * b * h / (tp if sp else 1)
     tokens = s * b / tp if (ep > 1 and sp) else s * b
-    etp = tp if ep == 1 else 1
     e = 2  # bytes per activation value
-    routed = tokens * moe.top_k * (2 * h + h + 3 * moe.expert_ffn_hidden / etp) * e
+    if ep == 1:  # experts split over the TP group like the dense MLP
+        routed = tokens * moe.top_k * (2 * h + h + 3 * moe.expert_ffn_hidden / tp) * e
+    else:
+        routed = tokens * moe.top_k * (2 * h + etp * h + 3 * moe.expert_ffn_hidden) * e
     shared = moe.shared_experts * 19 * s * b * h * moe.shared_ffn / m.ffn_hidden / (
         tp if sp else 1) if moe.shared_experts else 0.0
     return routed + shared - dense_mlp
@@ -181,14 +186,14 @@ def expert_params_per_device(plan: Plan, replica: int, stage: int) -> tuple[floa
         return 0.0, 1
     from ..workload.moe import expert_counts  # lazy: workload imports this module
 
-    g = st.ep // st.tp
+    g = st.ep * st.etp // st.tp
     r0 = replica - replica % g
     speeds = []
     for r in range(r0, r0 + g):
         dt = plan.device_types[plan.group(plan.replicas[r].stages[stage].group).type]
         speeds += [dt.peak_tflops * dt.efficiency] * st.tp
-    held = max(expert_counts(moe, speeds))
-    per_expert = expert_params(model=plan.model)
+    held = max(expert_counts(moe, speeds[::st.etp]))  # one speed per EP position
+    per_expert = expert_params(plan.model, st.etp)  # an ETP rank's share of one expert
     return float(held * per_expert * moe_layers_in(plan.model, st.layers)), plan.dp // g
 
 
@@ -273,9 +278,10 @@ def stage_memory(plan: Plan, replica: int, stage: int) -> StageMemory:
         model = plan.model
     full_layer = activation_bytes_per_layer(plan, st.tp)
     s, b, h = model.seq_len, tr.micro_batch, model.hidden
-    moe_extra = moe_activation_delta(plan, st.tp, st.ep) * moe_layers_in(model, st.layers)
+    moe_extra = moe_activation_delta(plan, st.tp, st.ep, st.etp) * moe_layers_in(model,
+                                                                               st.layers)
     if tr.recompute == "full":
-        one_moe = moe_activation_delta(plan, st.tp, st.ep) if moe_extra else 0.0
+        one_moe = moe_activation_delta(plan, st.tp, st.ep, st.etp) if moe_extra else 0.0
         acts = in_flight * st.num_layers * 2 * s * b * h + full_layer + max(0.0, one_moe)
     else:
         acts = in_flight * (st.num_layers * full_layer + moe_extra)

@@ -348,6 +348,9 @@ class Stage:
     ep: int = 1
     # Context parallelism: cp consecutive replicas' stages split each sequence (ring attention).
     cp: int = 1
+    # Expert tensor parallelism (with ep > 1): each expert's weights split etp ways over
+    # consecutive ranks of the TP group (Megatron-Core's expert_tensor_parallel_size).
+    etp: int = 1
 
     @property
     def num_layers(self) -> int:

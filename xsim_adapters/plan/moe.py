@@ -106,9 +106,10 @@ def dense_mlp_params(model: ModelSpec) -> int:
     return _mlp(model, model.ffn_hidden)
 
 
-def expert_params(model: ModelSpec) -> int:
-    """Parameters of one routed expert (0 for a dense model)."""
-    return 0 if model.moe is None else _mlp(model, model.moe.expert_ffn_hidden)
+def expert_params(model: ModelSpec, etp: int = 1) -> int:
+    """Parameters of one routed expert (0 for a dense model); with expert TP ``etp`` the share
+    of one ETP rank (the width split, the output bias replicated as Megatron-Core keeps it)."""
+    return 0 if model.moe is None else _mlp(model, model.moe.expert_ffn_hidden // etp)
 
 
 def routed_expert_params(model: ModelSpec, layers: tuple[int, int]) -> int:
