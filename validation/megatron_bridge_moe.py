@@ -24,14 +24,10 @@ coarsening cannot fold expert-parallel replicas.
 
 from __future__ import annotations
 
-import csv
 import functools
 from typing import Any
 
-try:  # as part of the validation package (python -m validation) or as a script
-    from validation.framework import DATA, Case
-except ImportError:  # pragma: no cover - run as a plain script from validation/
-    from framework import DATA, Case  # type: ignore[no-redef]
+from validation.framework import DATA, Case, read_rows, row_case, simulate_summary
 
 SOURCE = "megatron-bridge-moe"
 MEASURED = DATA / "megatron_bridge_moe_h100.csv"
@@ -40,8 +36,7 @@ NIC_GBPS = 400
 
 
 def rows() -> list[dict[str, Any]]:
-    with open(MEASURED, newline="") as fh:
-        return list(csv.DictReader(fh))
+    return read_rows(MEASURED)
 
 
 def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
@@ -67,14 +62,9 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
 
 @functools.cache
 def _tokens_per_s_per_gpu(key: tuple[tuple[str, Any], ...]) -> float:
-    import xsim_adapters as xs
-    from xsim_adapters.plan import plan_from_dict
-
     row = dict(key)
-    plan = plan_from_dict(plan_dict(row))
-    trace = xs.generate(plan)
-    tl = xs.run(trace, "flow", topology=xs.build_topology(plan))
-    it_s = xs.metrics(trace, tl).summary["iteration_time_ns"] * 1e-9
+    plan, s = simulate_summary(plan_dict(row))
+    it_s = s["iteration_time_ns"] * 1e-9
     return int(row["global_batch"]) * int(row["seq_len"]) / (it_s * plan.num_ranks)
 
 
@@ -88,14 +78,8 @@ def predict(row: dict[str, Any]) -> float:
 def cases() -> list[Case]:
     """One case per row of the CSV."""
     return [
-        Case(
-            source=SOURCE,
-            label=(f"{r['model']} tp{r['tp']} pp{r['pp']} ep{r['ep']} {r['gpus']}gpu "
-                   f"(container {r['container']})"),
-            metric=r["metric"],
-            measured=float(r["measured"]),
-            predict=functools.partial(predict, r),
-            notes="balanced routing (forced in the source); whole iteration simulated",
-        )
+        row_case(SOURCE, f"{r['model']} tp{r['tp']} pp{r['pp']} ep{r['ep']} {r['gpus']}gpu "
+                 f"(container {r['container']})", r, predict,
+                 notes="balanced routing (forced in the source); whole iteration simulated")
         for r in rows()
     ]

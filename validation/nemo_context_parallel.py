@@ -31,14 +31,9 @@ Trace sizes (flow backend, one core): 0.5 M ops (32K) to 2.3 M (256K); the 512K 
 
 from __future__ import annotations
 
-import csv
-import functools
 from typing import Any
 
-try:  # as part of the validation package (python -m validation) or as a script
-    from validation.framework import DATA, Case
-except ImportError:  # pragma: no cover - run as a plain script from validation/
-    from framework import DATA, Case  # type: ignore[no-redef]
+from validation.framework import DATA, Case, read_rows, row_case, simulate_summary
 
 SOURCE = "nemo-cp"
 MEASURED = DATA / "nemo_context_parallel_h100.csv"
@@ -48,8 +43,7 @@ HEAVY_GPUS = 512  # the 512K and 1024K rows: millions of ops each
 
 
 def rows() -> list[dict[str, Any]]:
-    with open(MEASURED, newline="") as fh:
-        return list(csv.DictReader(fh))
+    return read_rows(MEASURED)
 
 
 def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
@@ -75,13 +69,7 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
 
 def predict(row: dict[str, Any]) -> float:
     """The row's metric, simulated on the flow backend."""
-    import xsim_adapters as xs
-    from xsim_adapters.plan import plan_from_dict
-
-    plan = plan_from_dict(plan_dict(row))
-    trace = xs.generate(plan)
-    tl = xs.run(trace, "flow", topology=xs.build_topology(plan))
-    s = xs.metrics(trace, tl).summary
+    plan, s = simulate_summary(plan_dict(row))
     it_s = s["iteration_time_ns"] * 1e-9
     if row["metric"] == "tflops_per_gpu":
         return float(s["flop_count"]) / (plan.num_ranks * it_s) / 1e12
@@ -90,17 +78,10 @@ def predict(row: dict[str, Any]) -> float:
 
 def cases() -> list[Case]:
     """One case per row of the CSV."""
-    out = []
-    for r in rows():
-        k = int(r["seq_len"]) // 1024
-        out.append(Case(
-            source=SOURCE,
-            label=(f"{r['model']} {k}k tp{r['tp']} pp{r['pp']} cp{r['cp']} dp{r['dp']} "
-                   f"{r['gpus']}gpu"),
-            metric=r["metric"],
-            measured=float(r["measured"]),
-            predict=functools.partial(predict, r),
-            heavy=int(r["gpus"]) >= HEAVY_GPUS,
-            notes=f"NeMo {r['table']}; FP8; no recompute set; whole iteration simulated",
-        ))
-    return out
+    return [
+        row_case(SOURCE, f"{r['model']} {int(r['seq_len']) // 1024}k tp{r['tp']} pp{r['pp']} "
+                 f"cp{r['cp']} dp{r['dp']} {r['gpus']}gpu", r, predict,
+                 heavy=int(r["gpus"]) >= HEAVY_GPUS,
+                 notes=f"NeMo {r['table']}; FP8; no recompute set; whole iteration simulated")
+        for r in rows()
+    ]
