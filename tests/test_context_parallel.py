@@ -10,7 +10,7 @@ from xsim_adapters.api import generate, run
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import plan_from_dict
 from xsim_adapters.plan.memory import stage_memory
-from xsim_adapters.trace.schema import KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
+from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
 
 S, H, HEADS, KV = 4096, 1024, 16, 4  # seq_len, hidden, heads, kv heads (GQA) of the test model
 
@@ -81,7 +81,6 @@ def test_ring_exchange_shows_as_cp_communication():
 @pytest.mark.parametrize(("kw", "msg"), [
     ({"cp": 3, "tp": 1, "dp": 6}, r"cp: 2 x cp must divide model.seq_len 4096"),
     ({"cp": 8, "tp": 1, "dp": 4, "global_batch": 8}, r"cp: must divide the 4 replicas"),
-    ({"cp": 2, "tp": 2, "dp": 4, "schedule": "zb_h1"}, r"cp: cannot be combined with training"),
 ])
 def test_cp_plan_errors(kw, msg):
     with pytest.raises(PlanError, match=msg):
@@ -104,3 +103,69 @@ def test_tp_collectives_and_pipeline_sends_carry_the_local_chunk():
     pp = trace.ops[(trace.ops["kind"] == KIND_FLOW) & (trace.ops["phase"] == PHASE_INDEX["pp"])]
     assert pp.groupby(["collective"])["bytes"].sum().eq(local).all()
     assert run(plan, trace=trace).makespan_ns > 0
+
+
+def test_a_ring_step_waits_for_its_own_send_as_well_as_its_receive():
+    """Transformer Engine waits on both requests of a step's send/receive pair before the next
+    step's attention core and before it forwards the chunk: every K/V flow is a predecessor of
+    a compute op on its own sender and of one on its receiver, and of the sender's next send."""
+    trace = generate(cp_plan(4, 1, 4))
+    ops = trace.ops
+    succ = trace.deps.groupby("pred")["succ"].apply(list)
+    flows = ops[(ops["kind"] == KIND_FLOW) & (ops["phase"] == PHASE_INDEX["cp"])]
+    kind, rank = ops["kind"].to_numpy(), ops["rank"].to_numpy()
+    for op_id, row in flows.iterrows():
+        comp = {int(rank[s]) for s in succ[op_id] if kind[s] == KIND_COMPUTE}
+        assert comp == {int(row["rank"]), int(row["dst"])}
+        # the barrier before the next step's send, on the sender and on the receiver
+        nxt = {int(rank[s]) for s in succ[op_id] if kind[s] == KIND_BARRIER}
+        assert nxt == (set() if row["step"] == 2 else {int(row["rank"]), int(row["dst"])})
+
+
+def _cp_pp_plan(schedule: str):
+    return plan_from_dict({
+        "name": "cp-zb",
+        "model": {"layers": 4, "hidden": H, "ffn_hidden": 4096, "heads": HEADS, "kv_heads": KV,
+                  "seq_len": S, "vocab": 32000},
+        "training": {"global_batch": 8, "micro_batch": 1, "sequence_parallel": True,
+                     "schedule": schedule},
+        "device_groups": {"h100": {"type": "H100-80GB", "nodes": 1, "gpus_per_node": 8}},
+        "replicas": {"uniform": {"group": "h100", "tp": 2, "pp": 2, "dp": 2, "cp": 2}},
+    })
+
+
+def test_cp_with_zero_bubble_splits_only_the_local_weight_gradients():
+    """ZB-H1 with CP: B is the ring attention's backward (all its steps and K/V/dK/dV flows),
+    W the deferred weight gradients of the local GEMMs. Per rank and layer B + W equals the
+    1F1B backward exactly, W carries the weight-GEMM FLOPs (attention without its core, and
+    the MLP's half), the ring moves the same bytes, and the iteration is no longer."""
+    from xsim_adapters.workload.passes import attention_core_flops
+
+    zb, base = _cp_pp_plan("zb_h1"), _cp_pp_plan("1f1b")
+    tz, tb = generate(zb), generate(base)
+
+    def per_layer(trace, phases):
+        o = trace.ops
+        c = o[(o["kind"] == KIND_COMPUTE) & o["phase"].isin([PHASE_INDEX[p] for p in phases])
+              & (o["layer_start"] >= 0) & (o["layer_start"] < 4)]
+        return c.groupby(["rank", "microbatch", "layer_start"])[["duration_ns", "flops"]].sum()
+
+    b_w = per_layer(tz, ("bwd", "wgrad"))
+    ref = per_layer(tb, ("bwd",))
+    assert (b_w["duration_ns"] == ref["duration_ns"]).all()
+    assert b_w["flops"].to_numpy() == pytest.approx(ref["flops"].to_numpy(), rel=1e-12)
+    w = per_layer(tz, ("wgrad",))
+    from xsim_adapters.workload.compute import layer_flops
+    from xsim_adapters.workload.context import local_model
+
+    local = local_model(zb.model, 2)
+    fl = layer_flops(local, zb.training, 2)
+    core = attention_core_flops(local, zb.training, 2)
+    assert w["flops"].to_numpy() == pytest.approx(fl.attention - core + fl.mlp, rel=1e-12)
+
+    def cp_bytes(trace):
+        o = trace.ops
+        return int(o.loc[(o["kind"] == KIND_FLOW) & (o["phase"] == PHASE_INDEX["cp"]),
+                         "bytes"].sum())
+    assert cp_bytes(tz) == cp_bytes(tb) > 0
+    assert run(zb, trace=tz).makespan_ns <= run(base, trace=tb).makespan_ns

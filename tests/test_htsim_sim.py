@@ -190,9 +190,7 @@ def shipped_plans() -> list[str]:
     built to differ and are compared in docs/congestion.md)."""
     return sorted(p for p in glob.glob(str(REPO / "workloads" / "*.yaml"))
                   if not Path(p).stem.startswith("congested-")
-                  and Path(p).stem not in SCALE_PLANS
-                  # known: flow 6.4% slower than both packet backends here (issue 15)
-                  and Path(p).stem != "moe-hetero-h100-a100-by-speed")
+                  and Path(p).stem not in SCALE_PLANS)
 
 
 # thousands of GPUs (docs/scale.md): measured in benchmarks/README.md, not replayed here

@@ -24,7 +24,7 @@ H, S, K, E = 1024, 1024, 2, 8  # hidden, seq_len, top_k, experts of the test mod
 
 
 def moe_plan(ep: int = 8, tp: int = 1, dp: int = 8, nodes: int = 1, cp: int = 1,
-             moe: dict[str, Any] | None = None, **training: Any):
+             moe: dict[str, Any] | None = None, etp: int = 1, **training: Any):
     spec = {"num_experts": E, "top_k": K, "expert_ffn_hidden": 1024, **(moe or {})}
     return plan_from_dict({
         "name": "moe-test",
@@ -34,7 +34,7 @@ def moe_plan(ep: int = 8, tp: int = 1, dp: int = 8, nodes: int = 1, cp: int = 1,
                      "sequence_parallel": tp > 1, **training},
         "device_groups": {"h100": {"type": "H100-80GB", "nodes": nodes, "gpus_per_node": 8}},
         "replicas": {"uniform": {"group": "h100", "tp": tp, "pp": 1, "dp": dp, "ep": ep,
-                                 "cp": cp}},
+                                 "cp": cp, **({"etp": etp} if etp != 1 else {})}},
     })
 
 
@@ -237,3 +237,152 @@ def test_full_recompute_repeats_the_forward_exchanges():
     ops = trace.ops
     rec = ops[(ops["phase"] == PHASE_INDEX["recompute"]) & (ops["kind"] == KIND_COMPUTE)]
     assert len(rec) == 8 * 2 * 2 * 4  # ranks x layers x micro-batches x (attn, pre, experts, post)
+
+
+def _h100_a100_pair() -> Any:
+    """One H100 (NIC 400 Gb/s) and one A100 (NIC 200 Gb/s) server, one GPU each, one EP group
+    of 2; ``by_speed`` gives the H100 6 of the 8 experts, so the A100 sends 3x what it gets."""
+    return plan_from_dict({
+        "name": "moe-pair",
+        "model": {"layers": 1, "hidden": H, "ffn_hidden": 2048, "heads": 8, "seq_len": 4096,
+                  "vocab": 32000, "moe": {"num_experts": E, "top_k": K,
+                                          "expert_ffn_hidden": 1024, "placement": "by_speed"}},
+        "training": {"global_batch": 2, "micro_batch": 1},
+        "device_groups": {"h100": {"type": "H100-80GB", "nodes": 1, "gpus_per_node": 1},
+                          "a100": {"type": "A100-80GB", "nodes": 1, "gpus_per_node": 1}},
+        "network": {"scale_out": {"topology": "leaf_spine", "link_gbps": 400,
+                                  "latency_us": 1.0}},
+        "replicas": [{"uniform": {"group": "h100", "tp": 1, "pp": 1, "dp": 1, "ep": 2}},
+                     {"uniform": {"group": "a100", "tp": 1, "pp": 1, "dp": 1, "ep": 2}}],
+    })
+
+
+def test_a_member_finishes_its_alltoall_only_when_its_own_sends_are_done():
+    """NCCL runs an all-to-all as one grouped send/receive kernel per rank: the kernel (and the
+    expert GEMMs waiting on its output) ends when the rank's receives *and* its sends are done,
+    and the next exchange on the same communicator queues behind it. Closed form on the
+    H100 + A100 pair: the A100 dispatches 4096 x 2 x 6/8 tokens x 1024 x 2 B = 12,582,912 B
+    over its 25 GB/s NIC (2 hops of 1 us), while it receives only a third of that; its experts
+    start when that send ends, not when its receive does."""
+    plan = _h100_a100_pair()
+    trace = generate(plan)
+    tl = run(plan, trace=trace)
+    ops = trace.ops.join(tl.frame.set_index("op_id")[["start_ns", "end_ns"]], on="op_id")
+    first = trace.collectives.query("kind == 'all_to_all'")["collective"].min()
+    c0 = ops[(ops["collective"] == first) & (ops["kind"] == KIND_FLOW)].set_index("rank")
+    out_a100 = c0.loc[1]
+    assert out_a100["bytes"] == 4096 * K * 6 // 8 * H * 2
+    assert c0.loc[0, "bytes"] == 4096 * K * 2 // 8 * H * 2
+    send_end = out_a100["start_ns"] + out_a100["bytes"] / 25.0 + 2 * 1000.0
+    assert out_a100["end_ns"] == pytest.approx(send_end, rel=1e-9)
+    assert c0.loc[0, "end_ns"] < send_end - 300_000  # its receive ended long before
+    succ = trace.deps.groupby("pred")["succ"].apply(list)
+    experts = [s for s in succ[int(out_a100["op_id"])] if ops.at[s, "rank"] == 1]
+    assert len(experts) == 1 and ops.at[experts[0], "kind"] == KIND_COMPUTE
+    assert ops.at[experts[0], "start_ns"] == pytest.approx(send_end, rel=1e-9)
+    # the same rule everywhere: no member's next compute starts before its own sends end
+    flows = ops[(ops["kind"] == KIND_FLOW) & (ops["phase"] == PHASE_INDEX["ep"])]
+    for op_id, row in flows.iterrows():
+        nxt = [s for s in succ[op_id] if ops.at[s, "rank"] == row["rank"]
+               and ops.at[s, "kind"] == KIND_COMPUTE]
+        assert len(nxt) == 1 and ops.at[nxt[0], "start_ns"] >= row["end_ns"]
+
+
+def test_waiting_on_a_slower_ep_peer_is_straggler_wait_with_the_peer_as_culprit():
+    """pp = 1, so nothing is pipeline bubble: the H100 waits on the A100 (slower pre and expert
+    blocks) at the exchanges, and that time is straggler wait (EP) caused by the A100. Closed
+    form of the first dispatch: the H100 waits from the end of its pre block to the end of the
+    A100's (the A100's NCCL latency after that is communication of the exchange)."""
+    from xsim_adapters.api import metrics
+
+    plan = _h100_a100_pair()
+    trace = generate(plan)
+    m = metrics(trace, run(plan, trace=trace))
+    r = m.ranks.set_index("rank")
+    assert r.loc[0, "breakdown_bubble_ns"] == 0 and r.loc[0, "bubble_ns"] == 0
+    assert r.loc[0, "breakdown_straggler_wait_ns"] > 0.1 * r.loc[0, "iteration_time_ns"]
+    parts = [c for c in r.columns if c.startswith("breakdown_")]
+    assert (r[parts].sum(axis=1) == r["iteration_time_ns"]).all()
+    assert r.loc[1, "caused_wait_ns"] == r.loc[0, "straggler_wait_ns"]
+    assert r.loc[0, "straggler_ep_ns"] > 0 and r.loc[0, "straggler_cp_ns"] == 0
+    ep = m.stragglers[(m.stragglers["kind"] == "ep") & (m.stragglers["waiter"] == 0)]
+    first = ep.sort_values("collective").iloc[0]
+    assert first["culprit"] == 1
+    tf = m.timeline
+    comp = tf[(tf["kind"] == KIND_COMPUTE) & (tf["phase"] == PHASE_INDEX["fwd"])]
+    bar = tf[(tf["kind"] == KIND_BARRIER) & (tf["collective"] == first["collective"])]
+    pre_end = {int(x): int(comp[(comp["rank"] == x) & (comp["end_ns"] <= bar.loc[
+        bar["rank"] == x, "start_ns"].iloc[0])]["end_ns"].max()) for x in (0, 1)}
+    assert first["wait_ns"] == pre_end[1] - pre_end[0] > 0
+
+
+def test_expert_tensor_parallel_closed_form():
+    """ep 4, etp 2 on TP 2 (sequence parallel), 16 H100s: an expert block is 8 ranks (4
+    replicas); EP groups are the ranks of one ETP position ([0,2,4,6], [1,3,5,7]), ETP groups
+    the TP pairs, each EP position holds 2 of the 8 experts split 2 ways. Balanced routing, T =
+    1024 / 2 = 512 tokens per rank, top-2: the dispatch sends 512 x 2 x 3/4 token copies per
+    rank within its EP group; after it every rank holds 1024 copies, and the ETP all-gather-v
+    sends them to its partner (1024 x 1024 x 2 B); each rank computes 2 experts on all 2048
+    copies routed to them at half width (the FLOPs of ep 8 with one full expert); the experts'
+    gradients sync over the 2 blocks (rings of 2) with half an expert per rank."""
+    plan = moe_plan(ep=4, tp=2, dp=8, nodes=2, moe={"num_experts": 8}, etp=2)
+    trace = generate(plan)
+    colls = trace.collectives
+    tok = S // 2 * H * 2  # one rank's tokens x hidden x bf16
+    a2a = colls[colls["kind"] == "all_to_all"]
+    assert set(a2a["ranks"]) == {"0,2,4,6", "1,3,5,7", "8,10,12,14", "9,11,13,15"}
+    flows = a2a_flows(trace)
+    sent = flows[flows["collective"].isin(a2a["collective"])].groupby(
+        ["collective", "rank"])["bytes"].sum()
+    assert (sent == tok * K * 3 // 4).all()
+    etp_c = colls[colls["algorithm"] == "etp_ring_v(etp=2)"]
+    assert set(etp_c["kind"]) == {"all_gather", "reduce_scatter"}
+    assert set(etp_c["ranks"]) == {f"{2 * i},{2 * i + 1}" for i in range(8)}
+    etp_f = flows[flows["collective"].isin(etp_c["collective"])]
+    assert set(etp_f["bytes"]) == {tok * K}
+    # 2 layers x 2 micro-batches x 4 passes (fwd AG + RS, bwd AG + RS) x 8 ETP groups
+    assert len(etp_c) == 2 * 2 * 4 * 8
+    exp = trace.ops[(trace.ops["kind"] == KIND_COMPUTE) & (trace.ops["phase"] == 0)
+                    & (trace.ops["layer_start"] == 0) & (trace.ops["microbatch"] == 0)]
+    ref = generate(moe_plan(ep=8, tp=2, dp=8, nodes=2, moe={"num_experts": 8}))
+    rexp = ref.ops[(ref.ops["kind"] == KIND_COMPUTE) & (ref.ops["phase"] == 0)
+                   & (ref.ops["layer_start"] == 0) & (ref.ops["microbatch"] == 0)]
+    assert exp.groupby("rank")["flops"].sum().to_numpy() == pytest.approx(
+        rexp.groupby("rank")["flops"].sum().to_numpy(), rel=1e-12)
+    dp = colls[(colls["phase"] == PHASE_INDEX["dp"]) & (colls["sync_group"] == -1)]
+    assert len(dp) == 8 and (dp["bytes"] == 2 * 2 * 3 * H * (1024 // 2) * 2).all()
+    from xsim_adapters.plan.memory import expert_params_per_device
+
+    assert expert_params_per_device(plan, 0, 0) == (2 * 2 * 3 * H * 512, 2)
+    assert run(plan, trace=trace).makespan_ns > 0
+
+
+def test_ep_and_cp_on_one_stage():
+    """ep 8 and cp 2 on 8 H100s (tp 1): the EP group folds over both CP ranks of 4 replicas
+    pairs, each rank routes its s / cp = 512 tokens: it dispatches 512 x 2 x 7/8 copies; the K/V
+    ring runs between CP pairs; both exchanges are in the trace and the iteration completes."""
+    plan = moe_plan(ep=8, tp=1, dp=8, cp=2)
+    trace = generate(plan)
+    flows = a2a_flows(trace)
+    sent = flows.groupby(["collective", "rank"])["bytes"].sum()
+    assert (sent == (S // 2) * H * 2 * K * 7 // 8).all()
+    o = trace.ops
+    cpf = o[(o["kind"] == KIND_FLOW) & (o["phase"] == PHASE_INDEX["cp"])]
+    assert set(zip(cpf["rank"], cpf["dst"], strict=True)) == {(2 * i + a, 2 * i + 1 - a)
+                                                             for i in range(4) for a in (0, 1)}
+    from xsim_adapters.plan.memory import stage_memory
+
+    assert stage_memory(plan, 0, 0).activations < stage_memory(
+        moe_plan(ep=8, tp=1, dp=8, global_batch=16), 0, 0).activations
+    assert run(plan, trace=trace).makespan_ns > 0
+
+
+@pytest.mark.parametrize(("kw", "msg"), [
+    ({"ep": 4, "tp": 2, "dp": 4, "etp": 3}, r"etp: must divide the stage's tp 2 \(got 3\)"),
+    ({"ep": 1, "tp": 2, "dp": 4, "etp": 2}, r"etp: needs ep > 1"),
+    ({"ep": 3, "tp": 4, "dp": 2, "etp": 2, "moe": {"num_experts": 6}},
+     r"ep: ep x etp 6 must be a multiple of the stage's tp 4"),
+])
+def test_etp_plan_errors(kw, msg):
+    with pytest.raises(PlanError, match=msg):
+        moe_plan(**kw)

@@ -27,11 +27,6 @@ def shipped_plans() -> list[str]:
     return sorted(glob.glob(str(REPO / "workloads" / "*.yaml")))
 
 
-# Known disagreements, left open in their issue: the flow backend is 6.4% slower than both packet
-# backends (ns-3 ratio 0.936, htsim 0.940) on the heterogeneous MoE plan (issue 15).
-KNOWN_DISAGREEMENT = {"moe-hetero-h100-a100-by-speed"}
-
-
 def _small_plans() -> list[str]:
     from xsim_adapters.plan import load_plan
 
@@ -46,8 +41,6 @@ def _small_plans() -> list[str]:
             continue
         if sum(g.nodes for g in plan.device_groups) < 2:
             continue  # one server: no flow crosses the network, nothing is packets
-        if Path(p).stem in KNOWN_DISAGREEMENT:
-            continue
         gpus = sum(g.nodes * g.gpus_per_node for g in plan.device_groups)
         if gpus <= 16:
             out.append(p)

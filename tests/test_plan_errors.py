@@ -19,8 +19,8 @@ TYPES = (
     "V100-32GB"
 )
 MODELS = (
-    "gpt3-1.3b, gpt3-175b, llama2-13b, llama2-70b, llama2-7b, llama3-70b, llama3-8b, "
-    "mixtral-8x22b, mixtral-8x7b, qwen1.5-moe-a2.7b, tiny-gpt"
+    "deepseek-v3, gpt-oss-120b, gpt-oss-20b, gpt3-1.3b, gpt3-175b, llama2-13b, llama2-70b, "
+    "llama2-7b, llama3-70b, llama3-8b, mixtral-8x22b, mixtral-8x7b, qwen1.5-moe-a2.7b, tiny-gpt"
 )
 
 
@@ -84,7 +84,7 @@ CASES = [
         "unknown key in a stage",
         _set(["replicas", 0, "stages", 0, "pipeline"], 2),
         "replicas[0].stages[0].pipeline: unknown key; expected one of group, devices, tp, layers, "
-        "ep, cp",
+        "ep, cp, etp",
     ),
     (
         "unknown top-level key",

@@ -85,7 +85,6 @@ def test_every_key_the_loader_allows_is_described():
         ".device_types.additionalProperties.nvls",
         ".device_types.additionalProperties.profile",
         ".device_types.additionalProperties.server",
-        ".model.moe",
         ".network.measured",
     ]
 

@@ -48,7 +48,7 @@ def met():
 
 def test_shaded_intervals_add_up_to_the_metrics(met) -> None:
     n = len(met.ranks)
-    k, s, e = bubble_intervals(met.timeline, n)
+    k, s, e = bubble_intervals(met.timeline, n, met.stragglers)
     assert (e > s).all()
     np.testing.assert_array_equal(np.rint(np.bincount(k, e - s, n)).astype(np.int64),
                                   met.ranks["bubble_ns"].to_numpy())

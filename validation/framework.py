@@ -10,6 +10,7 @@ subset that CI runs. Nothing here is fitted: a case's prediction uses the shippe
 from __future__ import annotations
 
 import csv
+import functools
 import importlib
 import pkgutil
 import statistics
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
@@ -53,6 +55,31 @@ class Result:
     def error(self) -> float:
         """(predicted - measured) / measured: positive means predicted too high."""
         return self.predicted / self.measured - 1.0
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a source's data CSV, as dicts of strings."""
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def row_case(source: str, label: str, row: dict[str, Any],
+             predict: Callable[[dict[str, Any]], float], **kw: Any) -> Case:
+    """A case of a data row with ``metric`` and ``measured`` columns, predicted by
+    ``predict(row)``; ``kw``: the other Case fields (``heavy``, ``fast``, ``notes``)."""
+    return Case(source=source, label=label, metric=row["metric"],
+                measured=float(row["measured"]), predict=functools.partial(predict, row), **kw)
+
+
+def simulate_summary(plan: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """(Plan, metrics summary) of a plan dict simulated whole on the flow backend."""
+    import xsim_adapters as xs
+    from xsim_adapters.plan import plan_from_dict
+
+    p = plan_from_dict(plan)
+    trace = xs.generate(p)
+    tl = xs.run(trace, "flow", topology=xs.build_topology(p))
+    return p, xs.metrics(trace, tl).summary
 
 
 def discover() -> dict[str, Callable[[], list[Case]]]:

@@ -48,7 +48,7 @@ def expert_load(plan: Plan) -> pd.DataFrame:
                 mean = per_rank.mean() if per_rank.mean() > 0 else 1.0
                 for e, t in enumerate(tokens):
                     j = int(owner[e])
-                    rows.append((r, i, layer, e, gr.members[j], int(t), t / tokens.sum(),
+                    rows.append((r, i, layer, e, gr.holder(j), int(t), t / tokens.sum(),
                                  int(per_rank[j]), per_rank[j] / mean))
     return pd.DataFrame(rows, columns=cols)
 

@@ -21,12 +21,14 @@ RANK_COLUMNS = (
     "iteration_time_ns", "compute_ns", "comm_ns", "exposed_comm_ns",
     "bubble_ns", "bubble_fraction", "straggler_wait_ns", "caused_wait_ns", "non_compute_ns",
     "idle_ns", *(f"comm_{p}_ns" for p in COMM_PHASES),
-    "flop_count", "straggler_dp_ns", "straggler_pp_ns", *BREAKDOWN_COLUMNS,
+    "flop_count", "straggler_dp_ns", "straggler_pp_ns", "straggler_ep_ns", "straggler_cp_ns",
+    *BREAKDOWN_COLUMNS,
 )
 # Time columns that add up meaningfully over ranks (summary ``rank_ns_sums``, in rank-ns).
 SUMMABLE_COLUMNS = (
     "compute_ns", "comm_ns", "exposed_comm_ns", "bubble_ns", "straggler_wait_ns",
-    "straggler_dp_ns", "straggler_pp_ns", "non_compute_ns", "idle_ns",
+    "straggler_dp_ns", "straggler_pp_ns", "straggler_ep_ns", "straggler_cp_ns",
+    "non_compute_ns", "idle_ns",
     *(f"comm_{p}_ns" for p in COMM_PHASES), *BREAKDOWN_COLUMNS,
 )
 
@@ -37,8 +39,12 @@ def _comm_arrays(tf: pd.DataFrame, kind: np.ndarray
 
     Every flow counts twice, once for its sender and once for its receiver; a timed barrier of
     a communication phase (the NCCL latency and protocol cost a ring member pays before its
-    first send, ``workload/nccl.py``) counts once, for the member that owns it. Built from
-    column arrays and masks (no copy of the frame: the metrics stay a few bytes per op).
+    first send, ``workload/nccl.py``) counts once, for the member that owns it. For the
+    receiver of an EP all-to-all or CP ring flow the interval starts where its sender's NCCL
+    barrier before it started: the receiver is inside the same grouped kernel, waiting out the
+    sender's p2p latency (in lockstep it coincides with its own barrier; behind a late peer it
+    is the exchange's latency, not a pipeline bubble). Built from column arrays and masks (no
+    copy of the frame: the metrics stay a few bytes per op).
     """
     rank = tf["rank"].to_numpy()
     phase = tf["phase"].to_numpy()
@@ -52,8 +58,35 @@ def _comm_arrays(tf: pd.DataFrame, kind: np.ndarray
     dst = tf["dst"].to_numpy()[fm].astype(np.int64)
     s, e, ph = start[fm], end[fm], phase[fm]
     return (np.concatenate([src, dst, rank[tm].astype(np.int64)]),
-            np.concatenate([s, s, start[tm]]), np.concatenate([e, e, end[tm]]),
-            np.concatenate([ph, ph, phase[tm]]))
+            np.concatenate([s, _peer_receive_start(tf, fm, tm), start[tm]]),
+            np.concatenate([e, e, end[tm]]), np.concatenate([ph, ph, phase[tm]]))
+
+
+def _peer_receive_start(tf: pd.DataFrame, fm: np.ndarray, tm: np.ndarray) -> np.ndarray:
+    """Start of each flow (mask ``fm``) on its receiver's side: the flow's start, or for an EP
+    or CP flow the start of its sender's latest timed barrier of the same collective that
+    ended by then (``tm``: the timed communication barriers)."""
+    start = tf["start_ns"].to_numpy()
+    out = start[fm].astype(np.float64)
+    peer_ph = [PHASE_INDEX["ep"], PHASE_INDEX["cp"]]
+    phase = tf["phase"].to_numpy()
+    pf = np.isin(phase[fm], peer_ph)
+    bm = tm & np.isin(phase, peer_ph)
+    if not pf.any() or not bm.any():
+        return out
+    coll = tf["collective"].to_numpy()
+    rank = tf["rank"].to_numpy()
+    end = tf["end_ns"].to_numpy()
+    fl = pd.DataFrame({"i": np.flatnonzero(pf), "c": coll[fm][pf].astype(np.int64),
+                       "r": rank[fm][pf].astype(np.int64),
+                       "t": out[pf]}).sort_values("t", kind="stable")
+    bar = pd.DataFrame({"c": coll[bm].astype(np.int64), "r": rank[bm].astype(np.int64),
+                        "t": end[bm].astype(np.float64),
+                        "b": start[bm].astype(np.float64)}).sort_values("t", kind="stable")
+    j = pd.merge_asof(fl, bar, on="t", by=["c", "r"], direction="backward")
+    ok = j["b"].notna().to_numpy()
+    out[j["i"].to_numpy()[ok]] = j["b"].to_numpy()[ok]
+    return out
 
 
 def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
@@ -71,7 +104,8 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
       and of its timed communication barriers (the NCCL latency before a ring's first send).
     - ``exposed_comm_ns``: communication time not overlapped by its own compute.
     - ``bubble_ns``: inside [first fwd start, last bwd or wgrad end], time it neither computes
-      nor takes part in a ``tp``, ``ep`` or ``cp`` flow; ``bubble_fraction`` = bubble_ns /
+      nor takes part in a ``tp``, ``ep`` or ``cp`` flow nor waits on a slower member of its EP
+      all-to-all or CP ring (that is straggler wait); ``bubble_fraction`` = bubble_ns /
       iteration_time_ns.
     - ``straggler_wait_ns`` / ``caused_wait_ns``: time blocked on a slower peer (union of its
       wait intervals minus its own compute) and the share of others' waits it caused; see
@@ -132,24 +166,31 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     # Collectives of the rank's own stage (TP, and the EP all-to-all and CP ring, which run
     # inside a layer) are work, not waiting on the pipeline.
     own_stage = np.isin(ph, [PHASE_INDEX["tp"], PHASE_INDEX["ep"], PHASE_INDEX["cp"]])
-    busy = union(is_comp | own_stage, lo, hi)
+    if stragglers is None:
+        stragglers = straggler_frame(trace, tf)
+    # ... and so is waiting on a slower member of its EP all-to-all or CP ring (straggler wait)
+    pk, ps, pe = _wait_intervals(stragglers, ("ep", "cp"))
+    mk = is_comp | own_stage
+    bk = np.concatenate([k[mk], pk])
+    bs, be = clip(np.concatenate([s[mk], ps]), np.concatenate([e[mk], pe]), lo[bk], hi[bk])
+    busy = union_length(bk, bs, be, n)
     out["bubble_ns"] = np.where(has, (hi - lo) - busy, 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         out["bubble_fraction"] = np.where(it > 0, out["bubble_ns"].to_numpy() / it, 0.0)
-    if stragglers is None:
-        stragglers = straggler_frame(trace, tf)
     sb = straggler_by_rank(stragglers, n, tf)
     out["straggler_wait_ns"] = sb["straggler_wait_ns"].to_numpy()
     out["caused_wait_ns"] = sb["caused_wait_ns"].to_numpy()
     out["straggler_dp_ns"] = sb["straggler_dp_ns"].to_numpy()
     out["straggler_pp_ns"] = sb["straggler_pp_ns"].to_numpy()
+    out["straggler_ep_ns"] = sb["straggler_ep_ns"].to_numpy()
+    out["straggler_cp_ns"] = sb["straggler_cp_ns"].to_numpy()
     out["non_compute_ns"] = it - compute_ns
     out["idle_ns"] = it - both
     for p in COMM_PHASES:
         out[f"comm_{p}_ns"] = union(ph == PHASE_INDEX[p])
     out["flop_count"] = np.bincount(
         c_rank, weights=tf["flops"].to_numpy(dtype=np.float64)[cm], minlength=n)[:n]
-    parts = _breakdown(union_blocks(k, s, e, presorted=True), _dp_wait_intervals(stragglers),
+    parts = _breakdown(union_blocks(k, s, e, presorted=True), _wait_intervals(stragglers),
                        (lo, hi, has), compute_ns, it, n)
     for name, v in zip(BREAKDOWN_COLUMNS, parts, strict=True):
         out[name] = v
@@ -158,9 +199,14 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     return out[list(RANK_COLUMNS)]
 
 
-def _dp_wait_intervals(stragglers: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(waiter, ready_ns, last_ready_ns) of the DP-sync waits on another rank."""
-    w = stragglers[(stragglers["kind"] == "dp") & (stragglers["wait_ns"] > 0)
+PEER_WAIT_KINDS = ("dp", "ep", "cp")  # synchronizations of peers in lockstep (straggler wait)
+
+
+def _wait_intervals(stragglers: pd.DataFrame, kinds: tuple[str, ...] = PEER_WAIT_KINDS
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(waiter, ready_ns, last_ready_ns) of the waits on another rank at synchronizations of
+    ``kinds``: by default the DP sync, the EP all-to-all and the CP ring."""
+    w = stragglers[stragglers["kind"].isin(kinds) & (stragglers["wait_ns"] > 0)
                    & (stragglers["culprit"] != stragglers["waiter"])]
     return (w["waiter"].to_numpy(dtype=np.int64), w["ready_ns"].to_numpy(dtype=np.float64),
             w["last_ready_ns"].to_numpy(dtype=np.float64))
@@ -173,12 +219,12 @@ def _breakdown(busy: tuple[np.ndarray, np.ndarray, np.ndarray],
     """Per rank, disjoint parts of [0, it] (ns): compute, exposed comm, straggler wait, bubble,
     other.
 
-    ``busy``: the merged blocks (rank, lo, hi) of compute and communication; ``waits``: DP wait
-    intervals (rank, ready, last_ready); ``window``: the pipeline window (lo, hi, has);
-    ``compute_ns``: |C|, the union of the rank's compute intervals. B is [0, end of the rank's
-    last backward or wgrad]: idle time before that is the pipeline's fill, drain and waits at
-    receives. Each part is the time the next set adds to the union of the sets before it,
-    every set clipped to [0, it]: compute |C|, exposed comm |C∪M| - |C|,
+    ``busy``: the merged blocks (rank, lo, hi) of compute and communication; ``waits``: wait
+    intervals (rank, ready, last_ready) on a slower DP, EP or CP peer; ``window``: the pipeline
+    window (lo, hi, has); ``compute_ns``: |C|, the union of the rank's compute intervals. B is
+    [0, end of the rank's last backward or wgrad]: idle time before that is the pipeline's fill,
+    drain and waits at receives. Each part is the time the next set adds to the union of the
+    sets before it, every set clipped to [0, it]: compute |C|, exposed comm |C∪M| - |C|,
     straggler wait |C∪M∪W| - |C∪M|, bubble |C∪M∪W∪B| - |C∪M∪W| and other = it - |C∪M∪W∪B|.
     With integer endpoints every length is an exact integer, so the parts sum to ``it`` exactly.
     """
@@ -219,11 +265,12 @@ def _window(ph: np.ndarray, c_rank: np.ndarray, c_s: np.ndarray, c_e: np.ndarray
     return np.where(has, lo, 0.0), np.where(has, hi, 0.0), has
 
 
-def bubble_intervals(tf: pd.DataFrame, num_ranks: int
+def bubble_intervals(tf: pd.DataFrame, num_ranks: int, stragglers: pd.DataFrame | None = None
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(rank, start_ns, end_ns) of every pipeline-bubble gap: inside the rank's pipeline
     window, the times it neither computes nor takes part in a ``tp``, ``ep`` or ``cp`` flow
-    (the definition of ``bubble_ns``: per rank the lengths sum to it). ``tf``: the metrics
+    nor (given ``stragglers``, the straggler frame) waits on a slower EP/CP peer: the
+    definition of ``bubble_ns``, so per rank the lengths sum to it. ``tf``: the metrics
     timeline frame."""
     kind = tf["kind"].to_numpy()
     cm = kind == KIND_COMPUTE
@@ -233,8 +280,11 @@ def bubble_intervals(tf: pd.DataFrame, num_ranks: int
     f_rank, f_s, f_e, f_ph = _comm_arrays(tf, kind)
     tp = np.isin(f_ph, [PHASE_INDEX["tp"], PHASE_INDEX["ep"], PHASE_INDEX["cp"]])
     lo, hi, has = _window(tf["phase"].to_numpy()[cm], c_rank, c_s, c_e, num_ranks)
-    k = np.concatenate([c_rank, f_rank[tp]])
-    s, e = clip(np.concatenate([c_s, f_s[tp]]), np.concatenate([c_e, f_e[tp]]), lo[k], hi[k])
+    pk, ps, pe = (np.zeros(0, np.int64), np.zeros(0), np.zeros(0)) if stragglers is None \
+        else _wait_intervals(stragglers, ("ep", "cp"))
+    k = np.concatenate([c_rank, f_rank[tp], pk])
+    s, e = clip(np.concatenate([c_s, f_s[tp], ps]), np.concatenate([c_e, f_e[tp], pe]), lo[k],
+                hi[k])
     bk, blo, bhi = union_blocks(k, s, e)
     # the gaps of each rank's window: before its first busy block, between blocks, after the last
     ranks_w = np.flatnonzero(has)
@@ -255,10 +305,10 @@ def bubble_intervals(tf: pd.DataFrame, num_ranks: int
 
 def straggler_intervals(stragglers: pd.DataFrame, tf: pd.DataFrame
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(rank, start_ns, end_ns) of the time each rank sat blocked on a slower data-parallel
-    peer: the union of its DP-sync waits ``[ready_ns, last_ready_ns]`` minus its compute (the
-    definition of ``straggler_wait_ns``: per rank the lengths sum to it)."""
-    wk, ws, we = _dp_wait_intervals(stragglers)
+    """(rank, start_ns, end_ns) of the time each rank sat blocked on a slower peer (DP sync,
+    EP all-to-all, CP ring): the union of its waits ``[ready_ns, last_ready_ns]`` minus its
+    compute (the definition of ``straggler_wait_ns``: per rank the lengths sum to it)."""
+    wk, ws, we = _wait_intervals(stragglers)
     comp = tf[tf["kind"].to_numpy() == KIND_COMPUTE]
     ck = comp["rank"].to_numpy(dtype=np.int64)
     return _minus(wk, ws, we, ck, comp["start_ns"].to_numpy(dtype=np.float64),

@@ -247,7 +247,9 @@ def straggler_by_rank(frame: pd.DataFrame, num_ranks: int,
                       tf: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per rank: ``straggler_wait_ns`` (waited on a slower data-parallel peer, or on a slower
     member of its EP all-to-all or CP ring), ``caused_wait_ns`` (others waited on it),
-    ``straggler_dp_ns`` (the DP part; equal to ``straggler_wait_ns`` without EP/CP) and
+    ``straggler_dp_ns``, ``straggler_ep_ns``, ``straggler_cp_ns`` (the parts at DP syncs, EP
+    all-to-alls and CP rings, each the same union on its own, so they may overlap and their sum
+    can exceed ``straggler_wait_ns``; ``straggler_dp_ns`` equals it without EP/CP) and
     ``straggler_pp_ns`` (waits at PP and reshard receives).
 
     Receive waits are kept out of ``straggler_wait_ns``: a pipeline's own schedule makes its
@@ -271,10 +273,15 @@ def straggler_by_rank(frame: pd.DataFrame, num_ranks: int,
     waited, caused = _blocked(frame[is_peer], num_ranks, comp)
     dp_w = waited if is_peer.sum() == is_dp.sum() else _blocked(frame[is_dp], num_ranks, comp)[0]
     pp_w, _ = _blocked(frame[~is_peer], num_ranks, comp)
+    zero = np.zeros(num_ranks)
+    ep_w, cp_w = (_blocked(frame[kinds == k], num_ranks, comp)[0] if (kinds == k).any() else zero
+                  for k in ("ep", "cp"))
     return pd.DataFrame({
         "rank": np.arange(num_ranks),
         "straggler_wait_ns": waited,
         "caused_wait_ns": caused,
         "straggler_dp_ns": dp_w,
         "straggler_pp_ns": pp_w,
+        "straggler_ep_ns": ep_w,
+        "straggler_cp_ns": cp_w,
     })

@@ -168,6 +168,9 @@ def _ep_cp_ops_per_rank(plan: Plan, st: Any) -> float:
         # per MoE layer and pass: 2 extra compute units, 2 exchanges of ep - 1 flows (direct;
         # hierarchical has fewer) and an NCCL-delay barrier each
         ops += moe_layers_in(plan.model, st.layers) * passes * (2 + 2 * st.ep)
+        if st.etp > 1:  # the ETP all-gather-v and reduce-scatter-v: etp - 1 flows each,
+            # a delay barrier each and two joins
+            ops += moe_layers_in(plan.model, st.layers) * passes * (2 * st.etp + 2)
     if st.cp > 1:  # per layer and pass: cp - 1 steps of a flow, a barrier and a core unit
         ops += (st.layers[1] - st.layers[0]) * passes * 3 * (st.cp - 1)
     return ops

@@ -26,6 +26,9 @@ Model (bytes per device of a stage's TP group, P = the stage's parameters / tp):
   expert-data-parallel group (``dp / (ep / tp)`` replicas) instead of ``dp``. Each MoE layer's
   activations replace the dense MLP's share by dispatch/combine buffers and the experts'
   activations for the ``top_k`` copies of every token.
+- other attention shapes (``model.attention``): the TP-split attention terms (8 sbh for MHA)
+  become :func:`attention_split_activations` (Q, K, V and projection input at their widths,
+  MLA's latents); standard attention keeps the formula above (GQA not resolved in it).
 - CP: a device of a CP group keeps the activations of ``s / cp`` tokens (the formulas above at
   ``seq_len / cp``); weights are not split by CP.
 Capacity is the device type's ``hbm_GB`` (1 GB = 1e9 bytes); no allowance for the CUDA
@@ -40,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InfeasiblePlanError
+from .attention import attention_dims, attention_params, is_standard
 from .model import ModelSpec, Plan
 from .moe import (
     active_ffn_params,
@@ -59,13 +63,15 @@ def layer_params(model: ModelSpec) -> int:
 
     ``gated_mlp`` models follow Llama (SwiGLU: three FFN matrices, RMSNorm with a gain only,
     no biases); the others GPT (GELU: two FFN matrices, LayerNorm gain and bias, biases on
-    every linear layer). Grouped-query attention shrinks K and V to ``kv_heads`` heads.
+    every linear layer). Grouped-query attention shrinks K and V to ``kv_heads`` heads;
+    ``model.attention`` (explicit head width, biases, MLA, sinks) and ``model.mlp_bias`` add
+    their parameters (:mod:`.attention`).
     """
     h, ffn = model.hidden, model.ffn_hidden
     kv = model.kv_heads * model.head_dim
-    attention = 2 * h * h + 2 * h * kv  # Q and O: h x h; K and V: h x kv
+    attention = attention_params(model)  # Q, K, V, O (MLA: its latents), model.attention's extras
     if model.gated_mlp:
-        return attention + 3 * h * ffn + 2 * h
+        return attention + dense_mlp_params(model) + 2 * h
     biases = (h + 2 * kv) + h + ffn + h  # QKV, O, FFN up, FFN down
     return attention + 2 * h * ffn + biases + 4 * h
 
@@ -101,13 +107,15 @@ def model_params(model: ModelSpec) -> int:
     return span_params(model, (0, model.layers)) + embedding_params(model) + head_params(model)
 
 
-def active_params(model: ModelSpec) -> int:
+def active_params(model: ModelSpec, embedding: bool = True) -> int:
     """Parameters one token uses: ``model_params`` with only the top-k routed experts of each
-    MoE layer counted (the "active parameters" of MoE model cards)."""
+    MoE layer counted (the "active parameters" of MoE model cards). ``embedding=False`` leaves
+    out the input embedding table (a lookup, not a product), as DeepSeek-V3's and GPT-OSS's
+    model cards count; Mixtral's and Qwen's cards include it."""
     dense = dense_mlp_params(model)
     per_layer = sum(active_ffn_params(model, x) - dense for x in range(model.layers))
-    return (model.layers * layer_params(model) + per_layer + embedding_params(model)
-            + head_params(model))
+    return (model.layers * layer_params(model) + per_layer
+            + (embedding_params(model) if embedding else 0) + head_params(model))
 
 
 def activation_bytes_per_layer(plan: Plan, tp: int) -> float:
@@ -115,20 +123,41 @@ def activation_bytes_per_layer(plan: Plan, tp: int) -> float:
     m, t = plan.model, plan.training
     s, b, h, a = m.seq_len, t.micro_batch, m.hidden, m.heads
     sbh = s * b * h
-    linear = sbh * 34 / tp if t.sequence_parallel else sbh * (10 + 24 / tp)
+    if is_standard(m):  # Korthikanti et al.'s MHA terms, as they were
+        linear = sbh * 34 / tp if t.sequence_parallel else sbh * (10 + 24 / tp)
+    else:  # their TP-split attention terms (Q, K, V, projection input: 8 sbh) at this shape
+        split = 24 - 8 + attention_split_activations(m) / h
+        linear = sbh * (10 + split) / tp if t.sequence_parallel else sbh * (10 + split / tp)
     kept_scores = not t.flash_attention and t.recompute != "selective"
     scores = 5 * a * s * s * b / tp if kept_scores else 0.0
     return linear + scores
 
 
-def moe_activation_delta(plan: Plan, tp: int, ep: int) -> float:
+def attention_split_activations(model: ModelSpec) -> float:
+    """Bytes per token (16-bit values, whole TP group) the attention block keeps for backward
+    in its TP-split part: Q and K (``hq + hkv`` heads of the q/k width), V (``hkv`` heads), the
+    output projection's input (``hq`` heads of the v width), and with MLA the two latents and
+    the shared rope key the up projections read. For standard MHA this is Korthikanti et al.'s
+    8 h."""
+    hq, hkv, dqk, dv = attention_dims(model)
+    per = 2 * (hq + hkv) * dqk + 2 * hkv * dv + 2 * hq * dv
+    a = model.attention
+    if a is not None and a.mla is not None:
+        per += 2 * (a.mla.q_lora_rank + a.mla.kv_lora_rank + a.mla.qk_rope_head_dim)
+    return float(per)
+
+
+def moe_activation_delta(plan: Plan, tp: int, ep: int, etp: int = 1) -> float:
     """Activation bytes an MoE layer keeps per micro-batch beyond the dense layer's estimate.
 
     The dense MLP's share of Korthikanti et al.'s formula (19 sbh, / t with sequence parallel)
     is replaced by: the dispatch and combine buffers (``2 T k h``), and per routed token copy
     the expert's input and its gated activations (``T k (h + 3 f_e / t_e)``), T the rank's
-    tokens (b s / t with sequence parallel, all b s with expert TP), t_e the expert TP (t when
-    ep = 1, else 1); plus the shared experts like a dense MLP of their width. 16-bit values.
+    tokens (b s / t with sequence parallel, all b s with expert TP = TP), t_e the expert TP (t
+    when ep = 1, else ``etp``). With ep > 1 and etp > 1 the ETP all-gather gives each rank the
+    token copies of its whole ETP group (``etp T k``) at ``f_e / etp`` width: inputs
+    ``etp T k h``, activations ``3 T k f_e``. Plus the shared experts like a dense MLP of
+    their width. 16-bit values.
     """
     moe = plan.model.moe
     if moe is None:
@@ -138,9 +167,11 @@ def moe_activation_delta(plan: Plan, tp: int, ep: int) -> float:
     sp = t.sequence_parallel
     dense_mlp = 19 * s * b * h / (tp if sp else 1)
     tokens = s * b / tp if (ep > 1 and sp) else s * b
-    etp = tp if ep == 1 else 1
     e = 2  # bytes per activation value
-    routed = tokens * moe.top_k * (2 * h + h + 3 * moe.expert_ffn_hidden / etp) * e
+    if ep == 1:  # experts split over the TP group like the dense MLP
+        routed = tokens * moe.top_k * (2 * h + h + 3 * moe.expert_ffn_hidden / tp) * e
+    else:
+        routed = tokens * moe.top_k * (2 * h + etp * h + 3 * moe.expert_ffn_hidden) * e
     shared = moe.shared_experts * 19 * s * b * h * moe.shared_ffn / m.ffn_hidden / (
         tp if sp else 1) if moe.shared_experts else 0.0
     return routed + shared - dense_mlp
@@ -155,14 +186,14 @@ def expert_params_per_device(plan: Plan, replica: int, stage: int) -> tuple[floa
         return 0.0, 1
     from ..workload.moe import expert_counts  # lazy: workload imports this module
 
-    g = st.ep // st.tp
+    g = st.ep * st.etp // st.tp
     r0 = replica - replica % g
     speeds = []
     for r in range(r0, r0 + g):
         dt = plan.device_types[plan.group(plan.replicas[r].stages[stage].group).type]
         speeds += [dt.peak_tflops * dt.efficiency] * st.tp
-    held = max(expert_counts(moe, speeds))
-    per_expert = expert_params(model=plan.model)
+    held = max(expert_counts(moe, speeds[::st.etp]))  # one speed per EP position
+    per_expert = expert_params(plan.model, st.etp)  # an ETP rank's share of one expert
     return float(held * per_expert * moe_layers_in(plan.model, st.layers)), plan.dp // g
 
 
@@ -247,9 +278,10 @@ def stage_memory(plan: Plan, replica: int, stage: int) -> StageMemory:
         model = plan.model
     full_layer = activation_bytes_per_layer(plan, st.tp)
     s, b, h = model.seq_len, tr.micro_batch, model.hidden
-    moe_extra = moe_activation_delta(plan, st.tp, st.ep) * moe_layers_in(model, st.layers)
+    moe_extra = moe_activation_delta(plan, st.tp, st.ep, st.etp) * moe_layers_in(model,
+                                                                               st.layers)
     if tr.recompute == "full":
-        one_moe = moe_activation_delta(plan, st.tp, st.ep) if moe_extra else 0.0
+        one_moe = moe_activation_delta(plan, st.tp, st.ep, st.etp) if moe_extra else 0.0
         acts = in_flight * st.num_layers * 2 * s * b * h + full_layer + max(0.0, one_moe)
     else:
         acts = in_flight * (st.num_layers * full_layer + moe_extra)

@@ -65,10 +65,45 @@ class MoESpec:
     zipf_exponent: float = 1.0  # skew of "zipf" routing: expert popularity ~ 1 / rank^exponent
     placement: ExpertPlacement = "uniform"  # experts over the EP group: equal, or by device speed
     alltoall: AllToAll = "direct"  # dispatch/combine lowering: pairwise, or intra-server first
+    # A bias per expert on the router's scores: GPT-OSS's router linear layer, DeepSeek-V3's
+    # e_score_correction_bias (num_experts parameters per MoE layer either way).
+    router_bias: bool = False
 
     @property
     def shared_ffn(self) -> int:
         return self.shared_ffn_hidden or self.expert_ffn_hidden
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3): queries and keys/values pass through
+    low-rank latents; each head has a ``qk_nope_head_dim`` part without and a
+    ``qk_rope_head_dim`` part with rotary position, and values of ``v_head_dim``
+    (see :mod:`.attention`)."""
+
+    q_lora_rank: int  # 0: no query latent (a direct hidden -> heads x qk projection)
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Attention beyond ``heads`` / ``kv_heads`` (``model.attention``; :mod:`.attention`)."""
+
+    head_dim: int = 0  # per-head width; 0: hidden / heads (GPT-OSS: 64 with hidden 2880)
+    bias: bool = False  # biases on the Q, K, V and output projections (GPT-OSS)
+    mla: MLASpec | None = None  # multi-head latent attention instead of Q/K/V projections
+    sliding_window: int = 0  # tokens a query attends to in windowed layers; 0: no window
+    # With a window: layer l keeps full attention iff (l + 1) % full_every == 0 (GPT-OSS 2:
+    # windowed, full, windowed, ...); 0: every layer is windowed.
+    full_every: int = 0
+    sinks: bool = False  # a learned logit per head in every softmax (GPT-OSS attention sinks)
 
 
 @dataclass(frozen=True)
@@ -86,6 +121,8 @@ class ModelSpec:
     dtype: str = "bf16"
     gated_mlp: bool = True  # SwiGLU (Llama): three FFN matrices; False: GELU (GPT): two
     moe: MoESpec | None = None  # mixture-of-experts FFN layers; None: a dense model
+    attention: AttentionSpec | None = None  # None: standard multi-head / grouped-query attention
+    mlp_bias: bool = False  # biases on a gated MLP's (and every expert's) projections (GPT-OSS)
 
     @property
     def dtype_bytes(self) -> int:
@@ -93,7 +130,8 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        a = self.attention
+        return a.head_dim if a is not None and a.head_dim else self.hidden // self.heads
 
 
 @dataclass(frozen=True)
@@ -310,6 +348,9 @@ class Stage:
     ep: int = 1
     # Context parallelism: cp consecutive replicas' stages split each sequence (ring attention).
     cp: int = 1
+    # Expert tensor parallelism (with ep > 1): each expert's weights split etp ways over
+    # consecutive ranks of the TP group (Megatron-Core's expert_tensor_parallel_size).
+    etp: int = 1
 
     @property
     def num_layers(self) -> int:

@@ -18,7 +18,7 @@ from .model import AllToAll, ExpertPlacement, ModelSpec, MoESpec, Router, Routin
 MOE_KEYS = (
     "num_experts", "top_k", "expert_ffn_hidden", "shared_experts", "shared_ffn_hidden", "every",
     "first_dense_layers", "router", "capacity_factor", "routing", "zipf_exponent", "placement",
-    "alltoall",
+    "alltoall", "router_bias",
 )
 MAX_EXPERTS = 4096  # far above any published model (DeepSeek-V3: 256); bounds the trace's loops
 
@@ -50,6 +50,7 @@ def parse_moe(value: Any, path: str, base: MoESpec | None, layers: int) -> MoESp
         zipf_exponent=f.get_number(m, "zipf_exponent", path, d.zipf_exponent, positive=False),
         placement=f.get_enum(m, "placement", path, get_args(ExpertPlacement), d.placement),  # type: ignore[arg-type]
         alltoall=f.get_enum(m, "alltoall", path, get_args(AllToAll), d.alltoall),  # type: ignore[arg-type]
+        router_bias=f.get_bool(m, "router_bias", path, d.router_bias),
     )
     if spec.top_k > spec.num_experts:
         raise PlanError(
@@ -85,9 +86,19 @@ def moe_layers_in(model: ModelSpec, layers: tuple[int, int]) -> int:
 
 
 def _mlp(model: ModelSpec, ffn: int) -> int:
-    """Weights of one MLP of width ``ffn`` (gated: 3 matrices; else 2 plus biases, GPT style)."""
+    """Weights of one MLP of width ``ffn`` (gated: 3 matrices, with ``model.mlp_bias`` biases on
+    gate, up and down; else 2 plus biases, GPT style)."""
     h = model.hidden
-    return 3 * h * ffn if model.gated_mlp else 2 * h * ffn + ffn + h
+    if model.gated_mlp:
+        return 3 * h * ffn + (2 * ffn + h if model.mlp_bias else 0)
+    return 2 * h * ffn + ffn + h
+
+
+def router_params(model: ModelSpec) -> int:
+    """Parameters of one MoE layer's router: ``h x E``, plus ``E`` with ``router_bias``."""
+    e = model.moe
+    assert e is not None
+    return model.hidden * e.num_experts + (e.num_experts if e.router_bias else 0)
 
 
 def dense_mlp_params(model: ModelSpec) -> int:
@@ -95,9 +106,10 @@ def dense_mlp_params(model: ModelSpec) -> int:
     return _mlp(model, model.ffn_hidden)
 
 
-def expert_params(model: ModelSpec) -> int:
-    """Parameters of one routed expert (0 for a dense model)."""
-    return 0 if model.moe is None else _mlp(model, model.moe.expert_ffn_hidden)
+def expert_params(model: ModelSpec, etp: int = 1) -> int:
+    """Parameters of one routed expert (0 for a dense model); with expert TP ``etp`` the share
+    of one ETP rank (the width split, the output bias replicated as Megatron-Core keeps it)."""
+    return 0 if model.moe is None else _mlp(model, model.moe.expert_ffn_hidden // etp)
 
 
 def routed_expert_params(model: ModelSpec, layers: tuple[int, int]) -> int:
@@ -111,7 +123,7 @@ def moe_ffn_delta(model: ModelSpec) -> int:
     """Parameters an MoE layer has beyond a dense layer: router + experts - the dense MLP."""
     e = model.moe
     assert e is not None
-    router = model.hidden * e.num_experts
+    router = router_params(model)
     shared = e.shared_experts * _mlp(model, e.shared_ffn)
     return router + e.num_experts * expert_params(model) + shared - _mlp(model, model.ffn_hidden)
 
@@ -121,5 +133,5 @@ def active_ffn_params(model: ModelSpec, layer: int) -> int:
     e = model.moe
     if e is None or not is_moe_layer(model, layer):
         return _mlp(model, model.ffn_hidden)
-    return (model.hidden * e.num_experts + e.top_k * expert_params(model)
+    return (router_params(model) + e.top_k * expert_params(model)
             + e.shared_experts * _mlp(model, e.shared_ffn))

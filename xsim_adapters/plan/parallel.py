@@ -4,10 +4,14 @@ A stage is one TP group of one replica. Expert parallelism (``ep``) and context 
 (``cp``) reach across replicas, as Megatron-Core folds them out of the data-parallel dimension:
 
 - EP group: ``ep`` is 1 (the experts are split over the stage's TP ranks like the dense MLP,
-  Megatron's expert TP = TP) or a multiple of the stage's ``tp`` with expert TP 1. Then
-  ``g = ep / tp`` consecutive replicas (``r - r % g`` on) form one EP group for that stage: their
-  stage ranks, replica-major, are the EP ranks 0..ep-1 (Megatron orders EP just outside TP).
-  The expert-data-parallel group of an EP rank is the same EP position in every EP group.
+  Megatron's expert TP = TP) or > 1 with expert TP ``etp`` (default 1; it divides ``tp``), and
+  ``ep x etp`` a multiple of ``tp``. Then ``g = ep x etp / tp`` consecutive replicas (``r - r %
+  g`` on) form one expert block for that stage: their stage ranks, replica-major, are the block
+  ranks 0..ep x etp - 1, which Megatron-Core's folded expert mesh orders ETP fastest then EP:
+  block rank ``i`` is EP position ``i // etp`` of ETP position ``i % etp``. The EP groups are
+  the block ranks of one ETP position (``ep`` each), the ETP groups the ``etp`` consecutive
+  ranks of one EP position (inside one TP group). The expert-data-parallel group of a block
+  rank is the same block position in every block.
 - CP group: ``cp`` consecutive replicas (``r - r % cp`` on) split every sequence ``cp`` ways; the
   ranks at one TP position form one CP ring. A CP group runs the same micro-batches, so the
   batch is split over the ``dp / cp`` CP groups (docs/plan.md); gradients of CP ranks are
@@ -41,12 +45,23 @@ def check_stage_ep_cp(st: Any, model: ModelSpec, training: TrainingSpec) -> None
         if moe is None:
             raise PlanError(st.fp("ep"), f"needs model.moe: a dense model has no experts "
                                          f"(got {st.ep})")
-        if st.ep % st.tp:
+        if st.tp % st.etp:
+            raise PlanError(st.fp("etp"), f"must divide the stage's tp {st.tp} (got {st.etp})")
+        if (st.ep * st.etp) % st.tp and st.etp == 1:
             raise PlanError(
                 st.fp("ep"),
                 f"must be 1 or a multiple of the stage's tp {st.tp} (expert TP is 1 when ep > 1) "
                 f"(got {st.ep})",
             )
+        if (st.ep * st.etp) % st.tp:
+            raise PlanError(
+                st.fp("ep"),
+                f"ep x etp {st.ep * st.etp} must be a multiple of the stage's tp {st.tp} (an "
+                f"expert block covers whole TP groups) (got {st.ep})",
+            )
+        if moe.expert_ffn_hidden % st.etp:
+            raise PlanError(st.fp("etp"), f"must divide model.moe.expert_ffn_hidden "
+                                          f"{moe.expert_ffn_hidden} (got {st.etp})")
         if st.ep > moe.num_experts:
             raise PlanError(st.fp("ep"), f"must be at most model.moe.num_experts "
                                          f"{moe.num_experts} (got {st.ep})")
@@ -56,6 +71,9 @@ def check_stage_ep_cp(st: Any, model: ModelSpec, training: TrainingSpec) -> None
                 f"must divide model.moe.num_experts {moe.num_experts} with placement uniform "
                 f"(got {st.ep})",
             )
+    elif st.etp != 1:
+        raise PlanError(st.fp("etp"), f"needs ep > 1 (with ep 1 the experts are split over the "
+                                      f"stage's tp like the dense MLP) (got {st.etp})")
     elif moe is not None and moe.expert_ffn_hidden % st.tp:
         raise PlanError(
             st.fp("tp"),
@@ -69,12 +87,10 @@ def check_stage_ep_cp(st: Any, model: ModelSpec, training: TrainingSpec) -> None
                 f"2 x cp must divide model.seq_len {model.seq_len} (causal load balancing cuts "
                 f"the sequence into 2 cp chunks) (got {st.cp})",
             )
-        if st.ep > 1:
-            raise PlanError(st.fp("cp"), f"cannot be combined with ep > 1 on one stage (not "
+        if model.attention is not None and model.attention.sliding_window:
+            raise PlanError(st.fp("cp"), f"cannot be combined with model.attention."
+                                         f"sliding_window (ring attention over a window is not "
                                          f"built) (got {st.cp})")
-        if training.schedule == "zb_h1":
-            raise PlanError(st.fp("cp"), f"cannot be combined with training.schedule zb_h1 "
-                                         f"(not built) (got {st.cp})")
 
 
 def check_cp_uniform(raw: Sequence[Any]) -> int:
@@ -117,7 +133,8 @@ def check_groups(raw: Sequence[Any], counts: Sequence[int]) -> None:
                 )
     for r, rep in enumerate(raw):
         for i, st in enumerate(rep.stages):
-            for what, size in (("ep", st.ep // st.tp if st.ep > 1 else 1), ("cp", st.cp)):
+            for what, size in (("ep", ep_size_in_replicas(st.ep, st.tp, st.etp)),
+                               ("cp", st.cp)):
                 if size <= 1:
                     continue
                 r0 = r - r % size
@@ -132,15 +149,15 @@ def check_groups(raw: Sequence[Any], counts: Sequence[int]) -> None:
                 same = (
                     other is not None
                     and len(head.stages) == len(rep.stages)
-                    and (other.layers, other.tp, other.ep, other.cp)
-                    == (st.layers, st.tp, st.ep, st.cp)
+                    and (other.layers, other.tp, other.ep, other.cp, other.etp)
+                    == (st.layers, st.tp, st.ep, st.cp, st.etp)
                     and counts[r0] == counts[r]
                 )
                 if not same:
                     raise PlanError(
                         st.fp(what),
                         f"its {what} group shares replica {r0}'s stage {i}, so it must match "
-                        f"it in pipeline depth, layers, tp, ep, cp and micro-batches "
+                        f"it in pipeline depth, layers, tp, ep, etp, cp and micro-batches "
                         f"(got {getattr(st, what)})",
                     )
 
@@ -157,21 +174,22 @@ def dp_synced_params(plan: Plan, layers: tuple[int, int]) -> int:
     return p - routed_expert_params(plan.model, layers) if uses_ep(plan) else p
 
 
-def ep_size_in_replicas(ep: int, tp: int) -> int:
-    """How many replicas one EP group spans (1 when ep <= tp)."""
-    return ep // tp if ep > 1 else 1
+def ep_size_in_replicas(ep: int, tp: int, etp: int = 1) -> int:
+    """How many replicas one expert block (``ep x etp`` ranks) spans (1 without EP)."""
+    return ep * etp // tp if ep > 1 else 1
 
 
 def group_replicas(plan: Plan, replica: int, stage: int, what: str) -> list[int]:
     """Replicas whose stage ``stage`` forms the ``what`` (``ep`` or ``cp``) group of ``replica``."""
     st = plan.replicas[replica].stages[stage]
-    size = ep_size_in_replicas(st.ep, st.tp) if what == "ep" else st.cp
+    size = ep_size_in_replicas(st.ep, st.tp, st.etp) if what == "ep" else st.cp
     r0 = replica - replica % size
     return list(range(r0, r0 + size))
 
 
 def ep_ranks(plan: Plan, replica: int, stage: int) -> list[int]:
-    """Global ranks of the EP group of ``replicas[replica].stages[stage]``, in EP order."""
+    """Global ranks of the expert block of ``replicas[replica].stages[stage]`` in block order
+    (with etp 1: its EP group in EP order; else EP group ``t`` is ``[t::etp]``)."""
     st = plan.replicas[replica].stages[stage]
     if st.ep <= 1:
         return list(plan.stage_ranks(st))

@@ -22,9 +22,10 @@ from .server import check_server, parse_server
 
 GROUP_KEYS = ("type", "nodes", "gpus_per_node")
 GROUP_OPTIONAL_KEYS = ("nic_gbps", "server")
-STAGE_KEYS = ("group", "devices", "tp", "layers", "ep", "cp")
+STAGE_KEYS = ("group", "devices", "tp", "layers", "ep", "cp", "etp")
 REPLICA_KEYS = ("stages", "auto_layers", "batch_share", "micro_batches")
-UNIFORM_KEYS = ("group", "tp", "pp", "dp", "devices", "batch_share", "micro_batches", "ep", "cp")
+UNIFORM_KEYS = ("group", "tp", "pp", "dp", "devices", "batch_share", "micro_batches", "ep", "cp",
+                "etp")
 AUTO_LAYERS = ("by_compute",)
 SHARE_TOLERANCE = 1e-6
 
@@ -98,6 +99,7 @@ class _Stage:
     field_paths: dict[str, str] = field(default_factory=dict)
     ep: int = 1
     cp: int = 1
+    etp: int = 1
 
     def fp(self, name: str) -> str:
         return self.field_paths.get(name, f.join(self.path, name))
@@ -164,7 +166,7 @@ def parse_replicas(
         _check_interleaving(raw, counts, training.virtual_stages)
     return tuple(
         Replica(
-            stages=tuple(Stage(s.group, s.devices, s.tp, s.layers, s.ep, s.cp)  # type: ignore[arg-type]
+            stages=tuple(Stage(s.group, s.devices, s.tp, s.layers, s.ep, s.cp, s.etp)  # type: ignore[arg-type]
                          for s in rep.stages),
             micro_batches=n,
             batch_share=rep.batch_share,
@@ -205,7 +207,7 @@ def _parse_replica(m: Mapping[str, Any], path: str, ctx: _Context) -> _Replica:
                 raise PlanError(f.join(spath, "layers"), "required key is missing")
             layers = f.get_range(sm, "layers", spath)
         st = _Stage(group.name, devices, tp, layers, spath, ep=f.get_int(sm, "ep", spath, 1),
-                    cp=f.get_int(sm, "cp", spath, 1))
+                    cp=f.get_int(sm, "cp", spath, 1), etp=f.get_int(sm, "etp", spath, 1))
         _check_tp(st, ctx)
         stages.append(st)
     share, mbs = _replica_batch_fields(m, path)
@@ -302,15 +304,17 @@ def _expand_uniform(value: Any, path: str, ctx: _Context) -> list[_Replica]:
         )
     share, mbs = _replica_batch_fields(m, path)
     ep, cp = f.get_int(m, "ep", path, 1), f.get_int(m, "cp", path, 1)
+    etp = f.get_int(m, "etp", path, 1)
     layer_ranges = ranges_from_counts(even_split(ctx.model.layers, pp))
     paths = {"tp": f.join(path, "tp"), "devices": path, "layers": f.join(path, "pp"),
-             "ep": f.join(path, "ep"), "cp": f.join(path, "cp")}
+             "ep": f.join(path, "ep"), "cp": f.join(path, "cp"), "etp": f.join(path, "etp")}
     out = []
     for r in range(dp):
         stages = []
         for s in range(pp):
             lo = a + (r * pp + s) * tp
-            st = _Stage(group.name, (lo, lo + tp), tp, layer_ranges[s], path, dict(paths), ep, cp)
+            st = _Stage(group.name, (lo, lo + tp), tp, layer_ranges[s], path, dict(paths), ep, cp,
+                        etp)
             _check_tp(st, ctx)
             stages.append(st)
         out.append(_Replica(stages, path, None, share, mbs))

@@ -17,10 +17,12 @@ from typing import Any, get_args
 from ..errors import PlanError
 from . import _fields as f
 from . import limits as lim
+from .attention import parse_attention
 from .measured import parse_measured
 from .model import (
     DTYPE_BYTES,
     Algorithm,
+    AttentionSpec,
     CollectiveAlgorithms,
     CollectivesSpec,
     DeviceType,
@@ -28,6 +30,7 @@ from .model import (
     Granularity,
     LinkEvent,
     LinkEventKind,
+    MLASpec,
     ModelSpec,
     MoESpec,
     NetworkSpec,
@@ -47,7 +50,8 @@ from .moe import parse_moe
 from .server import parse_server
 
 MODEL_SHAPE_KEYS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "seq_len", "vocab")
-MODEL_KEYS = ("preset", "name", *MODEL_SHAPE_KEYS, "dtype", "gated_mlp", "moe")
+MODEL_KEYS = ("preset", "name", *MODEL_SHAPE_KEYS, "dtype", "gated_mlp", "moe", "attention",
+              "mlp_bias")
 DEVICE_NUMBER_KEYS = ("peak_tflops", "hbm_GB", "hbm_GBps", "scaleup_GBps", "nic_gbps")
 # Optional per-precision peaks (TFLOP/s, 0 = the part has no such unit) and model constants.
 DEVICE_PEAK_KEYS = ("fp32_tflops", "tf32_tflops", "fp8_tflops")
@@ -117,7 +121,19 @@ def parse_model(
         parse_moe(m["moe"], f.join(path, "moe"), base_moe, values["layers"])
         if "moe" in m else base_moe
     )
-    if values["hidden"] % values["heads"]:
+    if "mlp_bias" in m:
+        values["mlp_bias"] = f.get_bool(m, "mlp_bias", path)
+    base_attn = values.get("attention")
+    if isinstance(base_attn, dict):  # asdict() of a preset flattened it
+        mla = base_attn.get("mla")
+        base_attn = AttentionSpec(**{**base_attn, "mla": MLASpec(**mla) if mla else None})
+    values["attention"] = (
+        parse_attention(m["attention"], f.join(path, "attention"), base_attn, values["seq_len"])
+        if "attention" in m else base_attn
+    )
+    own_width = values["attention"] is not None and (
+        values["attention"].head_dim or values["attention"].mla is not None)
+    if values["hidden"] % values["heads"] and not own_width:
         raise PlanError(
             f.join(path, "heads"),
             f"must divide the hidden size {values['hidden']} (got {values['heads']})",

@@ -39,9 +39,9 @@ def _model_plain(model: Any) -> dict[str, Any]:
 
 
 def _stage_plain(stage: Any) -> dict[str, Any]:
-    """A stage as data; ``ep`` and ``cp`` only when not 1 (their defaults)."""
+    """A stage as data; ``ep``, ``cp`` and ``etp`` only when not 1 (their defaults)."""
     d = _plain(stage)
-    for key in ("ep", "cp"):
+    for key in ("ep", "cp", "etp"):
         if d.get(key) == 1:
             d.pop(key)
     return d  # type: ignore[no-any-return]

@@ -101,7 +101,7 @@ def timeline_figure(tf: pd.DataFrame, ranks: pd.DataFrame, title: str = "",
     fig_h = min(2.0 + 0.28 * nrows, 24.0)
     fig = Figure(figsize=(14, fig_h), dpi=100)
     ax = fig.subplots()
-    shades = [_shade(ax, row_of_rank, *bubble_intervals(tf, len(ranks)), BUBBLE_COLOR,
+    shades = [_shade(ax, row_of_rank, *bubble_intervals(tf, len(ranks), stragglers), BUBBLE_COLOR,
                      "pipeline bubble")]
     if stragglers is not None:
         shades.append(_shade(ax, row_of_rank, *straggler_intervals(stragglers, tf),

@@ -5,7 +5,16 @@ NCCL has no all-to-all kernel: Megatron-Core's token dispatcher calls
 one pair per peer, all in flight together. Lowerings (``model.moe.alltoall``):
 
 - ``direct``: one flow per (source, destination) member pair with bytes > 0 (own tokens stay
-  local, no flow). The destination's next compute waits for every flow into it.
+  local, no flow).
+
+Completion: a member's part of the exchange is one NCCL kernel (the grouped sends and
+receives), which ends when its receives *and* its sends are done; the compute that consumes the
+output waits for that kernel, and the next exchange on the same communicator (the combine after
+the dispatch) is queued behind it on the same stream. So a member's next compute waits for every
+flow into it and every flow out of it (forwarding proxies included). Without the second half a
+slow-NIC member would start its experts, and its combine, while its dispatch sends were still
+on the wire: on ``moe-hetero-h100-a100-by-speed`` that made the flow backend (fair sharing) 6.4%
+slower than the packet backends, whose sender queues happened to serve the older flows first.
 - ``hierarchical``: intra-server exchange first. Member ``i`` sends what it has for member ``j``
   on another server to its proxy: the member on ``i``'s server at ``j``'s position among the
   group's members of ``j``'s server (so the proxy and ``j`` share a rail), together with what
@@ -32,6 +41,7 @@ from ..plan.model import Plan
 from ..plan.moe import expert_params, is_moe_layer, moe_layers_in
 from ..plan.parallel import ep_ranks, group_replicas
 from ..trace.schema import KIND_BARRIER, KIND_FLOW, PHASE_INDEX
+from .etp import emit_etp
 from .moe import (
     alltoall_matrix,
     expert_counts,
@@ -124,14 +134,38 @@ def alltoall_delay_ns(ex: Exchange, members: list[int], info: RankInfo) -> np.nd
 
 @dataclass(frozen=True)
 class GroupRouting:
-    """Routing of one EP group (stage index ``stage``) for each MoE layer."""
+    """Routing of one expert block (``ep x etp`` ranks of stage ``stage``) per MoE layer.
 
-    members: list[int]  # global ranks, EP order
+    Block rank ``i`` is EP position ``i // etp`` of ETP position ``i % etp``
+    (:mod:`xsim_adapters.plan.parallel`); with etp 1 the block is the EP group."""
+
+    members: list[int]  # global ranks, block order
     replicas: list[int]
     stage: int
-    experts: list[int]  # experts held per member
-    counts: dict[int, np.ndarray]  # layer -> (G, E) assignments
-    matrix: dict[int, np.ndarray]  # layer -> (G, G) dispatch bytes
+    experts: list[int]  # experts held per EP position
+    counts: dict[int, np.ndarray]  # layer -> (ep x etp, E) assignments per block rank
+    matrix: dict[int, np.ndarray]  # layer -> (etp, ep, ep) dispatch bytes of each EP group
+    etp: int = 1
+
+    def ep_group(self, t: int) -> list[int]:
+        """Global ranks of the EP group of ETP position ``t``, in EP order."""
+        return self.members[t::self.etp]
+
+    def holder(self, position: int) -> int:
+        """First global rank of the ETP group of EP position ``position``."""
+        return self.members[position * self.etp]
+
+    def received(self, layer: int) -> np.ndarray:
+        """(ep x etp,) token copies each block rank holds after the dispatch (its ETP chunk)."""
+        ep = len(self.experts)
+        owner = owner_of_experts(self.experts)
+        c = self.counts[layer]
+        out = np.zeros(ep * self.etp, dtype=np.int64)
+        for t in range(self.etp):
+            rows = c[t::self.etp]
+            for j in range(ep):
+                out[j * self.etp + t] = int(rows[:, owner == j].sum())
+        return out
 
 
 class MoEPlanner:
@@ -156,8 +190,9 @@ class MoEPlanner:
         assert moe is not None
         st = plan.replicas[reps[0]].stages[stage]
         members = ep_ranks(plan, reps[0], stage) if st.ep > 1 else [plan.stage_ranks(st)[0]]
+        etp = st.etp if st.ep > 1 else 1
         speeds = []
-        for r in members:
+        for r in members[::etp]:  # one per EP position (its ETP group shares a TP group)
             g, _, _ = plan.rank_info(r)
             dt = plan.device_types[g.type]
             speeds.append(dt.peak_tflops * dt.efficiency)
@@ -172,8 +207,9 @@ class MoEPlanner:
             if is_moe_layer(plan.model, layer):
                 c = routing_counts(moe, layer, tokens, len(members), plan.seed)
                 counts[layer] = c
-                matrix[layer] = alltoall_matrix(c, owner, tb)
-        return GroupRouting(members, reps, stage, ex, counts, matrix)
+                matrix[layer] = np.stack([alltoall_matrix(c[t::etp], owner, tb)
+                                          for t in range(etp)])
+        return GroupRouting(members, reps, stage, ex, counts, matrix, etp)
 
     def stage_costs(self, replica: int, stage: int) -> StageMoE | None:
         """The MoE layer costs of one stage's local ranks (None: no MoE layer in it)."""
@@ -187,17 +223,18 @@ class MoEPlanner:
         dev = plan.device_types[plan.group(st.group).type]
         side = side_costs(plan, dev, local_tokens(plan, st.tp, st.cp), 1)
         first_expert = np.concatenate([[0], np.cumsum(gr.experts)])
-        if st.ep > 1:
+        if st.ep > 1:  # EP position of each local rank (its ETP group computes its experts)
             offset = gr.replicas.index(replica) * st.tp
-            local = [offset + k for k in range(st.tp)]
+            local = [(offset + k) // gr.etp for k in range(st.tp)]
         else:
             local = [0]
         items = []
         for layer, c in gr.counts.items():
             fwd, bwd, fl = [], [], []
             for j in local:
+                # every block rank's tokens for EP position j reach its whole ETP group
                 load = c[:, first_expert[j]:first_expert[j + 1]].sum(axis=0)
-                tp = 1 if st.ep > 1 else st.tp
+                tp = gr.etp if st.ep > 1 else st.tp
                 ns_f, flops = experts_time_ns(plan, dev, load, tp, False)
                 ns_b, _ = experts_time_ns(plan, dev, load, tp, True)
                 fwd.append(ns_f)
@@ -214,8 +251,9 @@ class MoEPlanner:
         plan = self.plan
         st = plan.replicas[replica].stages[stage]
         gr = self.group(replica, stage)
-        j = gr.replicas.index(replica) * st.tp + local
-        return gr.experts[j] * expert_params(plan.model) * moe_layers_in(plan.model, st.layers)
+        j = (gr.replicas.index(replica) * st.tp + local) // gr.etp  # its EP position
+        return (gr.experts[j] * expert_params(plan.model, gr.etp)
+                * moe_layers_in(plan.model, st.layers))
 
     def edp_setup(self, gen: Any) -> dict[str, Any] | None:
         """Rings of the expert-data-parallel gradient sync, in the form of
@@ -230,7 +268,7 @@ class MoEPlanner:
         rows: list[dict[str, Any]] = []
         for i, st in enumerate(rep0.stages):
             groups = [ep_ranks(plan, h, i) for h in heads]
-            for p in range(st.ep):
+            for p in range(st.ep * st.etp):  # every block position
                 r_in, local = divmod(p, st.tp)
                 nbytes = self.expert_params_of(r_in, i, local) * plan.model.dtype_bytes
                 if nbytes <= 0:
@@ -306,9 +344,7 @@ class MoEPlanner:
         return np.concatenate(cols, axis=1)
 
     def _emit_chunk(self, gen: Any, gr: GroupRouting, chunk: int) -> None:
-        moe = self.plan.model.moe
-        assert moe is not None
-        for layer, mat in gr.matrix.items():
+        for layer in gr.matrix:
             for phase in ("fwd", "recompute", "bwd"):
                 pre = self._mark_ids(gen, gr, chunk, ("moe", layer, "pre", phase))
                 if pre is None:
@@ -316,18 +352,68 @@ class MoEPlanner:
                 exp = self._mark_ids(gen, gr, chunk, ("moe", layer, "experts", phase))
                 post = self._mark_ids(gen, gr, chunk, ("moe", layer, "post", phase))
                 assert exp is not None and post is not None
-                if phase == "bwd":  # gradients: token owner -> experts, then back
-                    pairs = ((post, exp, mat, "combine_bwd"), (exp, pre, mat.T, "dispatch_bwd"))
-                else:
-                    pairs = ((pre, exp, mat, "dispatch"), (exp, post, mat.T, "combine"))
-                for src_ops, dst_ops, m_, _what in pairs:
-                    self._exchange(gen, gr, layer, np.ascontiguousarray(m_), src_ops, dst_ops,
-                                   moe.alltoall)
+                # forward: dispatch pre -> experts, combine experts -> post; backward the
+                # gradients go from the token owner (post) to the experts and back to pre
+                into, out = (post, pre) if phase == "bwd" else (pre, post)
+                self._to_experts(gen, gr, layer, into, exp)
+                self._from_experts(gen, gr, layer, exp, out)
 
-    def _exchange(self, gen: Any, gr: GroupRouting, layer: int, matrix: np.ndarray,
-                  src_ops: np.ndarray, dst_ops: np.ndarray, method: str) -> None:
+    def _barrier(self, gen: Any, gr: GroupRouting, layer: int, m: int) -> np.ndarray:
+        """(m, G) zero-time joins, one per block rank and micro-batch."""
+        ranks = np.asarray(gr.members, dtype=np.int64)
+        g = len(ranks)
+        return gen.tb.add_ops(
+            m * g, kind=KIND_BARRIER, rank=np.tile(ranks, m), phase=PHASE_INDEX["ep"],
+            replica=np.tile(gen.rank_replica[ranks], m), stage=gr.stage,
+            microbatch=np.repeat(np.arange(m), g), layer_start=layer, layer_stop=layer + 1,
+        ).reshape(m, g)
+
+    def _etp_rings(self, gen: Any, gr: GroupRouting, layer: int, kind: str, start: np.ndarray,
+                   end: np.ndarray) -> None:
+        """The all-gather-v or reduce-scatter-v of every ETP group (:mod:`.etp`)."""
+        tb_bytes = self.plan.model.hidden * self.plan.model.dtype_bytes
+        chunks = gr.received(layer) * tb_bytes
+        e = gr.etp
+        for j in range(len(gr.experts)):
+            grp = slice(j * e, (j + 1) * e)
+            emit_etp(gen, gr.members[grp], chunks[grp], kind, layer, gr.stage, start[:, grp],
+                     end[:, grp])
+
+    def _to_experts(self, gen: Any, gr: GroupRouting, layer: int, src: np.ndarray,
+                    exp: np.ndarray) -> None:
+        """Dispatch (or its backward's combine gradient): all-to-all over every EP group, then
+        with etp > 1 the all-gather-v of every ETP group."""
+        method = self.plan.model.moe.alltoall  # type: ignore[union-attr]
+        mats, e = gr.matrix[layer], gr.etp
+        if e == 1:
+            self._exchange(gen, gr, gr.members, layer, mats[0], src, exp, method)
+            return
+        joined = self._barrier(gen, gr, layer, src.shape[0])
+        for t in range(e):
+            self._exchange(gen, gr, gr.ep_group(t), layer, mats[t], src[:, t::e],
+                           joined[:, t::e], method)
+        self._etp_rings(gen, gr, layer, "all_gather", joined, exp)
+
+    def _from_experts(self, gen: Any, gr: GroupRouting, layer: int, exp: np.ndarray,
+                      dst: np.ndarray) -> None:
+        """Combine (or the dispatch gradient): with etp > 1 the reduce-scatter-v of every ETP
+        group first, then the all-to-all (transposed matrix) over every EP group."""
+        method = self.plan.model.moe.alltoall  # type: ignore[union-attr]
+        mats, e = gr.matrix[layer], gr.etp
+        if e == 1:
+            self._exchange(gen, gr, gr.members, layer, np.ascontiguousarray(mats[0].T), exp, dst,
+                           method)
+            return
+        joined = self._barrier(gen, gr, layer, exp.shape[0])
+        self._etp_rings(gen, gr, layer, "reduce_scatter", exp, joined)
+        for t in range(e):
+            self._exchange(gen, gr, gr.ep_group(t), layer, np.ascontiguousarray(mats[t].T),
+                           joined[:, t::e], dst[:, t::e], method)
+
+    def _exchange(self, gen: Any, gr: GroupRouting, members: list[int], layer: int,
+                  matrix: np.ndarray, src_ops: np.ndarray, dst_ops: np.ndarray,
+                  method: str) -> None:
         tb = gen.tb
-        members = gr.members
         ex = lower_alltoall(matrix, members, self.info, method)
         m = src_ops.shape[0]
         if len(ex.src) == 0:  # everything stayed local: the experts wait on the own tokens
@@ -389,5 +475,6 @@ class MoEPlanner:
                 if not self.plan.collectives.nccl_cost:
                     for k in into:
                         tb.add_edges(ids[:, k], ids[:, f])
-        for q in range(nf):
+        for q in range(nf):  # a member's kernel ends after its receives and its sends
             tb.add_edges(ids[:, q], dst_ops[:, int(ex.dst[q])])
+            tb.add_edges(ids[:, q], dst_ops[:, int(ex.src[q])])

@@ -19,12 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from ..plan.attention import is_window_layer
 from ..plan.model import DeviceType, Plan, Stage
 from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, LAYER_EMBEDDING, PHASE_INDEX
 from .algorithms import lower
 from .builder import BulkBuilder, Template
 from .collectives import RingFlows, ring_flows
-from .compute import embedding_cost, head_cost, layer_costs
+from .compute import BlockCosts, embedding_cost, head_cost, layer_costs
 from .context import CPCosts, cp_costs, cp_mark, local_model
 from .kernels import microbatch_overhead_seconds
 from .moe_units import StageMoE
@@ -52,6 +53,10 @@ class Unit:
     mark: object = None  # key under which the compute ids are remembered (DP readiness)
     # (first, last) GEMM shares of the duration, for TP overlap (None: the unit is not split)
     gemms: tuple[float, float] | None = None
+    # The collective kind of this unit that moves MLA latents instead of hidden states (the
+    # sequence-parallel all-gather ahead of an MLA attention block, its reduce-scatter in the
+    # backward); lowered with ``RingSpec.latent``.
+    latent: str | None = None
 
 
 @dataclass
@@ -76,6 +81,9 @@ class RingSpec:
     delays: tuple[tuple[str, int], ...] = ()  # (collective kind, NCCL delay ns before a ring)
     # Kinds lowered by another algorithm than the ring: their Choice (workload.selection)
     choices: tuple[tuple[str, Choice], ...] = ()
+    # The same group's ring for the MLA latents (Unit.latent) and their bytes per micro-batch
+    latent: RingSpec | None = None
+    latent_bytes: int = 0
 
 
 def tp_kinds(plan: Plan) -> tuple[str, ...]:
@@ -109,55 +117,61 @@ def stage_units(
     if stage.cp > 1:  # every cost on the rank's s/cp tokens; ring steps add the rest of the core
         model = local_model(model, stage.cp)
         cpc = cp_costs(model, training, device, n, stage.cp)
-    costs = layer_costs(model, training, device, n)
-    core = attention_core_flops(model, training, n)
     tpk = tp_kinds(plan)
     a, b = stage.layers if layers is None else layers
+    kinds = {w: _attention_kind(model, training, device, n, w)
+             for w in {is_window_layer(model, x) for x in range(a, b)}}
+    # Megatron-Core gathers MLA's latents, not the hidden state, ahead of its attention block
+    mla_sp = (model.attention is not None and model.attention.mla is not None and n > 1
+              and training.sequence_parallel)
+    gather = "all_gather" if mla_sp else None
     fwd: list[Unit] = []
     bwd: list[Unit] = []
     wgr: list[Unit] = []
     grads = wgr if split_w else bwd  # where weight gradients are complete
-    attn_b, attn_w = split_ns(costs.attn_bwd_ns, attention_wgrad_share(costs.attn_flops, core))
-    mlp_b, mlp_w = split_ns(costs.mlp_bwd_ns, GEMM_WGRAD_SHARE)
-    attn_wfl = max(0.0, costs.attn_flops - core)  # weight-gradient GEMM FLOPs
-    shares = gemm_shares(model, training, n)
-    ga, gm = shares["attention"], shares["mlp"]
-    ra, rm = ga[::-1], gm[::-1]  # backward runs a block's GEMMs in reverse
     if first:
         ns, fl = embedding_cost(model, training, device)
-        emb = Unit("fwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, tpk, ("fwd", "embedding"))
+        emb = Unit("fwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, tpk, ("fwd", "embedding"),
+                   latent=gather)
         fwd.append(emb)
     for layer in range(a, b):
+        k = kinds[is_window_layer(model, layer)]
+        costs = k.costs
+        nxt = None if layer == model.layers - 1 else gather  # it feeds the next attention
         if cpc is not None:
             fwd.extend(_cp_units(cpc, layer, "fwd", costs.attn_fwd_ns, costs.attn_flops, tpk))
         else:
             fwd.append(
                 Unit("fwd", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk,
-                     ("fwd", layer), ga)
+                     ("fwd", layer), k.ga)
             )
         if moe is not None and layer in moe.layers:
-            fwd.extend(_moe_units(moe, layer, "fwd", tpk))
+            fwd.extend(_moe_units(moe, layer, "fwd", tpk, nxt))
             continue
-        fwd.append(Unit("fwd", layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk, None, gm))
+        fwd.append(Unit("fwd", layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk, None,
+                        k.gm, nxt))
     if last:
         ns, fl = head_cost(model, training, device, n)
         fwd.append(Unit("fwd", model.layers, model.layers + 1, ns, fl, ()))
     if training.recompute == "full":
         for layer in range(a, b):
+            k = kinds[is_window_layer(model, layer)]
+            costs = k.costs
+            nxt = None if layer == model.layers - 1 else gather
             if cpc is not None:
                 bwd.extend(_cp_units(cpc, layer, "recompute", costs.attn_fwd_ns,
                                      costs.attn_flops, tpk))
             else:
                 bwd.append(
                     Unit("recompute", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk,
-                         None, ga)
+                         None, k.ga)
                 )
             if moe is not None and layer in moe.layers:
-                bwd.extend(_moe_units(moe, layer, "recompute", tpk))
+                bwd.extend(_moe_units(moe, layer, "recompute", tpk, nxt))
                 continue
             bwd.append(
                 Unit("recompute", layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk,
-                     None, gm)
+                     None, k.gm, nxt)
             )
     if last:
         ns, fl = head_cost(model, training, device, n, bwd=True)  # fl: backward (2x) FLOPs
@@ -167,22 +181,30 @@ def stage_units(
             wgr.append(Unit("wgrad", model.layers, model.layers + 1, hw, fl / 2, ()))
         else:
             bwd.append(Unit("bwd", model.layers, model.layers + 1, ns, fl, tpk))
-    sel_ns = selective_recompute_ns(costs.attn_fwd_ns, costs.attn_flops, core)
+    scatter = "reduce_scatter" if mla_sp else None  # the latents' gradients, backward
     for layer in range(b - 1, a - 1, -1):
+        k = kinds[is_window_layer(model, layer)]
+        costs = k.costs
         is_moe = moe is not None and layer in moe.layers
         if split_w:
             if moe is not None and is_moe:  # the experts' W pass stays in B (not split)
                 bwd.extend(_moe_units(moe, layer, "bwd", tpk))
             else:
-                bwd.append(Unit("bwd", layer, layer + 1, mlp_b, costs.mlp_flops, tpk, None, rm))
+                bwd.append(Unit("bwd", layer, layer + 1, k.mlp_b, costs.mlp_flops, tpk, None,
+                                k.rm))
             if training.recompute == "selective":
-                bwd.append(Unit("recompute", layer, layer + 1, sel_ns, core, ()))
-            bwd.append(
-                Unit("bwd", layer, layer + 1, attn_b, costs.attn_flops + core, tpk, None, ra)
-            )
-            mw, mfl = (0, 0.0) if is_moe else (mlp_w, costs.mlp_flops)
+                bwd.append(Unit("recompute", layer, layer + 1, k.sel_ns, k.core, ()))
+            if cpc is not None:  # B: the ring's input gradients; the local GEMMs' W deferred
+                bwd.extend(_cp_units(cpc, layer, "bwd", k.attn_b, costs.attn_flops + k.core,
+                                     tpk, scatter))
+            else:
+                bwd.append(
+                    Unit("bwd", layer, layer + 1, k.attn_b, costs.attn_flops + k.core, tpk, None,
+                         k.ra, scatter)
+                )
+            mw, mfl = (0, 0.0) if is_moe else (k.mlp_w, costs.mlp_flops)
             wgr.append(
-                Unit("wgrad", layer, layer + 1, mw + attn_w, mfl + attn_wfl, (), mark=layer)
+                Unit("wgrad", layer, layer + 1, mw + k.attn_w, mfl + k.attn_wfl, (), mark=layer)
             )
             continue
         if moe is not None and is_moe:
@@ -190,15 +212,17 @@ def stage_units(
         else:
             bwd.append(
                 Unit("bwd", layer, layer + 1, costs.mlp_bwd_ns, 2 * costs.mlp_flops, tpk, None,
-                     rm)
+                     k.rm)
             )
         if training.recompute == "selective":
-            bwd.append(Unit("recompute", layer, layer + 1, sel_ns, core, ()))
+            bwd.append(Unit("recompute", layer, layer + 1, k.sel_ns, k.core, ()))
         if cpc is not None:
-            bwd.extend(_cp_units(cpc, layer, "bwd", costs.attn_bwd_ns, 2 * costs.attn_flops, tpk))
+            bwd.extend(_cp_units(cpc, layer, "bwd", costs.attn_bwd_ns, 2 * costs.attn_flops, tpk,
+                                 scatter))
             continue
         bwd.append(
-            Unit("bwd", layer, layer + 1, costs.attn_bwd_ns, 2 * costs.attn_flops, tpk, layer, ra)
+            Unit("bwd", layer, layer + 1, costs.attn_bwd_ns, 2 * costs.attn_flops, tpk, layer,
+                 k.ra, scatter)
         )
     if first:
         ns, fl = embedding_cost(model, training, device, bwd=True)
@@ -212,16 +236,47 @@ def stage_units(
     # (On its first transformer-layer op, so a stage's embedding or head op stays its own.)
     extra = int(round(microbatch_overhead_seconds() * 1e9))
     for units in (fwd, bwd):
-        k = next((i for i, u in enumerate(units) if 0 <= u.layer_start < model.layers), None)
-        if k is not None:
-            d = units[k].duration_ns
-            units[k] = replace(units[k], duration_ns=(
+        i0 = next((i for i, u in enumerate(units) if 0 <= u.layer_start < model.layers), None)
+        if i0 is not None:
+            d = units[i0].duration_ns
+            units[i0] = replace(units[i0], duration_ns=(
                 d + extra if isinstance(d, int) else tuple(x + extra for x in d)))
     return [fwd, bwd, wgr] if split_w else [fwd, bwd]
 
 
+@dataclass(frozen=True)
+class _AttentionKind:
+    """Costs of the layers of one attention kind (full, or sliding-window) on a stage."""
+
+    costs: BlockCosts
+    core: float  # forward FLOPs of the attention core per rank
+    attn_b: int  # attention backward split into B and W (zero-bubble)
+    attn_w: int
+    attn_wfl: float  # its weight-gradient GEMM FLOPs
+    mlp_b: int
+    mlp_w: int
+    ga: tuple[float, float]  # GEMM shares (first, last) of the attention block, forward
+    gm: tuple[float, float]
+    ra: tuple[float, float]  # the same, backward (GEMMs in reverse)
+    rm: tuple[float, float]
+    sel_ns: int  # selective recompute of the core
+
+
+def _attention_kind(model: Any, training: Any, device: DeviceType, n: int,
+                    window: bool) -> _AttentionKind:
+    costs = layer_costs(model, training, device, n, window)
+    core = attention_core_flops(model, training, n, window)
+    attn_b, attn_w = split_ns(costs.attn_bwd_ns, attention_wgrad_share(costs.attn_flops, core))
+    mlp_b, mlp_w = split_ns(costs.mlp_bwd_ns, GEMM_WGRAD_SHARE)
+    shares = gemm_shares(model, training, n, window)
+    ga, gm = shares["attention"], shares["mlp"]
+    return _AttentionKind(
+        costs, core, attn_b, attn_w, max(0.0, costs.attn_flops - core), mlp_b, mlp_w, ga, gm,
+        ga[::-1], gm[::-1], selective_recompute_ns(costs.attn_fwd_ns, costs.attn_flops, core))
+
+
 def _cp_units(cpc: CPCosts, layer: int, phase: str, attn_ns: int, attn_flops: float,
-              tpk: tuple[str, ...]) -> list[Unit]:
+              tpk: tuple[str, ...], latent: str | None = None) -> list[Unit]:
     """Ring attention of ``layer`` in ``phase``: the attention block on the local chunk, then
     cp - 1 core steps, step j on the K/V received in ring step j; the TP collectives after the
     last. Marks :func:`.context.cp_mark` (where the K/V flows attach)."""
@@ -232,11 +287,13 @@ def _cp_units(cpc: CPCosts, layer: int, phase: str, attn_ns: int, attn_flops: fl
     out = [Unit(phase, *x, attn_ns, attn_flops, (), cp_mark(layer, 0, phase, cpc.cp))]
     for j in range(1, cpc.cp):
         out.append(Unit(phase, *x, step_ns, step_fl, tpk if j == cpc.cp - 1 else (),
-                        cp_mark(layer, j, phase, cpc.cp)))
+                        cp_mark(layer, j, phase, cpc.cp),
+                        latent=latent if j == cpc.cp - 1 else None))
     return out
 
 
-def _moe_units(moe: StageMoE, layer: int, phase: str, tpk: tuple[str, ...]) -> list[Unit]:
+def _moe_units(moe: StageMoE, layer: int, phase: str, tpk: tuple[str, ...],
+               latent: str | None = None) -> list[Unit]:
     """The units of MoE layer ``layer`` in pass ``phase`` (fwd, recompute or bwd).
 
     ``ep`` 1: one unit (router, shared and all experts TP-split) followed by the TP collectives
@@ -252,7 +309,7 @@ def _moe_units(moe: StageMoE, layer: int, phase: str, tpk: tuple[str, ...]) -> l
         ns = c.pre_bwd_ns + c.post_bwd_ns + c.expert_bwd_ns[0] if bwd else (
             c.pre_fwd_ns + c.post_fwd_ns + c.expert_fwd_ns[0])
         fl = (c.pre_flops + c.expert_flops[0]) * (2 if bwd else 1)
-        return [Unit(phase, *x, ns, fl, tpk)]
+        return [Unit(phase, *x, ns, fl, tpk, latent=latent)]
     mult = 2 if bwd else 1
     pre = Unit(phase, *x, c.pre_bwd_ns if bwd else c.pre_fwd_ns, c.pre_flops * mult, (),
                ("moe", layer, "pre", phase))
@@ -298,14 +355,13 @@ def build_block(
     """
     tb = BulkBuilder()
     local = np.arange(n, dtype=np.int64)
-    perm = np.asarray(ring.perm, dtype=np.int64)[None]  # (1, C, n)
-    sizes = np.asarray(ring.sizes, dtype=np.int64)[None]
     head = last = None
     prev_tails: np.ndarray | None = None  # (n, k) last flows of the previous unit's collectives
     prev_early: np.ndarray | None = None  # the same for all but its last collective
     marks: dict[object, np.ndarray] = {}
     tp_phase = PHASE_INDEX["tp"]
-    lowered: dict[str, RingFlows] = {}  # every unit's collective of a kind has the same shape
+    # every unit's collective of a kind (and width: hidden or MLA latents) has the same shape
+    lowered: dict[tuple[str, bool], RingFlows] = {}
     for u in units:
         split = overlap_tp and n > 1 and u.gemms is not None and bool(u.kinds)
         pieces: list[np.ndarray] = []
@@ -338,24 +394,29 @@ def build_block(
         tails = (pieces[1] if split else pieces[-1])[:, None]  # where the collectives start
         prev_tails = prev_early = None
         for kind in u.kinds if n > 1 else ():
-            choice = dict(ring.choices).get(kind)
-            if kind not in lowered:
+            lat = kind == u.latent and ring.latent is not None
+            rs = ring.latent if lat and ring.latent is not None else ring
+            nbytes = ring.latent_bytes if lat else tp_bytes
+            choice = dict(rs.choices).get(kind)
+            key = (kind, lat)
+            if key not in lowered:
                 if choice is None:
-                    lowered[kind] = ring_flows(local[None], perm, sizes, kind, granularity,
-                                               chunks)
+                    lowered[key] = ring_flows(
+                        local[None], np.asarray(rs.perm, dtype=np.int64)[None],
+                        np.asarray(rs.sizes, dtype=np.int64)[None], kind, granularity, chunks)
                 else:
                     assert choice.layout is not None
-                    lowered[kind] = lower(choice.algorithm, kind, choice.layout, tp_bytes,
-                                          choice.channels, choice.chunks)
-            rf = lowered[kind]
+                    lowered[key] = lower(choice.algorithm, kind, choice.layout, nbytes,
+                                         choice.channels, choice.chunks)
+            rf = lowered[key]
             coll = tb.add_collectives(
                 1,
                 kind=kind,
                 phase=tp_phase,
-                bytes=tp_bytes,
-                ranks=ring.label,
-                algorithm=ring.algorithm if choice is None else choice.label,
-                channels=perm.shape[1] if choice is None else choice.channels,
+                bytes=nbytes,
+                ranks=rs.label,
+                algorithm=rs.algorithm if choice is None else choice.label,
+                channels=len(rs.perm) if choice is None else choice.channels,
                 layer_start=u.layer_start,
                 layer_stop=u.layer_stop,
             )
@@ -375,7 +436,7 @@ def build_block(
             base = fl[0]
             tb.add_edges(rf.pred + base, rf.succ + base)
             start = rf.start[0] + base  # (C, n): first send of member m on channel c
-            delay = dict(ring.delays).get(kind, 0)
+            delay = dict(rs.delays).get(kind, 0)
             if delay > 0:  # NCCL latency and protocol cost: a timed barrier per member
                 dl = tb.add_ops(n, kind=KIND_BARRIER, rank=local, duration_ns=delay,
                                 phase=tp_phase, layer_start=u.layer_start,

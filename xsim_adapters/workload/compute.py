@@ -7,6 +7,9 @@ Model FLOPs per transformer layer and micro-batch on one rank of a TP group of s
   context ``4*b*s^2*h`` (halved with ``training.causal_attention_halving``), all / tp;
 - MLP block: ``2bs*h*f*(3 if gated_mlp else 2)`` / tp.
 
+Other attention shapes (``model.attention``: an explicit head width, MLA, sliding windows)
+count as :func:`.passes.attention_block_flops` says; biases and sinks add no GEMM FLOPs.
+
 These FLOPs (backward = 2x forward) are what the trace records for MFU. The *durations* come from
 the operator-level model of :mod:`.kernels`: each block is the list of kernels a framework runs
 (GEMMs at a shape-dependent rate, the attention core, the memory-bound operators), each
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..plan.attention import attention_params, keys_per_query
 from ..plan.memory import embedding_params, head_params, layer_params, span_params
 from ..plan.model import DeviceType, ModelSpec, TrainingSpec
 from .kernels import (
@@ -34,6 +38,7 @@ from .kernels import (
     mlp_kernels,
     unit_seconds,
 )
+from .passes import attention_block_flops
 
 # Adam step traffic per parameter, bytes: it reads and writes 16 bytes of state per parameter
 # (fp32 master weight, m and v = 12, plus the bf16 weight and gradient = 4): 2 x 16.
@@ -42,12 +47,6 @@ ADAM_BYTES_PER_PARAM = 32
 # fp16 loss scaling adds one more read for the inf/nan check before the step.
 GRAD_NORM_BYTES_PER_PARAM = 4
 FP16_INF_CHECK_BYTES_PER_PARAM = 4
-
-
-def attention_params(model: ModelSpec) -> int:
-    """Weights of one layer's attention matrices (QKV + out-projection), in parameters."""
-    h, hd = model.hidden, model.head_dim
-    return h * (h + 2 * model.kv_heads * hd) + h * h
 
 
 def mlp_params(model: ModelSpec) -> int:
@@ -67,13 +66,13 @@ class LayerFlops:
         return self.attention + self.mlp
 
 
-def layer_flops(model: ModelSpec, training: TrainingSpec, tp: int) -> LayerFlops:
-    """Forward FLOPs per rank of one layer for one micro-batch (backward is 2x this)."""
+def layer_flops(model: ModelSpec, training: TrainingSpec, tp: int,
+                window: bool = False) -> LayerFlops:
+    """Forward FLOPs per rank of one layer for one micro-batch (backward is 2x this);
+    ``window``: a sliding-window layer (:func:`.passes.attention_block_flops`)."""
     b, s, h = training.micro_batch, model.seq_len, model.hidden
     bs = b * s
-    qkv = 2.0 * bs * h * (h + 2 * model.kv_heads * model.head_dim)
-    proj = 2.0 * bs * h * h
-    scores = 4.0 * b * s * s * h * (0.5 if training.causal_attention_halving else 1.0)
+    qkv, proj, scores = attention_block_flops(model, training, window)
     mlp = 2.0 * bs * h * model.ffn_hidden * (3 if model.gated_mlp else 2)
     return LayerFlops(attention=(qkv + proj + scores) / tp, mlp=mlp / tp)
 
@@ -118,11 +117,12 @@ class BlockCosts:
 
 
 def layer_costs(
-    model: ModelSpec, training: TrainingSpec, device: DeviceType, tp: int
+    model: ModelSpec, training: TrainingSpec, device: DeviceType, tp: int, window: bool = False
 ) -> BlockCosts:
-    """Forward/backward durations of the attention and MLP blocks of one layer on ``device``."""
-    fl = layer_flops(model, training, tp)
-    prof = profile_layer_us(device, tp, training.micro_batch, model.seq_len)
+    """Forward/backward durations of the attention and MLP blocks of one layer on ``device``
+    (``window``: a sliding-window layer; a profile row applies to full-attention layers)."""
+    fl = layer_flops(model, training, tp, window)
+    prof = None if window else profile_layer_us(device, tp, training.micro_batch, model.seq_len)
     if prof is not None:
         share = fl.attention / fl.total
         fwd_ns, bwd_ns = prof[0] * 1e3, prof[1] * 1e3
@@ -135,7 +135,7 @@ def layer_costs(
             mlp_flops=fl.mlp,
             profiled=True,
         )
-    c = make_ctx(model, training, device, tp)
+    c = make_ctx(model, training, device, tp, keys_per_query(model, window))
     return BlockCosts(
         attn_fwd_ns=_ns(unit_seconds(attention_kernels(c, False))),
         mlp_fwd_ns=_ns(unit_seconds(mlp_kernels(c, False))),

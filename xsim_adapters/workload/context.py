@@ -12,8 +12,10 @@ balancing the sequence is cut into ``2 cp`` chunks and rank ``i`` holds chunks `
 - communication: ``cp - 1`` ring steps; in step ``j`` every rank sends the K/V chunk it holds
   (its own in step 1, the one it received in step ``j - 1`` after that) to the next rank of the
   ring, ``2 * b * (s/cp) * kv_heads_per_tp_rank * head_dim * dtype`` bytes (K and V). Step
-  ``j``'s core waits for step ``j``'s K/V; step ``j + 1``'s send overlaps it. Backward sends
-  K/V and the partial dK/dV: twice the bytes per step (Transformer Engine's backward ring).
+  ``j``'s core waits for step ``j``'s send/receive pair (both requests, as Transformer Engine
+  waits on them), and so does the send that forwards the chunk; step ``j + 1``'s send overlaps
+  step ``j``'s core. Backward sends K/V and the partial dK/dV: twice the bytes per step
+  (Transformer Engine's backward ring).
   Each step pays NCCL's p2p latency (Simple base + one step of the link type) as a timed
   barrier before the send.
 
@@ -28,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..plan.attention import attention_dims
 from ..plan.model import DeviceType, ModelSpec, Plan, TrainingSpec
 from ..trace.schema import KIND_BARRIER, KIND_FLOW, PHASE_INDEX
 from .kernels import _attention_core, make_ctx, unit_seconds
@@ -78,10 +81,14 @@ def cp_mark(layer: int, step: int, phase: str, cp: int) -> object:
 
 
 def kv_bytes(plan: Plan, tp: int, cp: int) -> int:
-    """K and V of one rank's chunk (one TP rank's KV heads), bytes: what one ring step sends."""
+    """K and V of one rank's chunk (one TP rank's KV heads), bytes: what one ring step sends.
+
+    With MLA the ring carries the up-projected K (every head, nope + rope wide) and V (every
+    head, v wide), as Megatron-Core's MLA hands them to Transformer Engine's ring attention."""
     m = plan.model
-    kv_heads = max(1, m.kv_heads // tp)
-    return 2 * plan.training.micro_batch * (m.seq_len // cp) * kv_heads * m.head_dim * (
+    _, hkv, dqk, dv = attention_dims(m)
+    kv_heads = max(1, hkv // tp)
+    return plan.training.micro_batch * (m.seq_len // cp) * kv_heads * (dqk + dv) * (
         m.dtype_bytes)
 
 
@@ -138,6 +145,7 @@ def _emit_ring(gen: Any, reps: list[int], stage: int, chunk: int, layer: int, ph
     delay = np.array([p2p_delay_ns(gen.info, int(a), int(b)) for a, b in zip(src, nxt,
                                                                               strict=True)])
     prev_in = None  # (m, n) flow of the previous step into each member
+    prev_out = None  # (m, n) flow of the previous step out of each member
     replica = gen.rank_replica[src]
     for j in range(1, cp):
         common = dict(phase=pc, replica=np.tile(replica, m), stage=stage,
@@ -149,9 +157,13 @@ def _emit_ring(gen: Any, reps: list[int], stage: int, chunk: int, layer: int, ph
                         bytes=nbytes, **common).reshape(m, n)
         tb.add_edges(marks[0].reshape(m, n), dl)  # K/V of the local chunk exist
         if prev_in is not None:
-            tb.add_edges(prev_in, dl)  # forward the chunk received in the step before
+            # forward the chunk received in the step before, once that step's send/receive
+            # pair has completed on this rank (TE waits on both requests)
+            tb.add_edges(prev_in, dl)
+            tb.add_edges(prev_out, dl)
         tb.add_edges(dl, fl)
         # the flow from member x lands on x + 1 (same TP position): index shift by tp
         into = np.roll(fl.reshape(m, cp, tp), 1, axis=1).reshape(m, n)
         tb.add_edges(into, marks[j].reshape(m, n))
-        prev_in = into
+        tb.add_edges(fl, marks[j].reshape(m, n))
+        prev_in, prev_out = into, fl

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
 
+from ..plan.attention import tp_gather_width
 from ..plan.limits import check_ops, estimate_ops
 from ..plan.model import Plan, Stage
 from ..plan.moe import routed_expert_params
@@ -145,15 +146,25 @@ class _Generator:
         bws = [ring_bottleneck_GBps(self.info, o) for o in orders]
         return orders, split_bytes(nbytes, bws)
 
-    def _stage_ring(self, stage: Stage) -> RingSpec:
+    def _stage_ring(self, stage: Stage, nbytes: int | None = None) -> RingSpec:
+        """The TP ring of a stage for ``nbytes`` per collective (default: the activations);
+        with MLA under sequence parallelism also the ring of its latents (``RingSpec.latent``)."""
+        plan = self.plan
+        if nbytes is None and plan.training.sequence_parallel and stage.tp > 1:
+            width = tp_gather_width(plan.model)
+            if width != plan.model.hidden:
+                lat = self.act_bytes // plan.model.hidden * width
+                return replace(self._stage_ring(stage, self.act_bytes),
+                               latent=self._stage_ring(stage, lat), latent_bytes=lat)
+        nbytes = self.act_bytes if nbytes is None else nbytes
         ranks = list(self.plan.stage_ranks(stage))
-        orders, sizes = self._ring(ranks, self.act_bytes)
+        orders, sizes = self._ring(ranks, nbytes)
         pos = {r: k for k, r in enumerate(ranks)}
         perm = tuple(tuple(pos[r] for r in o) for o in orders)
         delays: list[tuple[str, int]] = []
         choices: list[tuple[str, Choice]] = []
         for k in tp_kinds(self.plan):
-            ch = choose_algorithm(self.plan, self.info, ranks, k, self.act_bytes)
+            ch = choose_algorithm(self.plan, self.info, ranks, k, nbytes)
             if ch.algorithm != "ring":
                 choices.append((k, ch))
                 delays.append((k, ch.delay_ns))

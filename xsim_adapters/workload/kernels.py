@@ -4,7 +4,8 @@ Megatron-style transformer layer on one rank of a TP group of ``tp`` (b = micro-
 sequence, T = b*s tokens, h = hidden, f = ffn_hidden, hq / hkv = query / key-value heads,
 hd = h / hq; Tr = T / tp for the norm/residual region under sequence parallelism, else T):
 
-- attention block: norm, QKV GEMM [T, h] x [h, (hq + 2 hkv) hd / tp], rotary on Q and K
+- attention block (MLA: :func:`_mla_kernels`; a sliding window shortens the core's keys per
+  query, ``Ctx.kv_len``): norm, QKV GEMM [T, h] x [h, (hq + 2 hkv) hd / tp], rotary on Q and K
   (Llama conventions, ``model.gated_mlp``), the attention core (FlashAttention, or Megatron's
   unfused core: batched QK^T, fused scale-mask-softmax, dropout, batched PV), the output
   projection [T, hq hd / tp] x [hq hd / tp, h], and the residual add (with dropout: Megatron's
@@ -71,6 +72,7 @@ class Ctx:
     attn_rates: Rates  # attention-core rate (16-bit peak for fp8 training)
     act_bytes: int  # bytes per activation element (2 mixed precision, 4 fp32/tf32)
     gemm_in_bytes: float  # bytes per GEMM operand element (1 for fp8)
+    kv_len: int = 0  # keys per query at the attention core; 0: the sequence (a window: fewer)
 
     @property
     def tokens(self) -> int:
@@ -105,11 +107,15 @@ def device_rates(device: DeviceType, training: TrainingSpec) -> tuple[Rates, Rat
     return gemm, Rates(attn_peak * 1e12 * device.efficiency, hbm, device.sm_count)
 
 
-def make_ctx(model: ModelSpec, training: TrainingSpec, device: DeviceType, tp: int) -> Ctx:
-    """The kernel context of one stage (``tp`` ranks of ``device``)."""
+def make_ctx(model: ModelSpec, training: TrainingSpec, device: DeviceType, tp: int,
+             kv_len: int = 0) -> Ctx:
+    """The kernel context of one stage (``tp`` ranks of ``device``); ``kv_len``: keys per query
+    of a sliding-window layer (0: full attention)."""
     gemm, attn = device_rates(device, training)
     act = FP32_BYTES if training.precision in ("fp32", "tf32") else 2
-    return Ctx(model, training, tp, gemm, attn, act, 1 if training.precision == "fp8" else act)
+    kv = kv_len if 0 < kv_len < model.seq_len else 0
+    return Ctx(model, training, tp, gemm, attn, act, 1 if training.precision == "fp8" else act,
+               kv)
 
 
 # ---------------------------------------------------------------- building blocks
@@ -165,21 +171,33 @@ def _heads(c: Ctx) -> tuple[int, int, int]:
     return m.heads // c.tp, m.kv_heads // c.tp if m.kv_heads >= c.tp else 1, m.head_dim
 
 
+def _core_dims(c: Ctx) -> tuple[int, int, int, int]:
+    """(query heads, key/value heads per rank, q/k width, v width) at the attention core."""
+    hq, hkv, hd = _heads(c)
+    a = c.model.attention
+    if a is not None and a.mla is not None:  # after the up-projections every head has its K, V
+        return hq, hq, a.mla.qk_head_dim, a.mla.v_head_dim
+    return hq, hkv, hd, hd
+
+
 def _attention_core(c: Ctx, bwd: bool) -> list[Kernel]:
     b, s = c.training.micro_batch, c.model.seq_len
-    hq, hkv, hd = _heads(c)
+    hq, hkv, dqk, dv = _core_dims(c)
+    sk = c.kv_len or s  # keys per query: the sequence, or a sliding window
+    d = 0.5 * (dqk + dv)  # mean of the two GEMMs' widths (= head_dim for standard attention)
     e = c.act_bytes
-    causal = 0.5 if c.training.causal_attention_halving else 1.0
+    causal = 0.5 if c.training.causal_attention_halving and not c.kv_len else 1.0
     if c.training.flash_attention:
-        fwd_flops = 4.0 * b * s * s * hd * hq * causal
+        fwd_flops = 4.0 * b * s * sk * d * hq * causal
         blocks = b * hq * -(-s // FLASH_BLOCK_Q)
         q = tiled_quantization(blocks, c.attn_rates.sm_count)
         if bwd:
             t = FLASH_BWD_WORK * fwd_flops / (c.attn_rates.gemm_flops * FLASH_BWD_RATE * q)
-            io = e * b * s * hd * (2 * (3 * hq + 2 * hkv) - hq)  # q k v o do in, dq dk dv out
+            # q k v o do in, dq dk dv out (and o, do once more for the softmax row sums)
+            io = e * b * s * (2 * (hq + hkv) * dqk + 2 * hkv * dv + 3 * hq * dv)
             return [Kernel("flash_bwd", max(t, io / c.rates.hbm_Bps), 2 * fwd_flops)]
         t = fwd_flops / (c.attn_rates.gemm_flops * FLASH_FWD_RATE * q)
-        io = e * b * s * hd * (2 * hq + 2 * hkv) + FP32_BYTES * b * hq * s
+        io = e * b * s * ((hq + hkv) * dqk + (hkv + hq) * dv) + FP32_BYTES * b * hq * s
         return [Kernel("flash_fwd", max(t, io / c.rates.hbm_Bps), fwd_flops)]
     # Unfused core: the s x s scores of every head are materialized (causal masking does not
     # save work here: the fused softmax masks after QK^T).
@@ -187,25 +205,70 @@ def _attention_core(c: Ctx, bwd: bool) -> list[Kernel]:
     mask = DROPOUT_MASK_BYTES if c.training.dropout else 0
     r = c.attn_rates
     if not bwd:
-        out = [_gemm("qk", s, s, hd, c, b * hq, r), _mem("softmax", scores * 2 * e, c)]
+        out = [_gemm("qk", s, s, dqk, c, b * hq, r), _mem("softmax", scores * 2 * e, c)]
         if c.training.dropout:
             out.append(_mem("attn_dropout", scores * (2 * e + mask), c))
-        out.append(_gemm("pv", s, hd, s, c, b * hq, r))
+        out.append(_gemm("pv", s, dv, s, c, b * hq, r))
         return out
-    out = [_gemm("pv_dgrad", s, s, hd, c, b * hq, r), _gemm("pv_wgrad", s, hd, s, c, b * hq, r)]
+    out = [_gemm("pv_dgrad", s, s, dv, c, b * hq, r), _gemm("pv_wgrad", s, dv, s, c, b * hq, r)]
     if c.training.dropout:
         out.append(_mem("attn_dropout_bwd", scores * (2 * e + mask), c))
     out.append(_mem("softmax_bwd", scores * 3 * e, c))
-    out += [_gemm("qk_dgrad", s, hd, s, c, b * hq, r), _gemm("qk_wgrad", s, hd, s, c, b * hq, r)]
+    out += [_gemm("qk_dgrad", s, dqk, s, c, b * hq, r),
+            _gemm("qk_wgrad", s, dqk, s, c, b * hq, r)]
     return out
 
 
 # ---------------------------------------------------------------- layer units
 
 
+def _mla_kernels(c: Ctx, bwd: bool) -> list[Kernel]:
+    """Multi-head latent attention as Megatron-Core runs it: the down projections (and the
+    latents' norms) duplicated on every TP rank over its own tokens (T / tp under sequence
+    parallelism, else all T), the up projections column-parallel over the heads on all T
+    tokens, rotary on the rope parts of Q (every head) and K (shared), the core, the
+    row-parallel output projection."""
+    m = c.model
+    a = m.attention
+    assert a is not None and a.mla is not None
+    x = a.mla
+    hq, _, dqk, dv = _core_dims(c)
+    t, h, e = c.tokens, m.hidden, c.act_bytes
+    tl = int(c.tokens_norm)  # tokens of the duplicated down projections
+    kv_a = x.kv_lora_rank + x.qk_rope_head_dim
+    up_kv = hq * (x.qk_nope_head_dim + dv)
+    rotary = _mem("rotary", t * (hq + 1) * x.qk_rope_head_dim * 2 * e, c)
+    if not bwd:
+        q = ([*_linear_fwd("q_down", tl, x.q_lora_rank, h, c),
+              _mem("q_norm", tl * x.q_lora_rank * e * 2, c),
+              *_linear_fwd("q_up", t, hq * dqk, x.q_lora_rank, c)] if x.q_lora_rank
+             else _linear_fwd("q_proj", t, hq * dqk, h, c))
+        return [
+            _norm(c, False), *q,
+            *_linear_fwd("kv_down", tl, kv_a, h, c),
+            _mem("kv_norm", tl * x.kv_lora_rank * e * 2, c),
+            *_linear_fwd("kv_up", t, up_kv, x.kv_lora_rank, c),
+            rotary, *_attention_core(c, False),
+            *_linear_fwd("proj", t, h, hq * dv, c), _residual(c, False),
+        ]
+    q = ([*_linear_bwd("q_up", t, hq * dqk, x.q_lora_rank, c),
+          _mem("q_norm_bwd", tl * x.q_lora_rank * e * 3, c),
+          *_linear_bwd("q_down", tl, x.q_lora_rank, h, c)] if x.q_lora_rank
+         else _linear_bwd("q_proj", t, hq * dqk, h, c))
+    return [
+        _residual(c, True), *_linear_bwd("proj", t, h, hq * dv, c),
+        *_attention_core(c, True), rotary,
+        *_linear_bwd("kv_up", t, up_kv, x.kv_lora_rank, c),
+        _mem("kv_norm_bwd", tl * x.kv_lora_rank * e * 3, c),
+        *_linear_bwd("kv_down", tl, kv_a, h, c), *q, _norm(c, True),
+    ]
+
+
 def attention_kernels(c: Ctx, bwd: bool) -> list[Kernel]:
     """Kernels of the attention block (forward, or backward in run order)."""
     m = c.model
+    if m.attention is not None and m.attention.mla is not None:
+        return _mla_kernels(c, bwd)
     hq, hkv, hd = _heads(c)
     t, h, e = c.tokens, m.hidden, c.act_bytes
     qkv_n = (hq + 2 * hkv) * hd
