@@ -67,13 +67,13 @@ def _peer_receive_start(tf: pd.DataFrame, fm: np.ndarray, tm: np.ndarray) -> np.
     or CP flow the start of its sender's latest timed barrier of the same collective that
     ended by then (``tm``: the timed communication barriers)."""
     start = tf["start_ns"].to_numpy()
-    out = start[fm].astype(np.float64)
     peer_ph = [PHASE_INDEX["ep"], PHASE_INDEX["cp"]]
     phase = tf["phase"].to_numpy()
     pf = np.isin(phase[fm], peer_ph)
     bm = tm & np.isin(phase, peer_ph)
     if not pf.any() or not bm.any():
-        return out
+        return start[fm]  # no EP/CP flow (dense plans): the flows' own starts
+    out = start[fm].astype(np.float64)
     coll = tf["collective"].to_numpy()
     rank = tf["rank"].to_numpy()
     end = tf["end_ns"].to_numpy()
@@ -171,9 +171,14 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     # ... and so is waiting on a slower member of its EP all-to-all or CP ring (straggler wait)
     pk, ps, pe = _wait_intervals(stragglers, ("ep", "cp"))
     mk = is_comp | own_stage
-    bk = np.concatenate([k[mk], pk])
-    bs, be = clip(np.concatenate([s[mk], ps]), np.concatenate([e[mk], pe]), lo[bk], hi[bk])
-    busy = union_length(bk, bs, be, n)
+    if len(pk):
+        bk = np.concatenate([k[mk], pk])
+        bs, be = clip(np.concatenate([s[mk], ps]), np.concatenate([e[mk], pe]), lo[bk], hi[bk])
+        busy = union_length(bk, bs, be, n)
+        del bk, bs, be
+    else:  # no EP/CP waits (every dense plan): the presorted masked union, no copies
+        busy = union(mk, lo, hi)
+    del mk, own_stage
     out["bubble_ns"] = np.where(has, (hi - lo) - busy, 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         out["bubble_fraction"] = np.where(it > 0, out["bubble_ns"].to_numpy() / it, 0.0)
