@@ -25,6 +25,8 @@ import pandas as pd
 from .errors import PlanError
 from .plan.model import DeviceGroup, NetworkSpec, Plan
 from .trace.schema import KINDS, PHASES, SCHEMA_VERSION, Trace
+from .trace.slowdowns import MANIFEST_KEY as SLOWDOWNS_KEY
+from .trace.slowdowns import remap
 from .trace.timeline import Timeline
 
 # Upper bound on jobs in one run: each is a whole plan; more is a mistake, not a study.
@@ -133,6 +135,7 @@ def combine_traces(jobs: JobSet, traces: Sequence[Trace | None],
     ``only``, just that job's ops, on the same cluster ranks (the job alone in its place).
     A ``None`` trace (a job not generated yet) contributes no ops."""
     ops_parts, dep_parts, coll_parts = [], [], []
+    slowdowns: list[dict[str, Any]] = []
     op_off = coll_off = 0
     for k, (trace, rmap) in enumerate(zip(traces, jobs.rank_map, strict=True)):
         if trace is None or (only is not None and k != only):
@@ -154,6 +157,7 @@ def combine_traces(jobs: JobSet, traces: Sequence[Trace | None],
                           for s in c["ranks"].astype(str)]
             coll_off = int(c["collective"].max()) + 1
         coll_parts.append(c)
+        slowdowns += remap(trace.manifest.get(SLOWDOWNS_KEY) or [], rmap)
         op_off += len(o)
     ranks = cluster_ranks(jobs)
     ops = pd.concat(ops_parts, ignore_index=True)
@@ -178,6 +182,8 @@ def combine_traces(jobs: JobSet, traces: Sequence[Trace | None],
                  for k, (p, t, m) in enumerate(zip(jobs.plans, traces, jobs.rank_map,
                                                    strict=True))],
     }
+    if slowdowns:  # each job's interval slowdowns, on its cluster ranks
+        manifest[SLOWDOWNS_KEY] = slowdowns
     return Trace(ops=ops, deps=deps, collectives=colls, manifest=manifest)
 
 
