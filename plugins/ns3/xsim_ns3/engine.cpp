@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -31,6 +32,22 @@ enum OpKind { COMPUTE = 0, FLOW = 1, BARRIER = 2 };
 enum Transport { DCTCP = 0, TCP = 1, UDP = 2 };
 
 class Engine;
+
+// Per-queue-disc telemetry (docs/metrics.md "Queues"): the most bytes it held, and the time
+// integral of its bytes (for the mean occupancy), fed by its BytesInQueue trace source.
+struct QueueWatch {
+    uint32_t peakBytes = 0;
+    double byteNs = 0;    // integral of bytes over time, byte-ns
+    double lastNs = 0;
+    uint32_t lastBytes = 0;
+    void OnBytes(uint32_t, uint32_t now) {
+        double t = double(Simulator::Now().GetNanoSeconds());
+        byteNs += double(lastBytes) * (t - lastNs);
+        lastNs = t;
+        lastBytes = now;
+        if (now > peakBytes) peakBytes = now;
+    }
+};
 
 // A persistent connection between two nodes: flows are FIFO byte ranges of one stream.
 class Conn {
@@ -195,6 +212,7 @@ class Engine {
             QueueDiscContainer qd = tch.Install(devs.Get(side));
             qd.Get(0)->TraceConnectWithoutContext("Drop",
                                                   MakeCallback(&Engine::OnQueueDrop, this));
+            WatchQueue(qd.Get(0));
         }
         Ipv4AddressHelper addr;
         uint32_t net = 0x0A000000u + uint32_t(cables.size()) * 4u;  // 10.0.0.0 + /30 per cable
@@ -253,6 +271,7 @@ class Engine {
         for (size_t i = 0; i < linkEvents.size(); ++i)
             Simulator::Schedule(NanoSeconds(linkEvents[i].atNs), &Engine::ApplyLinkEvent, this,
                                 int64_t(i));
+        ScheduleReroutes();  // after the link events: same-time events run in schedule order
     }
 
     void Drain() {
@@ -269,7 +288,7 @@ class Engine {
     void StartOp(int64_t op) {
         t0[op] = double(Simulator::Now().GetNanoSeconds());
         if (kind[op] == COMPUTE && dur[op] > 0) {
-            Simulator::Schedule(NanoSeconds(dur[op]), &Engine::Finish, this, op);
+            Simulator::Schedule(NanoSeconds(ComputeDelayNs(op)), &Engine::Finish, this, op);
         } else if (kind[op] == FLOW && bytes[op] > 0) {
             if (conn[op] >= 0)
                 conns[conn[op]]->Enqueue(op, uint64_t(bytes[op]));
@@ -316,7 +335,7 @@ class Engine {
         for (int64_t op : active) {
             // Done if it would finish within half a nanosecond (ns-3 time resolution).
             if (rem[op] <= rate[op] * 0.5 + 1e-6) {
-                int64_t lat = int64_t(std::llround(flat[op]));
+                int64_t lat = int64_t(std::llround(FLat(op)));
                 Simulator::Schedule(NanoSeconds(lat), &Engine::Finish, this, op);
             } else {
                 still.push_back(op);
@@ -340,8 +359,8 @@ class Engine {
         std::vector<double> resid(fcap.size(), -1.0);
         std::vector<int64_t> cnt(fcap.size(), 0);
         for (int64_t op : active)
-            for (int64_t e = fptr[op]; e < fptr[op + 1]; ++e) {
-                int64_t l = flink[e];
+            for (const int64_t* e = FB(op); e < FE(op); ++e) {
+                int64_t l = *e;
                 if (resid[l] < 0) {
                     resid[l] = fcap[l];
                     used.push_back(l);
@@ -363,15 +382,15 @@ class Engine {
                 if (frozen[i]) continue;
                 int64_t op = active[i];
                 bool crosses = false;
-                for (int64_t e = fptr[op]; e < fptr[op + 1]; ++e)
-                    if (flink[e] == best) { crosses = true; break; }
+                for (const int64_t* e = FB(op); e < FE(op); ++e)
+                    if (*e == best) { crosses = true; break; }
                 if (!crosses) continue;
                 frozen[i] = 1;
                 --left;
                 rate[op] = share;
-                for (int64_t e = fptr[op]; e < fptr[op + 1]; ++e) {
-                    resid[flink[e]] -= share;
-                    --cnt[flink[e]];
+                for (const int64_t* e = FB(op); e < FE(op); ++e) {
+                    resid[*e] -= share;
+                    --cnt[*e];
                 }
             }
         }
@@ -418,6 +437,153 @@ class Engine {
         } else {
             if (em) em->Disable();
             tx->SetAttribute("DataRate", DataRateValue(DataRate(uint64_t(e.value))));
+        }
+    }
+
+    // ---------- what-if: interval compute slowdowns (xsim_ns3/_whatif.py) ----------
+    std::vector<int64_t> slowRank;  // per op: the rank whose segments stretch it, -1: none
+    std::vector<int64_t> slowOff;   // per rank + 1
+    std::vector<double> slowLo, slowHi, slowF;
+
+    void LoadSlowdowns(int64_t nOps, const int64_t* rank, int64_t nRanks, const int64_t* off,
+                       const double* lo, const double* hi, const double* f) {
+        slowRank.assign(rank, rank + nOps);
+        slowOff.assign(off, off + nRanks + 1);
+        int64_t segs = slowOff.empty() ? 0 : slowOff.back();
+        slowLo.assign(lo, lo + segs);
+        slowHi.assign(hi, hi + segs);
+        slowF.assign(f, f + segs);
+    }
+
+    // The delay until compute op `op` (started now) ends: its duration, or where its work
+    // ends at its rank's piecewise speed (trace/slowdowns.py stretched_end), rounded to the ns.
+    int64_t ComputeDelayNs(int64_t op) const {
+        if (slowRank.empty() || slowRank[op] < 0) return dur[op];
+        const int64_t r = slowRank[op];
+        const double t = double(Simulator::Now().GetNanoSeconds());
+        double cur = t, rem = double(dur[op]), end = -1;
+        for (int64_t i = slowOff[r]; i < slowOff[r + 1] && end < 0; ++i) {
+            if (slowHi[i] <= cur) continue;
+            if (slowLo[i] > cur) {
+                double gap = slowLo[i] - cur;
+                if (rem <= gap) { end = cur + rem; break; }
+                rem -= gap;
+                cur = slowLo[i];
+            }
+            double span = slowHi[i] - cur, need = rem * slowF[i];
+            if (need <= span) { end = cur + need; break; }
+            rem -= span / slowF[i];
+            if (rem < 0.0) rem = 0.0;
+            cur = slowHi[i];
+        }
+        if (end < 0) end = cur + rem;
+        return std::max<int64_t>(0, std::llround(end) - int64_t(t));
+    }
+
+    // ---------- what-if: rerouting (xsim_ns3/_whatif.py) ----------
+    // Fluid pairs moved to a detour: their links (local ids) and latency replace the op's own.
+    std::vector<int64_t> fluidPair;                 // per op, -1: not a fluid flow
+    std::vector<std::vector<int64_t>> pairLinks;    // per fluid pair, empty: not moved
+    std::vector<double> pairLat;
+    const int64_t* FB(int64_t op) const {
+        int64_t p = fluidPair.empty() ? -1 : fluidPair[op];
+        if (p >= 0 && p < int64_t(pairLinks.size()) && !pairLinks[p].empty())
+            return pairLinks[p].data();
+        return flink.data() + fptr[op];
+    }
+    const int64_t* FE(int64_t op) const {
+        int64_t p = fluidPair.empty() ? -1 : fluidPair[op];
+        if (p >= 0 && p < int64_t(pairLinks.size()) && !pairLinks[p].empty())
+            return pairLinks[p].data() + pairLinks[p].size();
+        return flink.data() + fptr[op + 1];
+    }
+    double FLat(int64_t op) const {
+        int64_t p = fluidPair.empty() ? -1 : fluidPair[op];
+        if (p >= 0 && p < int64_t(pairLinks.size()) && !pairLinks[p].empty()) return pairLat[p];
+        return flat[op];
+    }
+    struct RouteHop { int64_t atNs, cable, side, addr; };
+    struct FluidMove { int64_t atNs, pair; std::vector<int64_t> links; double lat; };
+    std::vector<RouteHop> routeHops;   // in time order
+    std::vector<FluidMove> fluidMoves; // in time order
+    uint64_t reroutesApplied = 0;
+
+    void LoadReroutes(int64_t nOps, const int64_t* fpair, int64_t nHops, const int64_t* at,
+                      const int64_t* cable, const int64_t* side, const int64_t* addr,
+                      int64_t nMoves, const int64_t* fat, const int64_t* pair,
+                      const int64_t* ptr, const int64_t* links, const double* lat) {
+        fluidPair.assign(fpair, fpair + nOps);
+        for (int64_t i = 0; i < nHops; ++i) routeHops.push_back({at[i], cable[i], side[i], addr[i]});
+        for (int64_t i = 0; i < nMoves; ++i)
+            fluidMoves.push_back({fat[i], pair[i],
+                                  std::vector<int64_t>(links + ptr[i], links + ptr[i + 1]), lat[i]});
+    }
+
+    // After the link events of each instant (scheduled after them at the same time).
+    void ScheduleReroutes() {
+        std::vector<int64_t> times;
+        for (const RouteHop& h : routeHops) times.push_back(h.atNs);
+        for (const FluidMove& m : fluidMoves) times.push_back(m.atNs);
+        std::sort(times.begin(), times.end());
+        times.erase(std::unique(times.begin(), times.end()), times.end());
+        for (int64_t t : times) Simulator::Schedule(NanoSeconds(t), &Engine::ApplyReroutes, this, t);
+    }
+
+    void ApplyReroutes(int64_t atNs) {
+        for (const RouteHop& h : routeHops)
+            if (h.atNs == atNs) { SetHostRoute(h.cable, int(h.side), uint32_t(h.addr)); ++reroutesApplied; }
+        bool fluid = false;
+        for (const FluidMove& m : fluidMoves) {
+            if (m.atNs != atNs) continue;
+            if (!fluid) { FluidAdvance(); fluid = true; }
+            if (int64_t(pairLinks.size()) <= m.pair) { pairLinks.resize(m.pair + 1); pairLat.resize(m.pair + 1); }
+            pairLinks[m.pair] = m.links;
+            pairLat[m.pair] = m.lat;
+            ++reroutesApplied;
+        }
+        if (fluid) FluidResolve();
+    }
+
+    // At the sending end of `cable`, packets to `address` leave through it from now on: the
+    // node's other host routes to that address are removed first.
+    void SetHostRoute(int64_t cable, int side, uint32_t address) {
+        Ptr<NetDevice> dev = cables[cable].Get(side);
+        Ptr<Ipv4> ip = dev->GetNode()->GetObject<Ipv4>();
+        Ipv4StaticRoutingHelper helper;
+        Ptr<Ipv4StaticRouting> rt = helper.GetStaticRouting(ip);
+        Ipv4Address dest(address);
+        for (int64_t i = int64_t(rt->GetNRoutes()) - 1; i >= 0; --i) {
+            Ipv4RoutingTableEntry e = rt->GetRoute(uint32_t(i));
+            if (e.IsHost() && e.GetDest() == dest) rt->RemoveRoute(uint32_t(i));
+        }
+        rt->AddHostRouteTo(dest, ifaces[cable].GetAddress(1 - side),
+                           uint32_t(ip->GetInterfaceForDevice(dev)));
+    }
+
+    // ---------- what-if: queue telemetry ----------
+    std::deque<QueueWatch> watches;  // per cable end, in AddCable order (2 per cable)
+    std::vector<Ptr<QueueDisc>> qdiscs;
+
+    void WatchQueue(Ptr<QueueDisc> q) {
+        watches.emplace_back();
+        qdiscs.push_back(q);
+        q->TraceConnectWithoutContext("BytesInQueue",
+                                      MakeCallback(&QueueWatch::OnBytes, &watches.back()));
+    }
+
+    // Per cable end (index 2 * cable + side): peak bytes, mean bytes over [0, endNs], drops
+    // (packets, bytes) and ECN marks, from the queue disc's own statistics.
+    void QueueStats(double endNs, double* peak, double* mean, double* drops, double* dropBytes,
+                    double* marks) {
+        for (size_t i = 0; i < qdiscs.size(); ++i) {
+            QueueWatch& w = watches[i];
+            double area = w.byteNs + double(w.lastBytes) * (endNs - w.lastNs);
+            peak[i] = w.peakBytes;
+            mean[i] = endNs > 0 ? area / endNs : 0.0;
+            const QueueDisc::Stats& st = qdiscs[i]->GetStats();
+            drops[i] = st.nTotalDroppedPackets;
+            dropBytes[i] = double(st.nTotalDroppedBytes);
+            marks[i] = st.nTotalMarkedPackets;
         }
     }
 

@@ -1,0 +1,163 @@
+// What-if runs in the replayer (see replay.h and docs/htsim.md): interval compute slowdowns and
+// rerouting of flows whose path crosses a link that is down.
+//
+// Rerouting switches the route a live flow's endpoints send on: the source's data route and the
+// sink's ACK / pull route (htsim has no API for the sink's, so its private member is reached
+// with the standard explicit-instantiation access idiom below; htsim itself is not changed).
+// Packets already sent keep the route they carry; those queued at the down link stay there
+// (delivered late, as duplicates, if it comes back) and the transport recovers the gap: RoCE by
+// go-back-N on the sink's NACK, NDP and EQDS by their own retransmissions. The replaced routes
+// are kept until the run ends, since packets in flight still point at them.
+#include "replay.h"
+
+#include <algorithm>
+
+#include "eqds.h"
+#include "ndp.h"
+#include "roce.h"
+
+namespace xsim {
+
+namespace {
+
+// Access to a private data member: an explicit instantiation may name it (C++17
+// [temp.spec]/6), and the friend function it defines hands the member pointer out.
+template <class Tag, typename Tag::type M>
+struct Robber {
+    friend typename Tag::type get(Tag) { return M; }
+};
+struct RoceSinkRoute {
+    typedef const Route* RoceSink::*type;
+    friend type get(RoceSinkRoute);
+};
+struct NdpSinkRoute {
+    typedef const Route* NdpSink::*type;
+    friend type get(NdpSinkRoute);
+};
+struct EqdsSrcRoute {
+    typedef const Route* EqdsSrc::*type;
+    friend type get(EqdsSrcRoute);
+};
+struct EqdsSinkRoute {
+    typedef const Route* EqdsSink::*type;
+    friend type get(EqdsSinkRoute);
+};
+template struct Robber<RoceSinkRoute, &RoceSink::_route>;
+template struct Robber<NdpSinkRoute, &NdpSink::_route>;
+template struct Robber<EqdsSrcRoute, &EqdsSrc::_route>;
+template struct Robber<EqdsSinkRoute, &EqdsSink::_route>;
+
+}  // namespace
+
+simtime_picosec Replayer::compute_ps(uint32_t op) const {
+    // xsim_adapters/trace/slowdowns.py stretched_end, in ps, rounded to the ps
+    const OpSpec& o = _in.ops[op];
+    const WhatIf& w = _in.whatif;
+    simtime_picosec now = eventlist().now();
+    if (w.slow_rank.empty() || w.slow_rank[op] < 0) return now + o.value;
+    const int32_t r = w.slow_rank[op];
+    double cur = (double)now, rem = (double)o.value;
+    for (uint64_t i = w.slow_start[r]; i < w.slow_start[r + 1]; i++) {
+        const SlowSegment& g = w.slow_seg[i];
+        const double hi = g.hi_ps < 0 ? INFINITY : g.hi_ps;
+        if (hi <= cur) continue;
+        if (g.lo_ps > cur) {
+            double gap = g.lo_ps - cur;
+            if (rem <= gap) return (simtime_picosec)std::llround(cur + rem);
+            rem -= gap;
+            cur = g.lo_ps;
+        }
+        double span = hi - cur, need = rem * g.factor;
+        if (need <= span) return (simtime_picosec)std::llround(cur + need);
+        rem -= span / g.factor;
+        if (rem < 0.0) rem = 0.0;
+        cur = hi;
+    }
+    return (simtime_picosec)std::llround(cur + rem);
+}
+
+bool Replayer::route_down(int32_t route) const {
+    if (route < 0 || _num_down == 0) return false;
+    for (uint32_t l : _in.routes[route])
+        if (_down[l]) return true;
+    return false;
+}
+
+const Detour* Replayer::detour_of(uint32_t op) const {
+    if (_epoch < 0 || (size_t)_epoch >= _in.whatif.epochs.size()) return nullptr;
+    const std::vector<Detour>& ds = _in.whatif.epochs[_epoch].detours;
+    auto it = std::lower_bound(ds.begin(), ds.end(), op,
+                               [](const Detour& d, uint32_t o) { return d.op < o; });
+    return (it != ds.end() && it->op == op) ? &*it : nullptr;
+}
+
+void Replayer::start_routes(uint32_t op, int32_t& fwd, int32_t& rev) {
+    if (_num_down == 0) return;
+    const Detour* d = detour_of(op);
+    if (!d) return;
+    bool moved = false;
+    if (d->fwd >= 0 && route_down(fwd)) { fwd = d->fwd; moved = true; }
+    if (d->rev >= 0 && route_down(rev)) { rev = d->rev; moved = true; }
+    if (moved) _reroutes++;
+}
+
+void Replayer::start_epoch() {
+    _epoch++;
+    if (_num_down == 0 || _live.empty() || (size_t)_epoch >= _in.whatif.epochs.size()) return;
+    for (const Detour& d : _in.whatif.epochs[_epoch].detours) {
+        auto it = _live.find(d.op);
+        if (it == _live.end()) continue;
+        LiveFlow& f = it->second;
+        bool fwd = d.fwd >= 0 && route_down(f.fwd), rev = d.rev >= 0 && route_down(f.rev);
+        if (!fwd && !rev) continue;
+        if (fwd) f.fwd = d.fwd;
+        if (rev) f.rev = d.rev;
+        move(d.op, f);
+        _reroutes++;
+    }
+}
+
+void Replayer::move(uint32_t op, LiveFlow& f) {
+    if (f.fluid) {
+        _fluid[_route_group[_in.ops[op].fwd_route]]->reroute(op, f.fwd);
+        return;
+    }
+    // New route objects (packets in flight keep pointing at the old ones, kept alive).
+    PacketSink* sink_end = f.out->at(f.out->size() - 1);
+    PacketSink* src_end = f.back->at(f.back->size() - 1);
+    Route* out = make_route(f.fwd, sink_end);
+    Route* back = make_route(f.rev, src_end);
+    out->set_reverse(back);
+    back->set_reverse(out);
+    _old_routes.push_back(f.out);
+    _old_routes.push_back(f.back);
+    f.out = out;
+    f.back = back;
+    switch (_opt.protocol) {
+    case PROTO_ROCE: {
+        auto* src = static_cast<RoceSrc*>(f.src);
+        src->_route = out;
+        static_cast<RoceSink*>(f.sink)->*get(RoceSinkRoute()) = back;
+        if (f.keep_routes) *f.keep_routes = true;  // the reaper must not free its routes
+        break;
+    }
+    case PROTO_NDP:
+        static_cast<NdpSrc*>(f.src)->_route = out;
+        static_cast<NdpSink*>(f.sink)->*get(NdpSinkRoute()) = back;
+        break;
+    case PROTO_EQDS:
+        static_cast<EqdsSrc*>(f.src)->*get(EqdsSrcRoute()) = out;
+        static_cast<EqdsSink*>(f.sink)->*get(EqdsSinkRoute()) = back;
+        break;
+    }
+}
+
+void Replayer::track(uint32_t op, const LiveFlow& f) {
+    if (!_in.whatif.epochs.empty()) _live[op] = f;
+}
+
+void Replayer::untrack(uint32_t op) {
+    if (!_live.empty()) _live.erase(op);
+}
+
+}  // namespace xsim
