@@ -126,20 +126,9 @@ def test_a_job_without_network_uses_the_first_jobs():
 
 
 def test_cli_run_with_jobs(tmp_path):
-    import yaml
-
     from xsim_adapters.cli import main
 
-    paths = []
-    for name in ("a", "b"):
-        p = tmp_path / f"{name}.yaml"
-        d = {"name": name, "model": {"preset": "llama2-7b", "seq_len": 512, "layers": 2},
-             "training": {"global_batch": 2, "micro_batch": 1},
-             "device_groups": {"h": {"type": "H100-80GB", "nodes": 2, "gpus_per_node": 1}},
-             "replicas": [{"stages": [{"group": "h", "devices": [i, i + 1], "tp": 1,
-                                       "layers": [0, 2]}]} for i in (0, 1)]}
-        p.write_text(yaml.safe_dump(d))
-        paths.append(p)
+    paths = _small_job_files(tmp_path)
     out = tmp_path / "out"
     assert main(["run", str(paths[0]), "--job", str(paths[1]), "--placement", "spread",
                  "-o", str(out), "--no-plots"]) == 0

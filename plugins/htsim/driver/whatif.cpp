@@ -26,26 +26,29 @@ template <class Tag, typename Tag::type M>
 struct Robber {
     friend typename Tag::type get(Tag) { return M; }
 };
-struct RoceSinkRoute {
-    typedef const Route* RoceSink::*type;
-    friend type get(RoceSinkRoute);
+// The tag of Endpoint::_route (const Route*). Each instantiation declares the one plain
+// function its Robber defines (GCC's -Wnon-template-friend notes exactly that: intended).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wnon-template-friend"
+#endif
+template <class Endpoint>
+struct RouteOf {
+    typedef const Route* Endpoint::*type;
+    friend type get(RouteOf);
 };
-struct NdpSinkRoute {
-    typedef const Route* NdpSink::*type;
-    friend type get(NdpSinkRoute);
-};
-struct EqdsSrcRoute {
-    typedef const Route* EqdsSrc::*type;
-    friend type get(EqdsSrcRoute);
-};
-struct EqdsSinkRoute {
-    typedef const Route* EqdsSink::*type;
-    friend type get(EqdsSinkRoute);
-};
-template struct Robber<RoceSinkRoute, &RoceSink::_route>;
-template struct Robber<NdpSinkRoute, &NdpSink::_route>;
-template struct Robber<EqdsSrcRoute, &EqdsSrc::_route>;
-template struct Robber<EqdsSinkRoute, &EqdsSink::_route>;
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+template struct Robber<RouteOf<RoceSink>, &RoceSink::_route>;
+template struct Robber<RouteOf<NdpSink>, &NdpSink::_route>;
+template struct Robber<RouteOf<EqdsSrc>, &EqdsSrc::_route>;
+template struct Robber<RouteOf<EqdsSink>, &EqdsSink::_route>;
+
+template <class Endpoint>
+void set_route(void* endpoint, const Route* route) {
+    static_cast<Endpoint*>(endpoint)->*get(RouteOf<Endpoint>()) = route;
+}
 
 }  // namespace
 
@@ -137,17 +140,17 @@ void Replayer::move(uint32_t op, LiveFlow& f) {
     case PROTO_ROCE: {
         auto* src = static_cast<RoceSrc*>(f.src);
         src->_route = out;
-        static_cast<RoceSink*>(f.sink)->*get(RoceSinkRoute()) = back;
+        set_route<RoceSink>(f.sink, back);
         if (f.keep_routes) *f.keep_routes = true;  // the reaper must not free its routes
         break;
     }
     case PROTO_NDP:
         static_cast<NdpSrc*>(f.src)->_route = out;
-        static_cast<NdpSink*>(f.sink)->*get(NdpSinkRoute()) = back;
+        set_route<NdpSink>(f.sink, back);
         break;
     case PROTO_EQDS:
-        static_cast<EqdsSrc*>(f.src)->*get(EqdsSrcRoute()) = out;
-        static_cast<EqdsSink*>(f.sink)->*get(EqdsSinkRoute()) = back;
+        set_route<EqdsSrc>(f.src, out);
+        set_route<EqdsSink>(f.sink, back);
         break;
     }
 }

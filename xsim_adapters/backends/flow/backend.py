@@ -44,7 +44,8 @@ class FlowBackend(Backend):
     ``routing_s`` (ECMP paths of every flow, s), ``events`` (op ends, flow transmission ends and
     link events processed), ``events_per_s`` (events / ``sim_wall_s``), ``max_active_flows``
     (most flows transmitting at once), ``rate_recomputations`` (independent groups of flows
-    whose max-min rates were re-solved).
+    whose max-min rates were re-solved), ``reroutes`` (flows moved to, or started on, a detour
+    around a failed link: docs/whatif.md).
     """
 
     name = "flow"
