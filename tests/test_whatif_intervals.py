@@ -183,3 +183,18 @@ def test_bad_manifest_records_are_trace_errors():
     with pytest.raises(TraceError, match=r"compute_slowdowns\[0\]\.until_ns"):
         validate_trace(trace)
     assert KIND_COMPUTE == 0
+
+
+def test_exporters_refuse_a_trace_with_windows(tmp_path):
+    """GOAL and Chakra hold fixed durations: exporting would drop the windows silently."""
+    from xsim_adapters.errors import XsimError
+    from xsim_adapters.trace.export_goal import export_goal
+
+    trace, _ = _one_rank_trace([10])
+    trace.manifest["compute_slowdowns"] = [{"ranks": [0], "factor": 2.0, "from_ns": 0.0,
+                                            "until_ns": None}]
+    with pytest.raises(XsimError, match=r"export goal: the trace has interval compute "
+                                        r"slowdowns .* cannot express"):
+        export_goal(trace, tmp_path / "t.goal")
+    del trace.manifest["compute_slowdowns"]
+    assert export_goal(trace, tmp_path / "t.goal").is_file()

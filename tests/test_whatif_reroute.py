@@ -209,3 +209,18 @@ def test_a_plan_with_a_nic_down_for_good_ends_naming_the_nic_link():
     with pytest.raises(BackendError, match=r"stalled on failed links with no restore: .*"
                                            r"\(gpu4->leaf0\)"):
         api.run(plan, trace=api.generate(plan))
+
+
+def test_link_telemetry_counts_a_flow_on_the_detour_it_started_on():
+    topo = two_spines()
+    tb = handmade.TraceBuilder(4)
+    a = tb.flow(0, 2, B, deps=[tb.compute(0, 50_000)])
+    trace = tb.build()
+    dead = spine_of(topo, topo.path(0, 2, a))
+    fail_cable(topo, "leaf0", f"spine{dead}", 10_000.0)
+    tl = api.run(trace, "flow", topo)
+    links = api.link_metrics(trace, tl, topo)
+    by = links.set_index(["src", "dst"])["bytes"]
+    assert by[("leaf0", f"spine{dead}")] == 0
+    assert by[("leaf0", f"spine{1 - dead}")] == B and by[(f"spine{1 - dead}", "leaf1")] == B
+    assert int(links["bytes"].sum()) == 4 * B  # four hops, each byte once per hop

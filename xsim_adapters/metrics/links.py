@@ -129,19 +129,14 @@ def _start_paths(topology: Topology, ops: pd.DataFrame, fl: np.ndarray, tf: pd.D
     start = tf["start_ns"].to_numpy(dtype=np.float64)[fl]
     # events at t apply before flows starting at t: the epoch of a start is the last at <= t
     epoch_of = np.searchsorted(ep.at_ns, start, side="right") - 1
-    table = det.as_dict()
-    paths = [links[offsets[i]:offsets[i + 1]] for i in range(len(fl))]
-    changed = False
-    for i in range(len(fl)):
-        e = int(epoch_of[i])
-        if e < 0 or not ep.down[e][paths[i]].any():
-            continue
-        got = table.get(e * det.num_items + i)
-        if got is not None:
-            paths[i] = got
-            changed = True
-    if not changed:
+    swap: dict[int, np.ndarray] = {}  # flow index -> the detour it started on
+    for j, k in enumerate(det.key.tolist()):  # only flows with a detour can have started on one
+        e, i = divmod(k, det.num_items)
+        if epoch_of[i] == e and ep.down[e][links[offsets[i]:offsets[i + 1]]].any():
+            swap[i] = det.path(j)
+    if not swap:
         return offsets, links
+    paths = [swap.get(i, links[offsets[i]:offsets[i + 1]]) for i in range(len(fl))]
     off = np.zeros(len(fl) + 1, dtype=np.int64)
     np.cumsum([len(p) for p in paths], out=off[1:])
     return off, np.concatenate(paths).astype(links.dtype)

@@ -184,3 +184,15 @@ def _number(v: Any) -> bool:
 def remap(records: Sequence[Mapping[str, Any]], rank_map: np.ndarray) -> list[dict[str, Any]]:
     """The records with every rank ``r`` renamed ``rank_map[r]`` (a job placed on a cluster)."""
     return [{**rec, "ranks": [int(rank_map[int(r)]) for r in rec["ranks"]]} for rec in records]
+
+
+def refuse_export(manifest: Mapping[str, Any], fmt: str) -> None:
+    """XsimError for an exporter whose format has no way to say ``compute_slowdowns`` (GOAL,
+    Chakra ET hold fixed durations): exporting would silently drop the windows."""
+    from ..errors import XsimError
+
+    if manifest.get(MANIFEST_KEY):
+        raise XsimError(f"export {fmt}: the trace has interval compute slowdowns "
+                        f"({MANIFEST_KEY}: perturb.slow entries with from_us/until_us), which "
+                        f"{fmt} cannot express (it holds fixed kernel durations); export the "
+                        f"plan without them")
