@@ -80,10 +80,11 @@ def fail_cable(topo: Topology, a: str, b: str, at_ns: float,
     })
 
 
-def two_flows_on_two_spines(nbytes: int) -> tuple[Trace, Topology, int, int]:
+def two_flows_on_two_spines(nbytes: int, same: bool = False
+                            ) -> tuple[Trace, Topology, int, int]:
     """Flows ``gpu0 -> gpu2`` and ``gpu1 -> gpu3`` of ``nbytes`` each, starting at 0, on
-    different spines (op ids chosen so their ECMP hashes differ). Returns (trace, topology,
-    op id of the flow on spine 0's side that is failed by the tests, the other flow's id)."""
+    different spines (``same``: on one spine; op ids chosen so their ECMP hashes say so).
+    Returns (trace, topology, the first flow's op id, the other's)."""
     topo = two_spines()
     for pad in range(64):  # leading compute ops shift the flows' op ids (their ECMP keys)
         tb = handmade.TraceBuilder(4)
@@ -92,6 +93,6 @@ def two_flows_on_two_spines(nbytes: int) -> tuple[Trace, Topology, int, int]:
         a = tb.flow(0, 2, nbytes)
         b = tb.flow(1, 3, nbytes)
         sa, sb = spine_of(topo, topo.path(0, 2, a)), spine_of(topo, topo.path(1, 3, b))
-        if sa != sb:
+        if (sa == sb) == same:
             return tb.build(), topo, a, b
-    raise AssertionError("no op ids put the two flows on different spines")
+    raise AssertionError("no op ids put the two flows where asked")

@@ -6,7 +6,7 @@ Tolerances (each measured on the loaded 2-core CI machine, then given headroom):
 
 - A kernel stretched by a slowdown window is exact on both (ns-3: to the ns; htsim: to the ps).
 - Rerouting mid-transfer, two 16 MB flows (closed form 2 B / R - t_f + latency for the later
-  of the two, the flow backend's exact answer for both): htsim RoCE +2.7% (go-back-N resends
+  of the two, the flow backend's exact answer for both): htsim RoCE +1.6% (go-back-N resends
   what was in flight), EQDS +1.6%; ns-3 DCTCP within its stated 6% (slow start and header
   overhead, docs/ns3.md; DCTCP shares the live uplink unevenly, so one flow ends earlier).
   NDP never resends what a failed link swallowed: that run ends with the driver's stall
@@ -103,6 +103,26 @@ def test_htsim_reroutes_mid_transfer_and_stretches_the_kernel(driver, protocol, 
     assert tl.stats["reroutes"] == 1
     flow = api.run(trace, "flow", topo, {})
     assert flow.frame["end_ns"][a] == pytest.approx(REROUTED_NS, rel=1e-12)
+
+
+@pytest.mark.htsim
+def test_htsim_roce_resends_what_a_dead_queue_swallowed_after_its_last_packet(driver):
+    """Two 1 MB flows from leaf 0 share one spine uplink (2 x 100G into 100G): by 80 us both
+    sources have paced out every packet and about half of them wait in that uplink's queue.
+    The cable fails at 85 us: those packets are lost, and no later packet comes to draw a NAK.
+    The moved flows' retransmission timer (RoCE's 1 ms minimum RTO, checked once per timeout:
+    it fires one to two timeouts after the last packet or ACK) resends from the last ACK over
+    the other spine: both end after t_f + 1 ms and before t_f + 2 ms + the time to send both
+    flows again."""
+    trace, topo, a, b = two_flows_on_two_spines(1_000_000, same=True)
+    t_f = 85_000.0
+    fail_cable(topo, "leaf0", f"spine{spine_of(topo, topo.path(0, 2, a))}", t_f)
+    tl = api.run(trace, "htsim", topo, {"driver": driver})
+    end = tl.frame["end_ns"]
+    for op in (a, b):
+        assert t_f + 1e6 <= end[op] <= t_f + 2e6 + 2 * 1_000_000 / RATE_B_PER_NS + 10_000, (
+            op, end[op])
+    assert tl.stats["reroutes"] == 2
 
 
 @pytest.mark.htsim

@@ -59,6 +59,7 @@ private:
 };
 
 class RoceEndTrigger;
+class RoceRecovery;
 
 // A queue whose service rate timed link events change. A rate change applies from the next
 // packet the queue starts to serve (the one on the wire finishes at the old rate, as on a real
@@ -212,6 +213,8 @@ private:
         Route* out = nullptr;
         Route* back = nullptr;
         int32_t fwd = -1, rev = -1;  // the route ids it sends on now
+        bool* one_nak_per_gap = nullptr;  // RoCE: its sink's NAK suppression (replay.cpp)
+        const uint64_t* packets_seen = nullptr;  // RoCE: data packets its sink received
     };
     simtime_picosec compute_ps(uint32_t op) const;  // when compute op `op` started now ends
     bool route_down(int32_t route) const;
@@ -228,6 +231,10 @@ private:
     bool _stalled = false;
     std::unordered_map<uint32_t, LiveFlow> _live;  // flows that may move (only with detours)
     std::vector<Route*> _old_routes;  // replaced routes, still pointed at by packets
+    RoceRecovery* _roce_recovery = nullptr;  // made on the first RoCE move (whatif.cpp)
+public:
+    bool op_ended(uint32_t op) const { return _ended[op] != 0; }
+private:
     void op_done(uint32_t op);
     void drain();
     void start_flow(uint32_t op);

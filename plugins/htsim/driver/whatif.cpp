@@ -11,6 +11,7 @@
 #include "replay.h"
 
 #include <algorithm>
+#include <deque>
 
 #include "eqds.h"
 #include "ndp.h"
@@ -51,6 +52,69 @@ void set_route(void* endpoint, const Route* route) {
 }
 
 }  // namespace
+
+// htsim's RoCE resends only on the sink's NACK (its RoceSrc computes an RTO but arms no timer),
+// and a NACK needs a later packet to arrive out of order. A flow that had sent its last packet
+// before it moved, all of them then lost at the dead link, would wait forever. A RoCE NIC's
+// retransmission timer resends from the last acknowledged byte (go-back-N) when nothing comes
+// back for its timeout: this does that for moved flows, starting from the RoCE minimum RTO the
+// driver sets (RoceSrc::_min_rto, 1 ms: main.cpp) and doubling it after each resend (backoff,
+// as retransmission timers do, so a long queue ahead of the data does not set off a storm of
+// them). It resends only when the sink got no data packet and the source no ACK in a whole
+// timeout, and only once the source has sent everything (before that, a later packet's NACK
+// recovers the gap); it checks again until the flow completes. Checked once per timeout, it
+// fires one to two timeouts after the flow's last packet or ACK.
+class RoceRecovery : public EventSource {
+public:
+    RoceRecovery(EventList& ev, Replayer* owner)
+        : EventSource(ev, "xsim_roce_recovery"), _owner(owner) {}
+    void watch(uint32_t op, RoceSrc* src, const uint64_t* seen, uint64_t size) {
+        arm(Watch{0, op, src, seen, size, 0, 0, RoceSrc::_min_rto});
+    }
+    void doNextEvent() override {
+        simtime_picosec now = eventlist().now();
+        std::vector<Watch> again;
+        while (!_due.empty() && _due.front().at <= now) {
+            Watch w = _due.front();
+            _due.pop_front();
+            if (_owner->op_ended(w.op)) continue;  // delivered: nothing to resend
+            RoceSrc* src = w.src;
+            bool idle = src->_last_acked == w.acked && *w.seen == w.seen_then;
+            if (idle && src->_highest_sent >= w.size && src->_last_acked < w.size) {
+                // go back to the last acknowledged byte, as RoceSrc::processNack does
+                src->_rtx_packets_sent += src->_highest_sent - src->_last_acked;
+                src->_highest_sent = src->_last_acked;
+                eventlist().sourceIsPendingRel(*src, 0);
+                w.timeout *= 2;
+            }
+            again.push_back(w);
+        }
+        for (Watch& w : again) arm(w);
+    }
+private:
+    struct Watch {
+        simtime_picosec at;
+        uint32_t op;
+        RoceSrc* src;
+        const uint64_t* seen;     // the sink's data packets so far
+        uint64_t size;
+        uint64_t acked;           // the source's last acknowledged byte when armed
+        uint64_t seen_then;       // *seen when armed
+        simtime_picosec timeout;
+    };
+    void arm(Watch w) {
+        w.at = eventlist().now() + w.timeout;
+        w.acked = w.src->_last_acked;
+        w.seen_then = *w.seen;
+        // timeouts differ per flow (backoff): keep the queue in time order
+        auto it = std::upper_bound(_due.begin(), _due.end(), w.at,
+                                   [](simtime_picosec t, const Watch& x) { return t < x.at; });
+        _due.insert(it, w);
+        eventlist().sourceIsPending(*this, w.at);
+    }
+    Replayer* _owner;
+    std::deque<Watch> _due;  // by time
+};
 
 simtime_picosec Replayer::compute_ps(uint32_t op) const {
     // xsim_adapters/trace/slowdowns.py stretched_end, in ps, rounded to the ps
@@ -142,6 +206,9 @@ void Replayer::move(uint32_t op, LiveFlow& f) {
         src->_route = out;
         set_route<RoceSink>(f.sink, back);
         if (f.keep_routes) *f.keep_routes = true;  // the reaper must not free its routes
+        if (f.one_nak_per_gap) *f.one_nak_per_gap = true;  // one NAK per lost run
+        if (!_roce_recovery) _roce_recovery = new RoceRecovery(eventlist(), this);
+        if (f.packets_seen) _roce_recovery->watch(op, src, f.packets_seen, _in.ops[op].value);
         break;
     }
     case PROTO_NDP:

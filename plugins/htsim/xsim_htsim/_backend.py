@@ -92,8 +92,16 @@ class HtsimBackend(Backend):
                     "--summary", str(d / "summary.json"), *argv_opts]
             argv += ["--progress-s", str(PROGRESS_INTERVAL_S), "--queues", str(d / "queues.csv")]
             rp = ReplayProgress(opts["progress"], trace.num_ops)
-            replay_started = run_driver(argv, wall_limit,
-                                        lambda done, _n, sim_ns: rp.update(done, sim_ns))
+            try:
+                replay_started = run_driver(argv, wall_limit,
+                                            lambda done, _n, sim_ns: rp.update(done, sim_ns))
+            except BackendError as e:
+                if protocol == "eqds" and "crashed (SIGABRT)" in str(e) and len(topology.events):
+                    raise BackendError(
+                        f"{e} (htsim's EQDS aborts in EqdsSrc::processNack when a NACK arrives "
+                        "after the ACK that covers it, which a link outage causes; use "
+                        "protocol=roce with link events: docs/htsim.md)") from None
+                raise
             t2 = time.perf_counter()
             frame = read_times(d / "times.csv", trace.num_ops)
             summary = read_summary(d / "summary.json")
