@@ -232,3 +232,20 @@ def test_compare_with_jobs_on_flow_and_htsim(tmp_path, tmp_path_factory):
         assert (out / be / "jobs" / "b" / "summary.json").is_file()
     s = json.loads((out / "summary.json").read_text())
     assert s["backends"] == ["flow", "htsim"] and len(s["jobs"]) == 2
+
+
+def test_combined_trace_carries_each_jobs_windows_on_its_cluster_ranks():
+    """A job's interval slowdowns (manifest compute_slowdowns) name its own ranks; placed on the
+    cluster they must name the GPUs it got (spread: job b's rank 1 is cluster rank 3)."""
+    a, b = _plan("a", NONBLOCKING), _plan("b", NONBLOCKING)
+    jobs = place_jobs([a, b], "spread")
+    ta, tb = api.generate(a), api.generate(b)
+    tb.manifest["compute_slowdowns"] = [{"ranks": [1, 9], "factor": 2.0, "from_ns": 0.0,
+                                         "until_ns": None}]
+    t = combine_traces(jobs, [ta, tb])
+    validate_trace(t)
+    want = [int(jobs.rank_map[1][1]), int(jobs.rank_map[1][9])]
+    assert t.manifest["compute_slowdowns"] == [{"ranks": want, "factor": 2.0, "from_ns": 0.0,
+                                                "until_ns": None}]
+    assert want == [9, 25]  # servers a0, b0, a1, b1: b's GPU 1 is on b0, its GPU 9 on b1
+    assert "compute_slowdowns" not in combine_traces(jobs, [ta, tb], only=0).manifest
