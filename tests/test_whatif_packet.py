@@ -21,15 +21,8 @@ import copy
 
 import numpy as np
 import pytest
+import test_whatif_helpers as wh
 from test_htsim_helpers import REPO, driver_path, star
-from test_whatif_helpers import (
-    LAT_NS,
-    RATE_B_PER_NS,
-    fail_cable,
-    spine_of,
-    two_flows_on_two_spines,
-    two_spines,
-)
 
 from xsim_adapters import api
 from xsim_adapters.errors import BackendError
@@ -38,8 +31,8 @@ from xsim_adapters.trace import handmade
 
 B = 16_000_000  # bytes per flow: 1.28 ms at 100 Gb/s
 T_FAIL_NS = 400_000.0
-PATH_LAT = 4 * LAT_NS
-REROUTED_NS = 2 * B / RATE_B_PER_NS - T_FAIL_NS + PATH_LAT  # the closed form, both flows
+PATH_LAT = 4 * wh.LAT_NS
+REROUTED_NS = 2 * B / wh.RATE_B_PER_NS - T_FAIL_NS + PATH_LAT  # the closed form, both flows
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +59,7 @@ WINDOW = [{"ranks": [2], "factor": 2.0, "from_ns": 50_000.0, "until_ns": 10_000_
 def _reroute_case():
     """Two 16 MB flows on two spines, the first one's spine cable failing at 400 us, plus a
     kernel on rank 2 straddling a half-speed window's start (closed form 150 us)."""
-    trace, topo, a, b = two_flows_on_two_spines(B)
+    trace, topo, a, b = wh.two_flows_on_two_spines(B)
     tb = handmade.TraceBuilder(4)  # the same ops, plus the kernel at the end (its id: last)
     rows = trace.ops
     for r in rows.itertuples():
@@ -77,7 +70,7 @@ def _reroute_case():
     k = _straddling_kernel(tb, 2)
     trace = tb.build()
     trace.manifest["compute_slowdowns"] = copy.deepcopy(WINDOW)
-    fail_cable(topo, "leaf0", f"spine{spine_of(topo, topo.path(0, 2, a))}", T_FAIL_NS)
+    wh.fail_cable(topo, "leaf0", f"spine{wh.spine_of(topo, topo.path(0, 2, a))}", T_FAIL_NS)
     return trace, topo, a, b, k
 
 
@@ -86,7 +79,7 @@ def _check_shared_end(end_a: float, end_b: float, tol: float) -> None:
     one ends no earlier than the closed form (a transport may share unevenly, so the earlier
     one can end before it, but not before a flow alone would)."""
     assert REROUTED_NS <= max(end_a, end_b) <= tol * REROUTED_NS, (end_a, end_b)
-    assert min(end_a, end_b) >= B / RATE_B_PER_NS + PATH_LAT, (end_a, end_b)
+    assert min(end_a, end_b) >= B / wh.RATE_B_PER_NS + PATH_LAT, (end_a, end_b)
 
 
 # ------------------------------------------------------------------------------- htsim
@@ -114,13 +107,13 @@ def test_htsim_roce_resends_what_a_dead_queue_swallowed_after_its_last_packet(dr
     it fires one to two timeouts after the last packet or ACK) resends from the last ACK over
     the other spine: both end after t_f + 1 ms and before t_f + 2 ms + the time to send both
     flows again."""
-    trace, topo, a, b = two_flows_on_two_spines(1_000_000, same=True)
+    trace, topo, a, b = wh.two_flows_on_two_spines(1_000_000, same=True)
     t_f = 85_000.0
-    fail_cable(topo, "leaf0", f"spine{spine_of(topo, topo.path(0, 2, a))}", t_f)
+    wh.fail_cable(topo, "leaf0", f"spine{wh.spine_of(topo, topo.path(0, 2, a))}", t_f)
     tl = api.run(trace, "htsim", topo, {"driver": driver})
     end = tl.frame["end_ns"]
     for op in (a, b):
-        assert t_f + 1e6 <= end[op] <= t_f + 2e6 + 2 * 1_000_000 / RATE_B_PER_NS + 10_000, (
+        assert t_f + 1e6 <= end[op] <= t_f + 2e6 + 2 * 1_000_000 / wh.RATE_B_PER_NS + 10_000, (
             op, end[op])
     assert tl.stats["reroutes"] == 2
 
@@ -137,13 +130,13 @@ def test_htsim_ndp_cannot_recover_what_a_failed_link_swallowed(driver):
 def test_htsim_flow_starting_on_its_detour_closed_form(driver):
     """The spine cable is down from 10 us; the flow starts at 50 us on its detour: 50 us +
     B / R + latency (+ store-and-forward of one 9000-byte packet per extra hop, < 1%)."""
-    topo = two_spines()
+    topo = wh.two_spines()
     tb = handmade.TraceBuilder(4)
     a = tb.flow(0, 2, B, deps=[tb.compute(0, 50_000)])
     trace = tb.build()
-    fail_cable(topo, "leaf0", f"spine{spine_of(topo, topo.path(0, 2, a))}", 10_000.0)
+    wh.fail_cable(topo, "leaf0", f"spine{wh.spine_of(topo, topo.path(0, 2, a))}", 10_000.0)
     tl = api.run(trace, "htsim", topo, {"driver": driver})
-    want = 50_000 + B / RATE_B_PER_NS + PATH_LAT
+    want = 50_000 + B / wh.RATE_B_PER_NS + PATH_LAT
     assert want <= tl.frame["end_ns"][a] <= 1.01 * want
     assert tl.stats["reroutes"] == 1
 
@@ -228,7 +221,7 @@ def agree_plan():
     topo = api.build_topology(base)
     o = trace.ops
     first = int(o.index[(o["kind"] == 1) & (o["rank"] == 0) & (o["dst"] == 1)][0])
-    sp = spine_of(topo, topo.path(0, 1, first))
+    sp = wh.spine_of(topo, topo.path(0, 1, first))
     d = copy.deepcopy(AGREE_PLAN)
     d["network"]["events"] = [
         {"at_us": 0, "kind": "fail", "src": "leaf0", "dst": f"spine{sp}"},
