@@ -335,35 +335,6 @@ void Replayer::build_fluid_groups() {
     }
 }
 
-void Replayer::queue_stats(std::vector<uint64_t>& peak, std::vector<double>& mean,
-                           std::vector<uint64_t>& drops, std::vector<uint64_t>& trims) const {
-    simtime_picosec now = eventlist().now();
-    size_t n = _queues.size();
-    peak.assign(n, 0);
-    mean.assign(n, 0.0);
-    drops.assign(n, 0);
-    trims.assign(n, 0);
-    for (size_t i = 0; i < n; i++) {
-        BaseQueue* q = _queues[i];
-        auto fill = [&](auto* rq) {
-            peak[i] = (uint64_t)rq->peak_bytes();
-            double area = rq->byte_ps() + (double)rq->last_bytes() * (double)(now - rq->last_ps());
-            mean[i] = now > 0 ? area / (double)now : 0.0;
-        };
-        if (auto* a = dynamic_cast<RatedQueue<Queue>*>(q)) {
-            fill(a);
-            drops[i] = (uint64_t)a->num_drops();
-        } else if (auto* b = dynamic_cast<RatedQueue<CompositeQueue>*>(q)) {
-            fill(b);
-            drops[i] = (uint64_t)b->num_drops();
-            trims[i] = (uint64_t)b->num_stripped();
-        } else if (auto* c = dynamic_cast<RatedQueue<PriorityQueue>*>(q)) {
-            fill(c);
-            drops[i] = (uint64_t)c->num_drops();
-        }
-    }
-}
-
 uint64_t Replayer::fluid_recomputes() const {
     uint64_t n = 0;
     for (const FluidGroup* g : _fluid) n += g->recomputes();

@@ -1,5 +1,5 @@
-// What-if runs in the replayer (see replay.h and docs/htsim.md): interval compute slowdowns and
-// rerouting of flows whose path crosses a link that is down.
+// What-if runs in the replayer (see replay.h and docs/htsim.md): interval compute slowdowns,
+// rerouting of flows whose path crosses a link that is down, and the queues' telemetry.
 //
 // Rerouting switches the route a live flow's endpoints send on: the source's data route and the
 // sink's ACK / pull route (htsim has no API for the sink's, so its private member is reached
@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <deque>
 
+#include "compositequeue.h"
 #include "eqds.h"
 #include "ndp.h"
 #include "roce.h"
@@ -228,6 +229,35 @@ void Replayer::track(uint32_t op, const LiveFlow& f) {
 
 void Replayer::untrack(uint32_t op) {
     if (!_live.empty()) _live.erase(op);
+}
+
+void Replayer::queue_stats(std::vector<uint64_t>& peak, std::vector<double>& mean,
+                           std::vector<uint64_t>& drops, std::vector<uint64_t>& trims) const {
+    simtime_picosec now = eventlist().now();
+    size_t n = _queues.size();
+    peak.assign(n, 0);
+    mean.assign(n, 0.0);
+    drops.assign(n, 0);
+    trims.assign(n, 0);
+    for (size_t i = 0; i < n; i++) {
+        BaseQueue* q = _queues[i];
+        auto fill = [&](auto* rq) {
+            peak[i] = (uint64_t)rq->peak_bytes();
+            double area = rq->byte_ps() + (double)rq->last_bytes() * (double)(now - rq->last_ps());
+            mean[i] = now > 0 ? area / (double)now : 0.0;
+        };
+        if (auto* a = dynamic_cast<RatedQueue<Queue>*>(q)) {
+            fill(a);
+            drops[i] = (uint64_t)a->num_drops();
+        } else if (auto* b = dynamic_cast<RatedQueue<CompositeQueue>*>(q)) {
+            fill(b);
+            drops[i] = (uint64_t)b->num_drops();
+            trims[i] = (uint64_t)b->num_stripped();
+        } else if (auto* c = dynamic_cast<RatedQueue<PriorityQueue>*>(q)) {
+            fill(c);
+            drops[i] = (uint64_t)c->num_drops();
+        }
+    }
 }
 
 }  // namespace xsim

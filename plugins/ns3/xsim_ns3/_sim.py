@@ -27,6 +27,7 @@ def load_ns() -> tuple[Any, Any]:
     from ns import ns  # noqa: F401  (loads the libraries and headers into cppyy)
 
     if not hasattr(cppyy.gbl, "xsim") or not hasattr(cppyy.gbl.xsim, "Engine"):
+        cppyy.add_include_path(str(_ENGINE_SOURCE.parent))  # engine_whatif.h beside it
         cppyy.cppdef(_ENGINE_SOURCE.read_text())
     return ns, cppyy.gbl.xsim
 
@@ -116,7 +117,7 @@ def replay(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> tuple[np.ndar
         "sim_time_ns": sim_now,
         "engine_error": str(eng.error),
         "ops_done": int(eng.done),
-        "reroutes_applied": int(eng.reroutesApplied),
+        "reroutes_applied": int(eng.reroute.applied),
         "queue_stats": _queue_stats(eng, len(ca), float(sim_now)),
     }
     return start, end, stats
@@ -126,12 +127,12 @@ def _load_whatif(eng: Any, arrays: dict[str, np.ndarray], n: int) -> None:
     """Interval slowdowns and reroutes (xsim_ns3/_whatif.py), when the input has them."""
     if len(arrays.get("slow_rank", ())):
         off = arrays["slow_offsets"]
-        eng.LoadSlowdowns(n, _i64(arrays["slow_rank"]), len(off) - 1, _i64(off),
-                          _f64(arrays["slow_lo"]), _f64(arrays["slow_hi"]),
-                          _f64(arrays["slow_factor"]))
+        eng.slow.Load(n, _i64(arrays["slow_rank"]), len(off) - 1, _i64(off),
+                      _f64(arrays["slow_lo"]), _f64(arrays["slow_hi"]),
+                      _f64(arrays["slow_factor"]))
     hops, moves = len(arrays.get("reroute_at_ns", ())), len(arrays.get("freroute_at_ns", ()))
     if hops or moves:
-        eng.LoadReroutes(n, _i64(arrays["fluid_pair"]), hops, _i64(arrays["reroute_at_ns"]),
+        eng.reroute.Load(n, _i64(arrays["fluid_pair"]), hops, _i64(arrays["reroute_at_ns"]),
                          _i64(arrays["reroute_cable"]), _i64(arrays["reroute_side"]),
                          _i64(arrays["reroute_addr"]), moves, _i64(arrays["freroute_at_ns"]),
                          _i64(arrays["freroute_pair"]), _i64(arrays["freroute_ptr"]),
@@ -144,6 +145,6 @@ def _queue_stats(eng: Any, cables: int, end_ns: float) -> dict[str, np.ndarray]:
     out = {k: np.zeros(max(1, 2 * cables), np.float64)
            for k in ("peak_bytes", "mean_bytes", "drops", "drop_bytes", "marks")}
     if cables:
-        eng.QueueStats(end_ns, out["peak_bytes"], out["mean_bytes"], out["drops"],
-                       out["drop_bytes"], out["marks"])
+        eng.queues.Stats(end_ns, out["peak_bytes"], out["mean_bytes"], out["drops"],
+                         out["drop_bytes"], out["marks"])
     return {k: v[:2 * cables] for k, v in out.items()}

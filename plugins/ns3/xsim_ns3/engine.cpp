@@ -13,6 +13,8 @@
 #include "ns3/point-to-point-module.h"
 #include "ns3/traffic-control-module.h"
 
+#include "engine_whatif.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,22 +34,6 @@ enum OpKind { COMPUTE = 0, FLOW = 1, BARRIER = 2 };
 enum Transport { DCTCP = 0, TCP = 1, UDP = 2 };
 
 class Engine;
-
-// Per-queue-disc telemetry (docs/metrics.md "Queues"): the most bytes it held, and the time
-// integral of its bytes (for the mean occupancy), fed by its BytesInQueue trace source.
-struct QueueWatch {
-    uint32_t peakBytes = 0;
-    double byteNs = 0;    // integral of bytes over time, byte-ns
-    double lastNs = 0;
-    uint32_t lastBytes = 0;
-    void OnBytes(uint32_t, uint32_t now) {
-        double t = double(Simulator::Now().GetNanoSeconds());
-        byteNs += double(lastBytes) * (t - lastNs);
-        lastNs = t;
-        lastBytes = now;
-        if (now > peakBytes) peakBytes = now;
-    }
-};
 
 // A persistent connection between two nodes: flows are FIFO byte ranges of one stream.
 class Conn {
@@ -440,151 +426,36 @@ class Engine {
         }
     }
 
-    // ---------- what-if: interval compute slowdowns (xsim_ns3/_whatif.py) ----------
-    std::vector<int64_t> slowRank;  // per op: the rank whose segments stretch it, -1: none
-    std::vector<int64_t> slowOff;   // per rank + 1
-    std::vector<double> slowLo, slowHi, slowF;
+    // ---------- what-if (engine_whatif.h): slowdowns, reroutes, queue telemetry ----------
+    Slowdowns slow;
+    Reroutes reroute;
+    QueueTelemetry queues;
 
-    void LoadSlowdowns(int64_t nOps, const int64_t* rank, int64_t nRanks, const int64_t* off,
-                       const double* lo, const double* hi, const double* f) {
-        slowRank.assign(rank, rank + nOps);
-        slowOff.assign(off, off + nRanks + 1);
-        int64_t segs = slowOff.empty() ? 0 : slowOff.back();
-        slowLo.assign(lo, lo + segs);
-        slowHi.assign(hi, hi + segs);
-        slowF.assign(f, f + segs);
-    }
-
-    // The delay until compute op `op` (started now) ends: its duration, or where its work
-    // ends at its rank's piecewise speed (trace/slowdowns.py stretched_end), rounded to the ns.
     int64_t ComputeDelayNs(int64_t op) const {
-        if (slowRank.empty() || slowRank[op] < 0) return dur[op];
-        const int64_t r = slowRank[op];
-        const double t = double(Simulator::Now().GetNanoSeconds());
-        double cur = t, rem = double(dur[op]), end = -1;
-        for (int64_t i = slowOff[r]; i < slowOff[r + 1] && end < 0; ++i) {
-            if (slowHi[i] <= cur) continue;
-            if (slowLo[i] > cur) {
-                double gap = slowLo[i] - cur;
-                if (rem <= gap) { end = cur + rem; break; }
-                rem -= gap;
-                cur = slowLo[i];
-            }
-            double span = slowHi[i] - cur, need = rem * slowF[i];
-            if (need <= span) { end = cur + need; break; }
-            rem -= span / slowF[i];
-            if (rem < 0.0) rem = 0.0;
-            cur = slowHi[i];
-        }
-        if (end < 0) end = cur + rem;
-        return std::max<int64_t>(0, std::llround(end) - int64_t(t));
+        return slow.DelayNs(op, dur[op], Simulator::Now().GetNanoSeconds());
     }
+    const int64_t* FB(int64_t op) const { return reroute.Begin(op, fptr, flink); }
+    const int64_t* FE(int64_t op) const { return reroute.End(op, fptr, flink); }
+    double FLat(int64_t op) const { return reroute.Latency(op, flat); }
+    void WatchQueue(Ptr<QueueDisc> q) { queues.Watch(q); }
 
-    // ---------- what-if: rerouting (xsim_ns3/_whatif.py) ----------
-    // Fluid pairs moved to a detour: their links (local ids) and latency replace the op's own.
-    std::vector<int64_t> fluidPair;                 // per op, -1: not a fluid flow
-    std::vector<std::vector<int64_t>> pairLinks;    // per fluid pair, empty: not moved
-    std::vector<double> pairLat;
-    const int64_t* FB(int64_t op) const {
-        int64_t p = fluidPair.empty() ? -1 : fluidPair[op];
-        if (p >= 0 && p < int64_t(pairLinks.size()) && !pairLinks[p].empty())
-            return pairLinks[p].data();
-        return flink.data() + fptr[op];
-    }
-    const int64_t* FE(int64_t op) const {
-        int64_t p = fluidPair.empty() ? -1 : fluidPair[op];
-        if (p >= 0 && p < int64_t(pairLinks.size()) && !pairLinks[p].empty())
-            return pairLinks[p].data() + pairLinks[p].size();
-        return flink.data() + fptr[op + 1];
-    }
-    double FLat(int64_t op) const {
-        int64_t p = fluidPair.empty() ? -1 : fluidPair[op];
-        if (p >= 0 && p < int64_t(pairLinks.size()) && !pairLinks[p].empty()) return pairLat[p];
-        return flat[op];
-    }
-    struct RouteHop { int64_t atNs, cable, side, addr; };
-    struct FluidMove { int64_t atNs, pair; std::vector<int64_t> links; double lat; };
-    std::vector<RouteHop> routeHops;   // in time order
-    std::vector<FluidMove> fluidMoves; // in time order
-    uint64_t reroutesApplied = 0;
-
-    void LoadReroutes(int64_t nOps, const int64_t* fpair, int64_t nHops, const int64_t* at,
-                      const int64_t* cable, const int64_t* side, const int64_t* addr,
-                      int64_t nMoves, const int64_t* fat, const int64_t* pair,
-                      const int64_t* ptr, const int64_t* links, const double* lat) {
-        fluidPair.assign(fpair, fpair + nOps);
-        for (int64_t i = 0; i < nHops; ++i) routeHops.push_back({at[i], cable[i], side[i], addr[i]});
-        for (int64_t i = 0; i < nMoves; ++i)
-            fluidMoves.push_back({fat[i], pair[i],
-                                  std::vector<int64_t>(links + ptr[i], links + ptr[i + 1]), lat[i]});
-    }
-
-    // After the link events of each instant (scheduled after them at the same time).
     void ScheduleReroutes() {
-        std::vector<int64_t> times;
-        for (const RouteHop& h : routeHops) times.push_back(h.atNs);
-        for (const FluidMove& m : fluidMoves) times.push_back(m.atNs);
-        std::sort(times.begin(), times.end());
-        times.erase(std::unique(times.begin(), times.end()), times.end());
-        for (int64_t t : times) Simulator::Schedule(NanoSeconds(t), &Engine::ApplyReroutes, this, t);
+        for (int64_t t : reroute.Times())
+            Simulator::Schedule(NanoSeconds(t), &Engine::ApplyReroutes, this, t);
     }
 
+    // The reroutes due at atNs, after that instant's link events: host routes, fluid pairs.
     void ApplyReroutes(int64_t atNs) {
-        for (const RouteHop& h : routeHops)
-            if (h.atNs == atNs) { SetHostRoute(h.cable, int(h.side), uint32_t(h.addr)); ++reroutesApplied; }
-        bool fluid = false;
-        for (const FluidMove& m : fluidMoves) {
-            if (m.atNs != atNs) continue;
-            if (!fluid) { FluidAdvance(); fluid = true; }
-            if (int64_t(pairLinks.size()) <= m.pair) { pairLinks.resize(m.pair + 1); pairLat.resize(m.pair + 1); }
-            pairLinks[m.pair] = m.links;
-            pairLat[m.pair] = m.lat;
-            ++reroutesApplied;
-        }
-        if (fluid) FluidResolve();
-    }
-
-    // At the sending end of `cable`, packets to `address` leave through it from now on: the
-    // node's other host routes to that address are removed first.
-    void SetHostRoute(int64_t cable, int side, uint32_t address) {
-        Ptr<NetDevice> dev = cables[cable].Get(side);
-        Ptr<Ipv4> ip = dev->GetNode()->GetObject<Ipv4>();
-        Ipv4StaticRoutingHelper helper;
-        Ptr<Ipv4StaticRouting> rt = helper.GetStaticRouting(ip);
-        Ipv4Address dest(address);
-        for (int64_t i = int64_t(rt->GetNRoutes()) - 1; i >= 0; --i) {
-            Ipv4RoutingTableEntry e = rt->GetRoute(uint32_t(i));
-            if (e.IsHost() && e.GetDest() == dest) rt->RemoveRoute(uint32_t(i));
-        }
-        rt->AddHostRouteTo(dest, ifaces[cable].GetAddress(1 - side),
-                           uint32_t(ip->GetInterfaceForDevice(dev)));
-    }
-
-    // ---------- what-if: queue telemetry ----------
-    std::deque<QueueWatch> watches;  // per cable end, in AddCable order (2 per cable)
-    std::vector<Ptr<QueueDisc>> qdiscs;
-
-    void WatchQueue(Ptr<QueueDisc> q) {
-        watches.emplace_back();
-        qdiscs.push_back(q);
-        q->TraceConnectWithoutContext("BytesInQueue",
-                                      MakeCallback(&QueueWatch::OnBytes, &watches.back()));
-    }
-
-    // Per cable end (index 2 * cable + side): peak bytes, mean bytes over [0, endNs], drops
-    // (packets, bytes) and ECN marks, from the queue disc's own statistics.
-    void QueueStats(double endNs, double* peak, double* mean, double* drops, double* dropBytes,
-                    double* marks) {
-        for (size_t i = 0; i < qdiscs.size(); ++i) {
-            QueueWatch& w = watches[i];
-            double area = w.byteNs + double(w.lastBytes) * (endNs - w.lastNs);
-            peak[i] = w.peakBytes;
-            mean[i] = endNs > 0 ? area / endNs : 0.0;
-            const QueueDisc::Stats& st = qdiscs[i]->GetStats();
-            drops[i] = st.nTotalDroppedPackets;
-            dropBytes[i] = double(st.nTotalDroppedBytes);
-            marks[i] = st.nTotalMarkedPackets;
-        }
+        for (const Reroutes::RouteHop& h : reroute.routeHops)
+            if (h.atNs == atNs) {
+                reroute.SetHostRoute(cables[h.cable], ifaces[h.cable], int(h.side),
+                                     uint32_t(h.addr));
+                ++reroute.applied;
+            }
+        if (!reroute.HasFluidMoves(atNs)) return;
+        FluidAdvance();
+        reroute.ApplyFluidMoves(atNs);
+        FluidResolve();
     }
 
     // ---------- results ----------
