@@ -209,6 +209,7 @@ def test_sweep_resume_keys_on_the_other_jobs(tmp_path):
     assert variant_digest({**plain, "base_dir": "/y"}) == variant_digest(plain)  # as before
 
 
+@pytest.mark.htsim
 def test_compare_with_jobs_on_flow_and_htsim(tmp_path, tmp_path_factory):
     """``xsim compare A --job B --backends flow,htsim``: the same placed jobs on both; each
     job's iteration time on htsim is within 2% of flow (uncongested: non-blocking fabric),

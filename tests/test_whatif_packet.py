@@ -178,6 +178,7 @@ def test_htsim_queue_telemetry_on_the_shipped_incast(driver):
 
 
 @pytest.mark.slow
+@pytest.mark.ns3
 def test_ns3_reroutes_mid_transfer_stretches_the_kernel_and_shows_the_queue():
     """One DCTCP replay of the reroute case: the host routes of the failed flow's pair move to
     the other spine at 400 us (its packets on the dead cable are lost and TCP resends them),
@@ -234,6 +235,7 @@ def agree_plan():
 
 
 @pytest.mark.slow
+@pytest.mark.ns3
 @pytest.mark.htsim
 def test_link_events_slowdown_and_reroute_agree_on_flow_ns3_and_htsim(driver):
     _ns3_or_skip()
