@@ -67,7 +67,7 @@ def _same_timeline(trace, topo, **opts) -> tuple[dict, dict]:
         a = py.frame[col].to_numpy()
         b = nat.frame[col].to_numpy()
         np.testing.assert_allclose(b, a, rtol=REL, atol=0.0, err_msg=col)
-    for key in ("events", "rate_recomputations", "max_active_flows"):
+    for key in ("events", "rate_recomputations", "max_active_flows", "reroutes"):
         assert py.stats[key] == nat.stats[key], key
     assert py.stats["engine"] == "python" and nat.stats["engine"] == "native"
     return py.stats, nat.stats
@@ -76,7 +76,9 @@ def _same_timeline(trace, topo, **opts) -> tuple[dict, dict]:
 def _random_case(seed: int):
     """A random DAG on a random small cluster: compute, flows (some 0-byte or same-rank, many
     contending for oversubscribed uplinks), plain and timed barriers, TP-style rings, and random
-    degrade / fail / restore events on fabric and NIC links."""
+    degrade / fail / restore events on fabric and NIC links (failed fabric links reroute
+    flows); about half the cases add interval compute slowdowns (trace/slowdowns.py), drawn
+    from their own generator so the DAG and the events stay what they were."""
     rng = random.Random(seed)
     servers = rng.choice([2, 3, 4])
     gpn = rng.choice([2, 4])
@@ -100,6 +102,11 @@ def _random_case(seed: int):
         if kind == "fail" and rng.random() < 0.8:  # mostly restored, sometimes stuck
             events.append(LinkEvent(at_us=at + rng.uniform(1, 200), kind="restore",
                                     src=src, dst=dst))
+    srng = random.Random(seed + 1_000_000)  # what-if draws: the ones above stay as they were
+    fabric = [w for w, t in zip(wires, lk["tier"], strict=True) if t == "fabric"]
+    if fabric and srng.random() < 0.5:  # a switch link that fails for good: flows reroute
+        src, dst = srng.choice(fabric)
+        events.append(LinkEvent(at_us=srng.uniform(0, 300.0), kind="fail", src=src, dst=dst))
     if events:
         topo = build_topology(make_plan(groups, scale_out, events=tuple(events)))
     n = topo.num_ranks
@@ -125,7 +132,18 @@ def _random_case(seed: int):
                                        ready=rng.choice(ops) if ops else ()))
             continue
         ops.append(op)
-    return tb.build(), topo
+    trace = tb.build()
+    if srng.random() < 0.5:  # throttling windows, some overlapping, some open-ended
+        trace.manifest["compute_slowdowns"] = [
+            {"ranks": srng.sample(range(n), k=srng.randint(1, n)),
+             "factor": srng.choice([0.5, 1.5, 2.0, 3.0]),
+             "from_ns": srng.uniform(0, 300_000.0), "until_ns": None}
+            for _ in range(srng.randint(1, 3))
+        ]
+        for rec in trace.manifest["compute_slowdowns"]:
+            if srng.random() < 0.7:
+                rec["until_ns"] = rec["from_ns"] + srng.uniform(1.0, 200_000.0)
+    return trace, topo
 
 
 @functools.cache
@@ -143,12 +161,14 @@ def test_random_dags_give_the_same_timeline(seed: int) -> None:
 def test_random_cases_cover_stuck_runs_and_contention() -> None:
     """The random cases above are not all easy: some get stuck on a failed link (both engines
     must then raise the same message) and some solve groups of many flows."""
-    stuck = contended = 0
+    stuck = contended = rerouted = slowed = 0
     for seed in range(40):
         py, _ = _random_outcome(seed)
         stuck += not py
         contended += bool(py) and py["max_active_flows"] >= 8
-    assert stuck >= 1 and contended >= 10
+        rerouted += bool(py) and py["reroutes"] > 0
+        slowed += "compute_slowdowns" in _random_case(seed)[0].manifest
+    assert stuck >= 1 and contended >= 10 and rerouted >= 3 and slowed >= 10
 
 
 def _flows_on_links(rng: np.random.Generator, n_links: int, n_flows: int, max_len: int):

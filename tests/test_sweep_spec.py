@@ -88,7 +88,7 @@ def test_sweep_file_errors_name_the_file_and_key(tmp_path):
         load_sweep_file(f)
     f.write_text("base: x.yaml\naxis: {}\n")
     with pytest.raises(SweepError, match=r"s\.yaml: unknown key 'axis' \(expected one of base, "
-                                         r"axes, backend, options\)"):
+                                         r"axes, backend, options, jobs, placement\)"):
         load_sweep_file(f)
     f.write_text("base: {name: x}\naxes: {training.micro_batch: []}\n")
     with pytest.raises(SweepError, match=r"^axes: training.micro_batch has no values$"):

@@ -126,20 +126,9 @@ def test_a_job_without_network_uses_the_first_jobs():
 
 
 def test_cli_run_with_jobs(tmp_path):
-    import yaml
-
     from xsim_adapters.cli import main
 
-    paths = []
-    for name in ("a", "b"):
-        p = tmp_path / f"{name}.yaml"
-        d = {"name": name, "model": {"preset": "llama2-7b", "seq_len": 512, "layers": 2},
-             "training": {"global_batch": 2, "micro_batch": 1},
-             "device_groups": {"h": {"type": "H100-80GB", "nodes": 2, "gpus_per_node": 1}},
-             "replicas": [{"stages": [{"group": "h", "devices": [i, i + 1], "tp": 1,
-                                       "layers": [0, 2]}]} for i in (0, 1)]}
-        p.write_text(yaml.safe_dump(d))
-        paths.append(p)
+    paths = _small_job_files(tmp_path)
     out = tmp_path / "out"
     assert main(["run", str(paths[0]), "--job", str(paths[1]), "--placement", "spread",
                  "-o", str(out), "--no-plots"]) == 0
@@ -150,3 +139,114 @@ def test_cli_run_with_jobs(tmp_path):
         assert js["ranks"] == 2 and js["plan"] == name
     assert (out / "links.csv").is_file() and (out / "jobs.csv").is_file()
     assert np.isfinite(s["jobs"][0]["slowdown_pct"])
+
+
+def _small_job_files(tmp_path, network=None):
+    """Two 2-GPU plans (one GPU per server, DP 2) as files: a, b."""
+    import yaml
+
+    paths = []
+    for name in ("a", "b"):
+        p = tmp_path / f"{name}.yaml"
+        d = {"name": name, "model": {"preset": "llama2-7b", "seq_len": 512, "layers": 2},
+             "training": {"global_batch": 2, "micro_batch": 1},
+             "device_groups": {"h": {"type": "H100-80GB", "nodes": 2, "gpus_per_node": 1}},
+             "replicas": [{"stages": [{"group": "h", "devices": [i, i + 1], "tp": 1,
+                                       "layers": [0, 2]}]} for i in (0, 1)]}
+        if network is not None:
+            d["network"] = network
+        p.write_text(yaml.safe_dump(d))
+        paths.append(p)
+    return paths
+
+
+# One 400G uplink per leaf, two servers per leaf: spread placement puts one server of each
+# job under each leaf, so the jobs' DP transfers share the uplink.
+SHARED_UPLINK = {"scale_out": {"topology": "leaf_spine", "nodes_per_leaf": 2, "spines": 1,
+                               "oversubscription": 2, "link_gbps": 400}}
+
+
+def test_sweep_with_jobs_reports_each_variants_slowdown_beside_the_others(tmp_path):
+    """``xsim sweep A --job B``: every variant of A runs beside B; its row holds A's metrics
+    from the shared run, its slowdown against running alone, and B's. The numbers are what
+    run_jobs gives for the same pair, and the shared uplink makes both jobs slower."""
+    import pandas as pd
+
+    from xsim_adapters.cli import main
+    from xsim_adapters.traffic import load_job
+
+    a, b = _small_job_files(tmp_path, SHARED_UPLINK)
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(a), "--job", str(b), "--placement", "spread",
+                 "--set", "model.seq_len=512,1024", "-o", str(out)]) == 0
+    frame = pd.read_csv(out / "sweep.csv")
+    assert frame["error"].isna().all() or (frame["error"].fillna("") == "").all()
+    assert frame["job1"].tolist() == ["b", "b"]
+    direct = run_jobs([load_job(a), load_job(b)], placement="spread").table()
+    row = frame.iloc[0]  # seq_len 512: the plans as written
+    assert row["iteration_time_ns"] == direct["iteration_time_ns"].iloc[0]
+    assert row["slowdown_pct"] == pytest.approx(direct["slowdown_pct"].iloc[0], abs=1e-9)
+    assert row["job1_iteration_time_ns"] == direct["iteration_time_ns"].iloc[1]
+    assert (frame["slowdown_pct"] > 0).all() and (frame["job1_slowdown_pct"] > 0).all()
+    # the longer sequence computes longer alone; together, both jobs' last DP bytes still
+    # leave through the one busy uplink (work-conserving: the same end)
+    assert frame["alone_iteration_ns"].iloc[1] > frame["alone_iteration_ns"].iloc[0]
+    assert frame["mean_compute_ns"].iloc[1] > frame["mean_compute_ns"].iloc[0]
+    import yaml
+
+    spec = yaml.safe_load((out / "sweep.yaml").read_text())
+    assert spec["jobs"] == [str(b.resolve())] and spec["placement"] == "spread"
+
+
+def test_sweep_resume_keys_on_the_other_jobs(tmp_path):
+    from xsim_adapters.sweep.results import variant_digest
+
+    plain = {"plan": {"name": "a"}, "backend": "flow", "options": {}}
+    with_b = {**plain, "jobs": [{"data": {"name": "b"}, "base_dir": "/x"}],
+              "placement": "packed"}
+    spread = {**with_b, "placement": "spread"}
+    assert len({variant_digest(plain), variant_digest(with_b), variant_digest(spread)}) == 3
+    assert variant_digest({**plain, "base_dir": "/y"}) == variant_digest(plain)  # as before
+
+
+@pytest.mark.htsim
+def test_compare_with_jobs_on_flow_and_htsim(tmp_path, tmp_path_factory):
+    """``xsim compare A --job B --backends flow,htsim``: the same placed jobs on both; each
+    job's iteration time on htsim is within 2% of flow (uncongested: non-blocking fabric),
+    and the files per backend are written."""
+    import pandas as pd
+    from test_htsim_helpers import driver_path
+
+    from xsim_adapters.cli import main
+
+    drv = driver_path(tmp_path_factory)
+    a, b = _small_job_files(tmp_path)
+    out = tmp_path / "cmp"
+    assert main(["compare", str(a), "--job", str(b), "--backends", "flow,htsim",
+                 "--option", f"htsim.driver={drv}", "-o", str(out)]) == 0
+    t = pd.read_csv(out / "compare_jobs.csv")
+    assert t["job"].tolist() == ["a", "b"]
+    assert (t["rel_diff_htsim"].abs() < 0.02).all()
+    assert (t["slowdown_pct_flow"].abs() < 1e-6).all()  # packed, non-blocking: no interference
+    for be in ("flow", "htsim"):
+        assert (out / be / "jobs.csv").is_file() and (out / be / "links.csv").is_file()
+        assert (out / be / "jobs" / "b" / "summary.json").is_file()
+    s = json.loads((out / "summary.json").read_text())
+    assert s["backends"] == ["flow", "htsim"] and len(s["jobs"]) == 2
+
+
+def test_combined_trace_carries_each_jobs_windows_on_its_cluster_ranks():
+    """A job's interval slowdowns (manifest compute_slowdowns) name its own ranks; placed on the
+    cluster they must name the GPUs it got (spread: job b's rank 1 is cluster rank 3)."""
+    a, b = _plan("a", NONBLOCKING), _plan("b", NONBLOCKING)
+    jobs = place_jobs([a, b], "spread")
+    ta, tb = api.generate(a), api.generate(b)
+    tb.manifest["compute_slowdowns"] = [{"ranks": [1, 9], "factor": 2.0, "from_ns": 0.0,
+                                         "until_ns": None}]
+    t = combine_traces(jobs, [ta, tb])
+    validate_trace(t)
+    want = [int(jobs.rank_map[1][1]), int(jobs.rank_map[1][9])]
+    assert t.manifest["compute_slowdowns"] == [{"ranks": want, "factor": 2.0, "from_ns": 0.0,
+                                                "until_ns": None}]
+    assert want == [9, 25]  # servers a0, b0, a1, b1: b's GPU 1 is on b0, its GPU 9 on b1
+    assert "compute_slowdowns" not in combine_traces(jobs, [ta, tb], only=0).manifest

@@ -273,7 +273,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .report.progress import ProgressBar
 
     if args.job:
-        return _run_jobs(args)
+        from .cli_jobs import run_jobs_command
+
+        return run_jobs_command(args)
     check_input(args.plan, trace_ok=True)
     out = Path(args.output or default_output(args.plan, "run"))
     options = parse_option_items(args.option or [])
@@ -319,64 +321,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_jobs(args: argparse.Namespace) -> int:
-    """``xsim run PLAN --job PLAN2 ...``: several jobs on one fabric (docs/whatif.md)."""
-    from ._outdir import check_output, output_dir
-    from .backends.registry import check_backend_options, get_backend
-    from .jobs import run_jobs
-    from .report.outputs import write_csv, write_json, write_links, write_run
-    from .report.progress import ProgressBar
-    from .traffic import load_job
-
-    paths = [args.plan, *args.job]
-    for p in paths:
-        check_input(p, trace_ok=False)
-    if args.baseline:
-        raise XsimError("--baseline: not with --job (each job's slowdown against running "
-                        "alone in its place is reported instead)")
-    out = Path(args.output or default_output(args.plan, "run"))
-    options = parse_option_items(args.option or [])
-    get_backend(args.backend, options)
-    check_backend_options(args.backend, options)
-    check_output(out, "run", args.force)
-    with ProgressBar(3, "xsim run (jobs)", force=args.progress) as bar:
-        bar.step("loading the plans")
-        plans = [load_job(p) for p in paths]
-        bar.step(f"running {args.backend}: {len(plans)} jobs together, then each alone")
-        res = run_jobs(plans, args.backend, options, placement=args.placement)
-        bar.step("writing outputs")
-        table = res.table()
-        with output_dir(out, "run", args.force) as tmp:
-            for plan, met in zip(res.jobs.plans, res.results, strict=True):
-                jdir = tmp / "jobs" / plan.name
-                jdir.mkdir(parents=True)
-                if isinstance(met, dict):  # background traffic: offered vs achieved load
-                    write_json(jdir / "summary.json", met)
-                    continue
-                assert met.source is not None
-                write_run(jdir, met.source, met, plots=not args.no_plots,
-                          title=f"{plan.name} beside {len(plans) - 1} other job(s) on "
-                                f"{args.backend}")
-            write_csv(tmp / "jobs.csv", table)
-            write_links(tmp, res.links, plots=not args.no_plots,
-                        title=f"{len(plans)} jobs, {args.placement} placement, {args.backend}")
-            write_json(tmp / "summary.json", {
-                "backend": args.backend, "placement": args.placement,
-                "jobs": table.to_dict(orient="records"),
-            })
-    for row in table.to_dict(orient="records"):
-        if "pattern" in row and isinstance(row.get("pattern"), str):
-            print(f"traffic {row['job']}: {row['ranks']} GPUs, {row['pattern']}, offered load "
-                  f"{row['offered_load']:.0%} of each NIC, achieved {row['achieved_load']:.0%}")
-            continue
-        print(f"job {row['job']}: {row['ranks']} GPUs, iteration "
-              f"{_fmt_ns(row['iteration_time_ns'])} ({row['slowdown_pct']:+.2f}% against "
-              f"running alone in its place)")
-    print(f"wrote {out}/: summary.json, jobs.csv, links.csv"
-          + ("" if args.no_plots else ", links.png") + ", jobs/<name>/")
-    return 0
-
-
 def _print_run_info(info: Any) -> None:
     """What each backend simulated as packets vs fluid, and its start-up vs replay time."""
     print("what each backend simulated (packets: packet by packet; fluid: rate model) and where"
@@ -398,6 +342,18 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def job_args(sp: argparse.ArgumentParser, writes: str) -> None:
+    """``--job`` and ``--placement`` (several jobs on one fabric, docs/whatif.md)."""
+    sp.add_argument("--job", action="append", metavar="PLAN",
+                    help="Another plan (job) or traffic file to run beside PLAN on PLAN's "
+                         "network; repeat for more. Each job keeps its own device groups; "
+                         f"{writes} (docs/whatif.md).")
+    sp.add_argument("--placement", choices=("packed", "spread"), default="packed",
+                    help="With --job: packed puts each job on consecutive servers; spread "
+                         "deals servers round-robin so jobs share every leaf (default: "
+                         "packed).")
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from . import api
     from .report.outputs import write_csv, write_run
@@ -409,6 +365,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise XsimError(f"--backends needs at least two different names (got {args.backends!r})")
     from ._outdir import check_output, output_dir
     from .backends.registry import backend_options, check_backend_options, get_backend
+
+    if args.job:
+        from .cli_jobs import compare_jobs_command
+
+        return compare_jobs_command(args, backends)
 
     check_input(args.plan, trace_ok=True)
     out = Path(args.output or default_output(args.plan, "compare"))
@@ -613,14 +574,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="The backend to run (default: flow; see `xsim backends`).")
     r.add_argument("--no-plots", action="store_true",
                    help="Skip timeline.png and timeline.perfetto.json.")
-    r.add_argument("--job", action="append", metavar="PLAN",
-                   help="Another plan (job) to run beside PLAN on PLAN's network; repeat for "
-                        "more. Each job keeps its own device groups; writes per-job results "
-                        "under OUT/jobs/, jobs.csv (slowdown against running alone) and "
-                        "links.csv (docs/whatif.md).")
-    r.add_argument("--placement", choices=("packed", "spread"), default="packed",
-                   help="With --job: packed puts each job on consecutive servers; spread "
-                        "deals servers round-robin so jobs share every leaf (default: packed).")
+    job_args(r, "writes per-job results under OUT/jobs/, jobs.csv (slowdown against "
+                "running alone) and links.csv")
     r.add_argument("--links", action="store_true",
                    help="Also write per-link telemetry: links.csv (bytes, busy time, peak "
                         "concurrent flows, utilisation per directed link) and links.png "
@@ -637,6 +592,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Comma-separated backends; the first is the reference (default: "
                         "flow,ns3). Prefix an option with a backend name to aim it at that "
                         "backend only, e.g. --option ns3.transport=dctcp.")
+    job_args(c, "writes OUT/compare_jobs.csv (each job's iteration time and slowdown on "
+                "every backend) and each backend's jobs.csv, links.csv and jobs/ under "
+                "OUT/<backend>/")
 
     from .sweep.cli import add_sweep_arguments
 

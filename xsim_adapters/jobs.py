@@ -25,6 +25,8 @@ import pandas as pd
 from .errors import PlanError
 from .plan.model import DeviceGroup, NetworkSpec, Plan
 from .trace.schema import KINDS, PHASES, SCHEMA_VERSION, Trace
+from .trace.slowdowns import MANIFEST_KEY as SLOWDOWNS_KEY
+from .trace.slowdowns import remap
 from .trace.timeline import Timeline
 
 # Upper bound on jobs in one run: each is a whole plan; more is a mistake, not a study.
@@ -133,6 +135,7 @@ def combine_traces(jobs: JobSet, traces: Sequence[Trace | None],
     ``only``, just that job's ops, on the same cluster ranks (the job alone in its place).
     A ``None`` trace (a job not generated yet) contributes no ops."""
     ops_parts, dep_parts, coll_parts = [], [], []
+    slowdowns: list[dict[str, Any]] = []
     op_off = coll_off = 0
     for k, (trace, rmap) in enumerate(zip(traces, jobs.rank_map, strict=True)):
         if trace is None or (only is not None and k != only):
@@ -154,6 +157,7 @@ def combine_traces(jobs: JobSet, traces: Sequence[Trace | None],
                           for s in c["ranks"].astype(str)]
             coll_off = int(c["collective"].max()) + 1
         coll_parts.append(c)
+        slowdowns += remap(trace.manifest.get(SLOWDOWNS_KEY) or [], rmap)
         op_off += len(o)
     ranks = cluster_ranks(jobs)
     ops = pd.concat(ops_parts, ignore_index=True)
@@ -178,6 +182,8 @@ def combine_traces(jobs: JobSet, traces: Sequence[Trace | None],
                  for k, (p, t, m) in enumerate(zip(jobs.plans, traces, jobs.rank_map,
                                                    strict=True))],
     }
+    if slowdowns:  # each job's interval slowdowns, on its cluster ranks
+        manifest[SLOWDOWNS_KEY] = slowdowns
     return Trace(ops=ops, deps=deps, collectives=colls, manifest=manifest)
 
 
@@ -249,20 +255,77 @@ def run_jobs(plans: list[Any] | tuple[Any, ...], backend: str = "flow",
     job is also replayed alone on the same servers, so :meth:`JobsResult.table` gives the
     slowdown the other jobs cause (one more backend run per training job). A traffic spec
     without ``duration_ms`` sends for as long as the longest training job takes alone."""
+    jobs, topology, traces = _prepare(plans, placement)
+    return _replay(jobs, topology, traces, backend, options, alone)
+
+
+def compare_jobs(plans: list[Any] | tuple[Any, ...], backends: Sequence[str],
+                 options: dict[str, dict[str, Any]] | None = None,
+                 placement: str = "packed") -> tuple[dict[str, JobsResult], pd.DataFrame]:
+    """The same placed jobs replayed on each of ``backends`` (the first is the reference):
+    identical traces and topology, each job also alone on every backend. A traffic spec
+    without ``duration_ms`` sends for as long as the longest training job takes alone on the
+    reference, so every backend replays the same traffic. Returns the per-backend results and
+    one row per job: ``job``, and per backend ``iteration_time_ns_<b>`` and
+    ``slowdown_pct_<b>`` (training jobs) or ``achieved_load_<b>`` (traffic), and
+    ``rel_diff_<b>`` (iteration time against the reference; traffic: achieved load)."""
+    if len(set(backends)) < 2:
+        raise PlanError("", f"expected at least two different backends (got {list(backends)})")
+    jobs, topology, traces = _prepare(plans, placement)
+    options = options or {}
+    out: dict[str, JobsResult] = {}
+    ref = backends[0]
+    out[ref] = _replay(jobs, topology, list(traces), ref, options.get(ref), True)
+    longest = max((a for a in out[ref].alone_ns or [] if a is not None), default=0)
+    for b in backends[1:]:
+        out[b] = _replay(jobs, topology, list(traces), b, options.get(b), True,
+                         traffic_ns=float(longest))
+    tables = {b: r.table() for b, r in out.items()}
+    rows = []
+    for k, p in enumerate(jobs.plans):
+        row: dict[str, Any] = {"job": p.name}
+        for b in backends:
+            t = tables[b].iloc[k]
+            if "achieved_load" in t and isinstance(t.get("pattern"), str):
+                row[f"achieved_load_{b}"] = float(t["achieved_load"])
+            else:
+                row[f"iteration_time_ns_{b}"] = int(t["iteration_time_ns"])
+                row[f"slowdown_pct_{b}"] = float(t["slowdown_pct"])
+        key = "iteration_time_ns" if f"iteration_time_ns_{ref}" in row else "achieved_load"
+        for b in backends[1:]:
+            r0 = row[f"{key}_{ref}"]
+            row[f"rel_diff_{b}"] = (row[f"{key}_{b}"] - r0) / r0 if r0 else float("nan")
+        rows.append(row)
+    return out, pd.DataFrame(rows)
+
+
+def _prepare(plans: list[Any] | tuple[Any, ...], placement: str
+             ) -> tuple[JobSet, Any, list[Trace | None]]:
+    """The placed jobs, the cluster's topology and the training jobs' traces (traffic: None)."""
     from . import api
-    from .metrics.links import link_metrics
     from .topology.build import build_topology
-    from .traffic import TrafficSpec, generate_traffic, traffic_summary
+    from .traffic import TrafficSpec
 
     jobs = place_jobs(plans, placement)
     topology = build_topology(jobs.cluster)
+    traces: list[Trace | None] = [None if isinstance(p, TrafficSpec) else api.generate(p)
+                                  for p in jobs.plans]
+    return jobs, topology, traces
+
+
+def _replay(jobs: JobSet, topology: Any, traces: list[Trace | None], backend: str,
+            options: dict[str, Any] | None, alone: bool,
+            traffic_ns: float | None = None) -> JobsResult:
+    """One shared replay (and, with ``alone``, one per training job); ``traffic_ns``: how long
+    traffic without ``duration_ms`` sends (default: the longest training job alone here)."""
+    from . import api
+    from .metrics.links import link_metrics
+    from .traffic import TrafficSpec, generate_traffic, traffic_summary
+
     training = [k for k, p in enumerate(jobs.plans) if not isinstance(p, TrafficSpec)]
-    traces: list[Trace | None] = [None] * len(jobs.plans)
-    for k in training:
-        traces[k] = api.generate(jobs.plans[k])
     alone_ns: list[int | None] | None = None
-    needs_duration = any(isinstance(p, TrafficSpec) and p.duration_ms is None
-                         for p in jobs.plans)
+    needs_duration = traffic_ns is None and any(
+        isinstance(p, TrafficSpec) and p.duration_ms is None for p in jobs.plans)
     if alone or needs_duration:
         alone_ns = [None] * len(jobs.plans)
         for k in training:
@@ -270,8 +333,9 @@ def run_jobs(plans: list[Any] | tuple[Any, ...], backend: str = "flow",
             alone_ns[k] = int(round(api.run(solo, backend, topology, options).makespan_ns))
     for k, p in enumerate(jobs.plans):
         if isinstance(p, TrafficSpec):
-            dur = p.duration_ms * 1e6 if p.duration_ms is not None else max(
-                (a for a in (alone_ns or []) if a is not None), default=0)
+            dur = p.duration_ms * 1e6 if p.duration_ms is not None else (
+                traffic_ns if traffic_ns is not None else max(
+                    (a for a in (alone_ns or []) if a is not None), default=0))
             traces[k] = generate_traffic(p, float(dur))
     full = [t for t in traces if t is not None]
     trace = combine_traces(jobs, full)

@@ -97,13 +97,18 @@ class TrafficSpec:
 def load_job(path: str | os.PathLike[str]) -> Any:
     """A job file for ``xsim run --job``: a traffic file (top key ``traffic:``) as a
     TrafficSpec, anything else as a validated Plan. The file is read and parsed once."""
+    p = Path(path)
+    return job_from_data(parse_yaml(read_plan_file(p), str(p)), str(p.resolve().parent))
+
+
+def job_from_data(data: Any, base_dir: str | None = None) -> Any:
+    """A job from plain data: a traffic file's (top key ``traffic:``) as a TrafficSpec,
+    anything else as a validated Plan (``base_dir`` resolves its relative paths)."""
     from .plan.loader import plan_from_dict
 
-    p = Path(path)
-    data = parse_yaml(read_plan_file(p), str(p))
     if isinstance(data, dict) and "traffic" in data:
         return traffic_from_dict(data)
-    return plan_from_dict(data, base_dir=str(p.resolve().parent))
+    return plan_from_dict(data, base_dir=base_dir)
 
 
 def load_traffic(path: str | os.PathLike[str]) -> TrafficSpec:

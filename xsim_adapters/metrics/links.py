@@ -14,8 +14,16 @@ propagation latency, so a link is "busy" slightly longer than it transmits). Per
   rate it ran while in use; below 1 when flows share a slower bottleneck elsewhere).
 
 Capacities are the nominal ones (timed link events change a link's rate for part of the run;
-``mean_util`` is then relative to the nominal rate). Queue occupancy and drops exist only
-inside the packet simulators and are not part of this frame. Everything is vectorized.
+``mean_util`` is then relative to the nominal rate). With links down (rerouting,
+:mod:`..topology.reroute`) a flow counts on the path it started on: its route, or its detour
+if it started while its route was down; a flow moved mid-transfer is counted whole on the path
+it started on (the timeline does not say how its bytes split).
+
+Queue telemetry (:data:`~xsim_adapters.trace.timeline.QUEUE_COLUMNS`: ``queue_peak_bytes``,
+``queue_mean_bytes``, ``drops``, ``drop_bytes``, ``ecn_marks``, ``trims``) comes from inside the
+packet simulators (``Timeline.link_stats``; what each backend counts: docs/metrics.md); it is
+NaN for links a backend built no queue for and for the flow backend, which has no queues.
+Everything is vectorized.
 """
 
 from __future__ import annotations
@@ -24,14 +32,15 @@ import numpy as np
 import pandas as pd
 
 from ..topology.model import Topology
+from ..topology.reroute import detours, epochs
 from ..trace.schema import KIND_FLOW, Trace
-from ..trace.timeline import Timeline
+from ..trace.timeline import QUEUE_COLUMNS, Timeline
 from .intervals import union_length
 from .timeline import as_frame
 
 LINK_COLUMNS = (
     "link_id", "src", "dst", "tier", "gbps", "flows", "bytes", "busy_ns", "peak_flows",
-    "mean_util", "busy_util",
+    "mean_util", "busy_util", *QUEUE_COLUMNS,
 )
 
 
@@ -62,6 +71,7 @@ def link_metrics(trace: Trace, timeline: Timeline | pd.DataFrame, topology: Topo
     offsets, path_links = topology.paths_for(
         ops["rank"].to_numpy()[fl], ops["dst"].to_numpy()[fl], ops["op_id"].to_numpy()[fl]
     )
+    offsets, path_links = _start_paths(topology, ops, fl, tf, offsets, path_links)
     per_flow = np.diff(offsets)
     flow_of = np.repeat(np.arange(len(fl)), per_flow)
     lk = path_links.astype(np.int64)
@@ -76,6 +86,7 @@ def link_metrics(trace: Trace, timeline: Timeline | pd.DataFrame, topology: Topo
     names = topology.nodes["name"].astype(str).to_numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
         busy_util = np.where(busy > 0, line_ns / busy, 0.0)
+    queues = _queue_columns(timeline, L)
     return pd.DataFrame({
         "link_id": np.arange(L, dtype=np.int32),
         "src": names[links["src"].to_numpy()],
@@ -88,4 +99,44 @@ def link_metrics(trace: Trace, timeline: Timeline | pd.DataFrame, topology: Topo
         "peak_flows": _peak_concurrency(lk, start, end, L),
         "mean_util": line_ns / it if it > 0 else np.zeros(L),
         "busy_util": busy_util,
+        **queues,
     }).set_index(pd.Index(np.arange(L), name="link"))
+
+
+def _queue_columns(timeline: Timeline | pd.DataFrame, num_links: int) -> dict[str, np.ndarray]:
+    """The packet backend's queue telemetry per link id (NaN where it has none)."""
+    out = {c: np.full(num_links, np.nan) for c in QUEUE_COLUMNS}
+    ls = timeline.link_stats if isinstance(timeline, Timeline) else None
+    if ls is not None and len(ls):
+        lid = ls["link_id"].to_numpy(dtype=np.int64)
+        ok = (lid >= 0) & (lid < num_links)
+        for c in QUEUE_COLUMNS:
+            out[c][lid[ok]] = ls[c].to_numpy(dtype=np.float64)[ok]
+    return out
+
+
+def _start_paths(topology: Topology, ops: pd.DataFrame, fl: np.ndarray, tf: pd.DataFrame,
+                 offsets: np.ndarray, links: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each flow's path as it started: its detour where its route was down at its start time
+    and it had one (the engines' rule, topology/reroute.py), else its route."""
+    ep = epochs(topology)
+    if not ep.any_down or len(fl) == 0:
+        return offsets, links
+    det = detours(topology, ops["rank"].to_numpy()[fl], ops["dst"].to_numpy()[fl],
+                  ops["op_id"].to_numpy()[fl], offsets, links, ep)
+    if not len(det):
+        return offsets, links
+    start = tf["start_ns"].to_numpy(dtype=np.float64)[fl]
+    # events at t apply before flows starting at t: the epoch of a start is the last at <= t
+    epoch_of = np.searchsorted(ep.at_ns, start, side="right") - 1
+    swap: dict[int, np.ndarray] = {}  # flow index -> the detour it started on
+    for j, k in enumerate(det.key.tolist()):  # only flows with a detour can have started on one
+        e, i = divmod(k, det.num_items)
+        if epoch_of[i] == e and ep.down[e][links[offsets[i]:offsets[i + 1]]].any():
+            swap[i] = det.path(j)
+    if not swap:
+        return offsets, links
+    paths = [swap.get(i, links[offsets[i]:offsets[i + 1]]) for i in range(len(fl))]
+    off = np.zeros(len(fl) + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in paths], out=off[1:])
+    return off, np.concatenate(paths).astype(links.dtype)

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace.schema import COMM_PHASES, COMPUTE_PHASES, KIND_COMPUTE, PHASE_INDEX, Trace
+from ..trace.slowdowns import schedule, slowed_compute
 from ..trace.timeline import Timeline
 from .coarse import coarsening_of, rank_sources
 from .critical import critical_path, critical_summary
@@ -189,6 +190,10 @@ def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
     pert = trace.manifest.get("perturb")
     if pert:
         extra = [int(x) for x in pert.get("extra_compute_ns", []) if isinstance(x, int)]
+        stretched = interval_extra_ns(trace, tf)
+        if stretched is not None:  # what the backend's interval slowdowns added
+            extra = [(extra[r] if r < len(extra) else 0) + int(stretched[r])
+                     for r in range(len(stretched))]
         out["perturbation"] = {
             "slow": pert.get("slow", []),
             "jitter_sigma": pert.get("jitter_sigma", 0.0),
@@ -196,3 +201,19 @@ def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
             "extra_compute_ns_by_rank": {str(r): x for r, x in enumerate(extra) if x},
         }
     return out
+
+
+def interval_extra_ns(trace: Trace, tf: pd.DataFrame) -> np.ndarray | None:
+    """int64 per rank: the compute time interval slowdowns added in this run (each stretched
+    kernel's timeline duration minus its trace duration), or None without such slowdowns."""
+    sched = schedule(trace.manifest, trace.num_ranks)
+    if sched is None:
+        return None
+    ops = trace.ops
+    rank = slowed_compute(ops["kind"].to_numpy(), ops["rank"].to_numpy(), sched)
+    sel = np.flatnonzero(rank >= 0)
+    took = tf["end_ns"].to_numpy(dtype=np.float64)[sel] - tf["start_ns"].to_numpy(
+        dtype=np.float64)[sel]
+    extra = took - ops["duration_ns"].to_numpy(dtype=np.float64)[sel]
+    return np.rint(np.bincount(rank[sel], weights=extra, minlength=trace.num_ranks)).astype(
+        np.int64)

@@ -30,7 +30,9 @@ Granularity = Literal["step", "chunked"]
 RingOrder = Literal["hetero_aware", "natural"]
 Algorithm = Literal["auto", "ring", "tree", "nvls", "hierarchical"]
 ScaleOutTopology = Literal["leaf_spine", "fat_tree"]
-LinkEventKind = Literal["degrade", "fail", "restore"]
+LinkEventKind = Literal["degrade", "fail", "restore", "nic_down", "nic_up"]
+#: Event kinds that name a GPU (its NIC's cable to the fabric) instead of two nodes.
+NIC_EVENT_KINDS = ("nic_down", "nic_up")
 ServerFabric = Literal["nvswitch", "pcie", "nvlink_mesh"]
 NicLayout = Literal["per_gpu", "per_pair", "per_server"]
 
@@ -304,13 +306,18 @@ class ExplicitLink:
 
 @dataclass(frozen=True)
 class LinkEvent:
-    """At ``at_us`` set the links between ``src`` and ``dst`` to ``factor`` of nominal (fail: 0)."""
+    """At ``at_us`` set the links between ``src`` and ``dst`` to ``factor`` of nominal (fail: 0).
+
+    ``nic_down`` / ``nic_up`` name global ``rank`` instead (``src``/``dst`` empty): the cable
+    of that GPU's NIC to the fabric fails (factor 0) or comes back (factor 1).
+    """
 
     at_us: float
     kind: LinkEventKind
     src: str
     dst: str
     factor: float = 1.0
+    rank: int = -1  # nic_down / nic_up only
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,8 @@ EXEMPLARS: tuple[dict[str, Any], ...] = (
                 {"at_us": 20, "kind": "degrade", "src": "leaf0", "dst": "spine0",
                  "factor": 0.5},
                 {"at_us": 30, "kind": "restore", "src": "leaf0", "dst": "spine0"},
+                {"at_us": 40, "kind": "nic_down", "rank": 1},
+                {"at_us": 50, "kind": "nic_up", "rank": 1},
             ],
         },
         "replicas": [
@@ -73,7 +75,8 @@ EXEMPLARS: tuple[dict[str, Any], ...] = (
         "collectives": {"resharding": "lcm"},
         "perturb": {"slow": [{"rank": 0, "factor": 1.1}, {"ranks": [1, 2], "factor": 1.2},
                              {"group": "a100", "devices": [0, 2], "factor": 0.9},
-                             {"server": 1, "factor": 1.05}],
+                             {"server": 1, "factor": 1.05},
+                             {"rank": 3, "factor": 2.0, "from_us": 100, "until_us": 300}],
                     "jitter": {"sigma": 0.05}},
     },
     {

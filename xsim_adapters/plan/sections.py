@@ -21,6 +21,7 @@ from .attention import parse_attention
 from .measured import parse_measured
 from .model import (
     DTYPE_BYTES,
+    NIC_EVENT_KINDS,
     Algorithm,
     AttentionSpec,
     CollectiveAlgorithms,
@@ -499,10 +500,28 @@ def _parse_link(value: Any, path: str) -> ExplicitLink:
 
 def _parse_event(value: Any, path: str) -> LinkEvent:
     m = f.expect_mapping(value, path)
-    f.check_keys(
-        m, path, ("at_us", "kind", "src", "dst", "factor"), ("at_us", "kind", "src", "dst")
-    )
+    f.check_keys(m, path, ("at_us", "kind", "src", "dst", "factor", "rank"), ("at_us", "kind"))
     kind = f.get_enum(m, "kind", path, get_args(LinkEventKind))
+    if kind in NIC_EVENT_KINDS:
+        for key in ("src", "dst", "factor"):
+            if key in m:
+                raise PlanError(f.join(path, key), f"not with kind {kind}: a NIC event names "
+                                                   f"the GPU whose NIC goes down or up (rank)")
+        if "rank" not in m:
+            raise PlanError(f.join(path, "rank"), "required key is missing (the global rank "
+                                                  "whose NIC goes down or up)")
+        return LinkEvent(
+            at_us=_time(m, "at_us", path), kind=kind, src="", dst="",  # type: ignore[arg-type]
+            factor=0.0 if kind == "nic_down" else 1.0,
+            rank=f.get_int(m, "rank", path, minimum=0, maximum=lim.MAX_DEVICES - 1,
+                           limit=_DEVICES),
+        )
+    if "rank" in m:
+        raise PlanError(f.join(path, "rank"), f"only with kind nic_down or nic_up (got kind "
+                                              f"{kind}, which names src and dst)")
+    for key in ("src", "dst"):
+        if key not in m:
+            raise PlanError(f.join(path, key), "required key is missing")
     if kind == "fail":
         factor = f.get_number(m, "factor", path, 0.0, positive=False)
         if factor != 0.0:

@@ -76,6 +76,12 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             r["micro_batches"] = rep.micro_batches
         replicas.append(r)
     network = _plain(plan.network)
+    for ev in network["events"]:  # a NIC event names a rank; a link event two nodes
+        if ev["rank"] < 0:
+            del ev["rank"]
+        else:
+            for key in ("src", "dst", "factor"):
+                del ev[key]
     ms = plan.network.measured
     if ms is None:
         network.pop("measured", None)

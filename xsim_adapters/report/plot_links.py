@@ -29,8 +29,10 @@ def plot_links(path: str | Path, links: pd.DataFrame, title: str = "") -> Path:
     ax.barh(y, top["mean_util"], color=colors)
     ax.scatter(top["busy_util"], y, marker="|", color="black", s=80, zorder=3)
     ax.set_yticks(y)
-    ax.set_yticklabels([f"{s}->{d} ({p} peak flows)" for s, d, p in
-                        zip(top["src"], top["dst"], top["peak_flows"], strict=True)], fontsize=7)
+    peak = top["queue_peak_bytes"] if "queue_peak_bytes" in top else [float("nan")] * len(top)
+    ax.set_yticklabels([f"{s}->{d} ({p} peak flows{_queue_label(q)})" for s, d, p, q in
+                        zip(top["src"], top["dst"], top["peak_flows"], peak, strict=True)],
+                       fontsize=7)
     ax.invert_yaxis()
     ax.set_xlim(0, 1.05)
     ax.set_xlabel("utilisation: bar = over the iteration, | = while busy")
@@ -42,3 +44,13 @@ def plot_links(path: str | Path, links: pd.DataFrame, title: str = "") -> Path:
                   loc="lower right", fontsize=8)
     fig.tight_layout()
     return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png"))
+
+
+def _queue_label(peak_bytes: float) -> str:
+    """``, queue 770 kB`` for a packet backend's peak queue at the link, else nothing."""
+    if not peak_bytes or peak_bytes != peak_bytes:  # 0 or NaN (no queue: the flow backend)
+        return ""
+    for unit, scale in (("MB", 1e6), ("kB", 1e3)):
+        if peak_bytes >= scale:
+            return f", queue {peak_bytes / scale:.3g} {unit}"
+    return f", queue {peak_bytes:.0f} B"

@@ -48,6 +48,17 @@ def spec_for(plan_or_path: Plan | Mapping[str, Any] | str | os.PathLike[str],
                      base_dir=base_dir, source=source, base_path=base_path)
 
 
+def task_for(spec: SweepSpec, plan: dict[str, Any] | None) -> dict[str, Any]:
+    """One variant's task (plain data, see :func:`.runner.run_variant`); with other jobs,
+    their data and the placement too."""
+    task: dict[str, Any] = {"plan": plan, "base_dir": spec.base_dir, "backend": spec.backend,
+                            "options": spec.options}
+    if spec.jobs:
+        task["jobs"] = [{"data": j["data"], "base_dir": j["base_dir"]} for j in spec.jobs]
+        task["placement"] = spec.placement
+    return task
+
+
 def run_spec(spec: SweepSpec, executor: Executor | None = None,
              progress: Progress | None = None, rows_log: RowLog | None = None,
              done: Mapping[str, dict[str, Any]] | None = None,
@@ -68,8 +79,7 @@ def run_spec(spec: SweepSpec, executor: Executor | None = None,
     done = done or {}
     variants = expand(spec.base, spec.axes, spec.base_dir)
     runnable = [v for v in variants if v.plan is not None]
-    tasks = [{"plan": v.plan, "base_dir": spec.base_dir, "backend": spec.backend,
-              "options": spec.options} for v in runnable]
+    tasks = [task_for(spec, v.plan) for v in runnable]
     digests = [variant_digest(t) for t in tasks]
     todo = [k for k, d in enumerate(digests) if d not in done]
     if progress:  # the failed overrides and the resumed variants are done already

@@ -65,8 +65,10 @@ def add_sweep_arguments(sp: argparse.ArgumentParser) -> None:
                          "xsim did not write; see docs/outputs.md).")
     sp.add_argument("--allow-failures", action="store_true",
                     help="Exit 0 even if some variants failed (their rows carry the error).")
-    from ..cli import progress_args
+    from ..cli import job_args, progress_args
 
+    job_args(sp, "each variant of PLAN runs beside them: sweep.csv gets its slowdown_pct "
+                 "and each other job's job<k>_* columns")
     progress_args(sp)
 
 
@@ -97,6 +99,12 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     if args.backend:
         spec.backend = args.backend
     spec.options.update(parse_option_items(args.option or []))
+    if args.job:
+        from .spec import read_job
+
+        spec.jobs = [*spec.jobs, *(read_job(j) for j in args.job)]
+    if args.job or not spec.jobs:
+        spec.placement = args.placement
     return spec
 
 
@@ -154,8 +162,9 @@ def open_sweep_dir(out: Path, resume: bool, force: bool) -> tuple[Path, dict[str
 
 
 def _tasks(spec: SweepSpec, variants: list[Variant]) -> list[dict[str, Any]]:
-    return [{"plan": v.plan, "backend": spec.backend, "options": spec.options}
-            for v in variants if v.plan is not None]
+    from .api import task_for
+
+    return [task_for(spec, v.plan) for v in variants if v.plan is not None]
 
 
 def show_overrides(overrides: dict[str, Any]) -> str:

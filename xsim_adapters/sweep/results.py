@@ -59,9 +59,14 @@ def build_frame(variants: Sequence[Variant], rows: Sequence[dict[str, Any]]) -> 
     for k in metric_cols:
         if k in INT_COLUMNS:  # counts stay integers next to failed variants' missing values
             frame[k] = pd.array(frame[k].tolist(), dtype="Int64")
-        elif k != "plan":
+        elif k != "plan" and not _is_job_name(k):
             frame[k] = pd.to_numeric(frame[k], errors="coerce").astype("float64")
     return frame
+
+
+def _is_job_name(column: str) -> bool:
+    """``job1``, ``job2``, ...: the other jobs' names (sweep --job), kept as text."""
+    return column.startswith("job") and column[3:].isdigit()
 
 
 def write_sweep(out: str | Path, frame: pd.DataFrame, spec_text: str | None = None) -> Path:
@@ -82,6 +87,9 @@ def variant_digest(task: Mapping[str, Any]) -> str:
     """sha256 (hex) of what decides a variant's result: its plan (plain data), backend and
     options. ``--resume`` skips a variant whose digest already has a successful row."""
     key = {k: task.get(k) for k in ("plan", "backend", "options")}
+    if task.get("jobs"):  # the other jobs on the fabric (a sweep without them: as before)
+        key["jobs"] = [j["data"] for j in task["jobs"]]
+        key["placement"] = task.get("placement", "packed")
     text = json.dumps(key, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 

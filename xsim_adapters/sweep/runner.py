@@ -42,11 +42,14 @@ def run_variant(task: Task) -> Row:
         from ..plan import plan_from_dict
 
         plan = plan_from_dict(task["plan"], base_dir=task.get("base_dir"))
-        trace = api.generate(plan)
-        timeline = api.run(trace, task.get("backend", "flow"), api.build_topology(plan),
-                           task.get("options") or {})
-        met = api.metrics(trace, timeline)
-        row = summary_row(met.summary, met.ranks)
+        if task.get("jobs"):
+            row = jobs_row(plan, task)
+        else:
+            trace = api.generate(plan)
+            timeline = api.run(trace, task.get("backend", "flow"), api.build_topology(plan),
+                               task.get("options") or {})
+            met = api.metrics(trace, timeline)
+            row = summary_row(met.summary, met.ranks)
         row["error"] = ""
     except XsimError as e:  # the plan or the backend said no: record it, keep sweeping
         row = {"error": f"{type(e).__name__}: {e}"}
@@ -56,6 +59,34 @@ def run_variant(task: Task) -> Row:
         row = {"error": f"crash: {type(e).__name__}: {e}{at}"}
     row["wall_s"] = time.perf_counter() - t0
     row["cpu_s"] = time.process_time() - c0  # wall_s >> cpu_s: the worker waited for a core
+    return row
+
+
+def jobs_row(plan: Any, task: Task) -> Row:
+    """The variant ``plan`` beside the task's other jobs on one fabric (docs/whatif.md): its
+    own :func:`summary_row` (from the shared run), ``alone_iteration_ns`` and
+    ``slowdown_pct``; per other job ``k`` (1, 2, ...): ``job<k>`` (its name) and
+    ``job<k>_iteration_time_ns`` / ``job<k>_slowdown_pct`` (training) or
+    ``job<k>_achieved_load`` (traffic)."""
+    from ..jobs import run_jobs
+    from ..traffic import job_from_data
+
+    others = [job_from_data(j["data"], j.get("base_dir")) for j in task["jobs"]]
+    res = run_jobs([plan, *others], task.get("backend", "flow"), task.get("options") or {},
+                   placement=task.get("placement", "packed"))
+    met = res.results[0]
+    table = res.table()
+    row = summary_row(met.summary, met.ranks)
+    row["alone_iteration_ns"] = float(table["alone_iteration_ns"].iloc[0])
+    row["slowdown_pct"] = float(table["slowdown_pct"].iloc[0])
+    for k in range(1, len(table)):
+        t = table.iloc[k]
+        row[f"job{k}"] = str(t["job"])
+        if isinstance(res.results[k], dict):
+            row[f"job{k}_achieved_load"] = float(t["achieved_load"])
+        else:
+            row[f"job{k}_iteration_time_ns"] = float(t["iteration_time_ns"])
+            row[f"job{k}_slowdown_pct"] = float(t["slowdown_pct"])
     return row
 
 

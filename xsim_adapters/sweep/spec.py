@@ -21,7 +21,7 @@ import yaml
 from ..errors import XsimError
 
 PathPart = str | int
-SWEEP_KEYS = ("base", "axes", "backend", "options")
+SWEEP_KEYS = ("base", "axes", "backend", "options", "jobs", "placement")
 
 
 class SweepError(XsimError, ValueError):
@@ -107,16 +107,23 @@ class SweepSpec:
     base_dir: str | None = None
     source: str = "<plan>"
     base_path: str | None = None  # the plan file, when the base came from one
+    # Other jobs on the same fabric (docs/whatif.md), each {path, data, base_dir}: every
+    # variant of the base runs beside them (``xsim sweep --job``); placement as ``xsim run``.
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    placement: str = "packed"
 
     def to_yaml(self) -> str:
         """This sweep as a sweep file (``base`` is the plan's absolute path when it came
-        from a file, else the plan inline)."""
-        doc = {
+        from a file, else the plan inline; ``jobs`` their absolute paths)."""
+        doc: dict[str, Any] = {
             "base": self.base_path or self.base,
             "axes": self.axes,
             "backend": self.backend,
             "options": self.options,
         }
+        if self.jobs:
+            doc["jobs"] = [j["path"] for j in self.jobs]
+            doc["placement"] = self.placement
         return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
 
     def __post_init__(self) -> None:
@@ -173,9 +180,23 @@ def load_sweep_file(path: str | os.PathLike[str]) -> SweepSpec:
     options = d.get("options") or {}
     if not isinstance(options, Mapping):
         raise SweepError(f"{p}: options: expected a mapping of backend options")
+    jobs = d.get("jobs") or []
+    if not isinstance(jobs, list) or not all(isinstance(j, str) for j in jobs):
+        raise SweepError(f"{p}: jobs: expected a list of plan or traffic file paths")
+    placement = str(d.get("placement") or "packed")
+    if placement not in ("packed", "spread"):
+        raise SweepError(f"{p}: placement: expected packed or spread (got {placement!r})")
+    here = p.resolve().parent
     return SweepSpec(base=base, axes=d["axes"] or {}, backend=str(d.get("backend") or "flow"),
                      options=dict(options), base_dir=base_dir, source=source,
-                     base_path=base_path)
+                     base_path=base_path, jobs=[read_job(here / j) for j in jobs],
+                     placement=placement)
+
+
+def read_job(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A job file (a plan or a traffic file) for ``jobs``: ``{path, data, base_dir}``."""
+    data, base_dir, _ = read_plan_data(path)
+    return {"path": str(Path(path).resolve()), "data": data, "base_dir": base_dir}
 
 
 def read_plan_data(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str, str]:

@@ -31,11 +31,11 @@ import numpy as np
 import pandas as pd
 
 from ..errors import PlanError
-from ..plan.model import Plan
+from ..plan.model import NIC_EVENT_KINDS, Plan
 from .graph import Graph
 from .model import Topology
 from .routing import Router
-from .servers import Nic, add_servers
+from .servers import Gpu, Nic, add_servers
 
 _EVENT_FACTOR = {"fail": 0.0, "restore": 1.0}
 
@@ -68,7 +68,7 @@ def build_topology(plan: Plan) -> Topology:
         _add_measured(plan, g, tops)
     _add_explicit_links(plan, g)
     nodes, links = g.frames()
-    events = _resolve_events(plan, g)
+    events = _resolve_events(plan, g, gpus)
     rank_node = np.asarray([gpu.node for gpu in gpus], dtype=np.int32)
     meta.update(
         {
@@ -241,7 +241,27 @@ def _add_explicit_links(plan: Plan, g: Graph) -> None:
         g.cable(ends[0], ends[1], link.gbps, link.latency_us * 1e3, "explicit")
 
 
-def _resolve_events(plan: Plan, g: Graph) -> pd.DataFrame:
+def _nic_cable(g: Graph, gpus: list[Gpu], rank: int, where: str) -> list[int]:
+    """Link ids of global ``rank``'s NIC cable to the fabric (tier ``nic``, both ways): the
+    GPU's own when it holds its NIC, else that of the ``nic<k>`` node serving it."""
+    if not 0 <= rank < len(gpus):
+        raise PlanError(f"{where}.rank", f"expected a global rank in 0..{len(gpus) - 1} "
+                                         f"(got {rank})")
+    gpu = gpus[rank]
+    node = gpu.node
+    nic_tier = [lid for lid, (s, t) in enumerate(zip(g.src, g.tier, strict=True))
+                if s == node and t == "nic"]
+    if not nic_tier and gpu.nic >= 0 and f"nic{gpu.nic}" in g.by_name:
+        node = g.by_name[f"nic{gpu.nic}"]
+    lids = [lid for lid, (s, d, t) in enumerate(zip(g.src, g.dst, g.tier, strict=True))
+            if t == "nic" and node in (s, d)]
+    if not lids:
+        raise PlanError(where, f"rank {rank} has no NIC cable to the fabric (a one-server "
+                               f"plan has no scale-out network)")
+    return lids
+
+
+def _resolve_events(plan: Plan, g: Graph, gpus: list[Gpu]) -> pd.DataFrame:
     """Timed link events as rows (at_ns, link_id, factor), sorted by time, stable."""
     at: list[float] = []
     ids: list[int] = []
@@ -251,6 +271,12 @@ def _resolve_events(plan: Plan, g: Graph) -> pd.DataFrame:
         pair_links.setdefault((min(s, d), max(s, d)), []).append(lid)
     for i, ev in enumerate(plan.network.events):
         where = f"network.events[{i}]"
+        if ev.kind in NIC_EVENT_KINDS:  # the NIC's cable to its leaf fails / comes back
+            for lid in _nic_cable(g, gpus, ev.rank, where):
+                at.append(ev.at_us * 1e3)
+                ids.append(lid)
+                factors.append(float(ev.factor))
+            continue
         ends = []
         for field_name, name in (("src", ev.src), ("dst", ev.dst)):
             nid = g.by_name.get(name)

@@ -154,7 +154,10 @@ class _Plane:
 class Router:
     """ECMP router built from a topology's ``nodes`` and ``links`` frames alone."""
 
-    def __init__(self, nodes: pd.DataFrame, links: pd.DataFrame) -> None:
+    def __init__(self, nodes: pd.DataFrame, links: pd.DataFrame,
+                 exclude: np.ndarray | None = None) -> None:
+        """``exclude``: bool per link id, links no path may use (failed links: rerouting,
+        :mod:`.reroute`); link ids stay those of ``links``."""
         n = len(nodes)
         self.num_nodes = n
         self.names = nodes["name"].astype(str).tolist()
@@ -166,10 +169,14 @@ class Router:
         scale_up = (tier == "scale_up").to_numpy()
         server = scale_up | (tier == "pcie").to_numpy()
         everything = np.ones(len(links), dtype=bool)
+        if exclude is not None:
+            keep = ~np.asarray(exclude, dtype=bool)
+            scale_up, server, everything = scale_up & keep, server & keep, keep
+        not_up = ~(tier == "scale_up").to_numpy() & everything
         self._planes = {
             "scale_up": _Plane(scale_up, src, dst, n, gpu_relay=True),
             "server": _Plane(server, src, dst, n),
-            "scale_out": _Plane(~scale_up, src, dst, n),
+            "scale_out": _Plane(not_up, src, dst, n),
             "all": _Plane(everything, src, dst, n),
         }
         self._cache: dict[int, np.ndarray] = {}  # (pair, bucket) -> path, branching pairs

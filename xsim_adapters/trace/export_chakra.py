@@ -50,6 +50,7 @@ import numpy as np
 from .._atomic import write_atomic, write_text_atomic
 from ..errors import BackendUnavailable, XsimError
 from .schema import KIND_BARRIER, KIND_FLOW, PHASES, Trace
+from .slowdowns import refuse_export
 from .validate import validate_trace
 
 CHAKRA_HINT = 'pip install "xsim-adapters[chakra]"'
@@ -266,6 +267,7 @@ def export_chakra(trace: Trace, directory: str | os.PathLike[str], prefix: str =
     returns the ``.et`` paths in rank order. Needs the ``mlc-chakra`` package."""
     import_chakra()  # fail before any work when the package is missing
     validate_trace(trace)  # a cyclic or out-of-range trace is not exported
+    refuse_export(trace.manifest, "chakra")
     graphs, groups = chakra_graphs(trace, collectives)
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ import numpy as np
 
 from .._atomic import write_text_atomic
 from .schema import KIND_FLOW, Trace
+from .slowdowns import refuse_export
 from .validate import validate_trace
 
 NOTIFY_TAG_BASE = 1 << 40  # notification tags, above every op id
@@ -113,4 +114,5 @@ def goal_lines(trace: Trace) -> list[str]:
 def export_goal(trace: Trace, path: str | os.PathLike[str]) -> Path:
     """Write ``trace`` as a GOAL text file at ``path`` (atomically); returns the path."""
     validate_trace(trace)  # a cyclic or out-of-range trace is not exported
+    refuse_export(trace.manifest, "goal")
     return write_text_atomic(path, "\n".join(goal_lines(trace)) + "\n")

@@ -15,6 +15,12 @@ import pandas as pd
 from ..errors import BackendError
 from .schema import Trace
 
+#: Queue telemetry columns of ``Timeline.link_stats``: the most bytes queued at the link's
+#: egress, the time-mean of its queued bytes over the run, packets dropped there, their
+#: bytes, packets ECN-marked there, packets trimmed to headers there (NDP / EQDS).
+QUEUE_COLUMNS = ("queue_peak_bytes", "queue_mean_bytes", "drops", "drop_bytes", "ecn_marks",
+                 "trims")
+
 
 @dataclass
 class Timeline:
@@ -23,11 +29,15 @@ class Timeline:
     ``frame`` columns: ``op_id`` int64 (dense, equal to the row index and to the trace's op ids),
     ``start_ns`` float64, ``end_ns`` float64. ``stats`` holds backend facts: ``wall_s``,
     ``events`` (simulator events processed), and anything backend-specific.
+    ``link_stats`` (packet backends only, else None): queue telemetry per directed link, one
+    row per link the simulator built a queue for: ``link_id`` int64 and :data:`QUEUE_COLUMNS`
+    (float64; each backend's meaning in docs/metrics.md).
     """
 
     backend: str
     frame: pd.DataFrame
     stats: dict[str, Any] = field(default_factory=dict)
+    link_stats: pd.DataFrame | None = None
 
     @property
     def makespan_ns(self) -> float:

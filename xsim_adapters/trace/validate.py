@@ -29,6 +29,7 @@ from .schema import (
     PHASES,
     Trace,
 )
+from .slowdowns import check_slowdowns
 
 # The plan's NAME_PATTERN (xsim_adapters/plan/_fields.py): a group name is a file name.
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -93,6 +94,7 @@ def check_manifest(m: Any, where: str) -> None:
     version = m.get("plan_digest")
     if version is not None and not isinstance(version, str):
         raise TraceError(f"{where}: plan_digest: expected a string (got {_shown(version)})")
+    check_slowdowns(m, where, len(ranks))
 
 
 def _dtypes(df: pd.DataFrame, columns: Mapping[str, Any], where: str) -> None:

@@ -50,7 +50,7 @@ from .compute import ADAM_BYTES_PER_PARAM, optimizer_time_ns, stage_params
 from .context import emit_cp
 from .dpsync import buckets, chunk_rings, sweep_segments
 from .moe_units import StageMoE
-from .perturb import apply_perturbations
+from .perturb import apply_perturbations, interval_slowdowns
 from .reshard import DEST, SOURCE, algorithm_label, reshard_transfers
 from .rings import (
     RankInfo,
@@ -722,4 +722,7 @@ def generate(plan: Plan, coarsen: str = "auto") -> Trace:
     manifest = gen.manifest(ops["kind"].to_numpy(), ops["phase"].to_numpy(), len(deps))
     if perturbed:
         manifest["perturb"] = perturbed
+    windows = interval_slowdowns(plan.perturb)
+    if windows:  # the backends stretch kernels inside these windows (trace/slowdowns.py)
+        manifest["compute_slowdowns"] = windows
     return Trace(ops=ops, deps=deps, collectives=colls, manifest=manifest)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..plan.perturb import PerturbSpec
+from ..plan.perturb import PerturbSpec, slowdown_to_dict
 from ..trace.schema import KIND_COMPUTE
 
 # Second word of the jitter stream's seed, so jitter draws never coincide with another consumer
@@ -21,9 +21,10 @@ JITTER_STREAM_ID = 0x6A17
 
 
 def rank_factors(spec: PerturbSpec, num_ranks: int) -> np.ndarray:
-    """float64 per global rank: the product of the ``slow`` factors that name it (1 if none)."""
+    """float64 per global rank: the product of the whole-iteration ``slow`` factors that name
+    it (1 if none; interval entries are the backends', see :func:`interval_slowdowns`)."""
     out = np.ones(num_ranks, dtype=np.float64)
-    for s in spec.slow:
+    for s in spec.whole:
         out[np.asarray(s.ranks, dtype=np.int64)] *= s.factor
     return out
 
@@ -57,7 +58,19 @@ def apply_perturbations(ops: pd.DataFrame, spec: PerturbSpec, num_ranks: int, se
     ops["duration_ns"] = dur
     extra = np.bincount(rank, weights=(after - before).astype(np.float64), minlength=num_ranks)
     return {
-        "slow": [{"ranks": list(s.ranks), "factor": s.factor} for s in spec.slow],
+        "slow": [slowdown_to_dict(s) for s in spec.slow],
         "jitter_sigma": spec.jitter_sigma,
         "extra_compute_ns": [int(round(x)) for x in extra],
     }
+
+
+def interval_slowdowns(spec: PerturbSpec) -> list[dict]:
+    """The manifest's ``compute_slowdowns`` (:mod:`xsim_adapters.trace.slowdowns`): one record
+    per interval entry, ``{ranks, factor, from_ns, until_ns}`` (``until_ns`` None: to the end
+    of the run). Empty when the plan has none (the manifest then has no such key)."""
+    return [
+        {"ranks": list(s.ranks), "factor": s.factor,
+         "from_ns": (s.from_us or 0.0) * 1e3,
+         "until_ns": None if s.until_us is None else s.until_us * 1e3}
+        for s in spec.intervals
+    ]

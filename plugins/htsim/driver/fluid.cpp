@@ -25,6 +25,13 @@ void FluidGroup::capacity_changed() {
     resolve();
 }
 
+void FluidGroup::reroute(uint32_t op, int32_t route) {
+    advance();
+    for (Flow& f : _active)
+        if (f.op == op) f.route = route;  // its last byte then crosses the new route
+    resolve();
+}
+
 void FluidGroup::advance() {
     simtime_picosec now = eventlist().now();
     if (now > _last) {

@@ -34,6 +34,8 @@ public:
     void doNextEvent() override;
     // A link this group's flows may use changed capacity (FluidScratch::cap): re-solve now.
     void capacity_changed();
+    // Flow `op` moves to route `route` now (rerouting, whatif.cpp): re-solve.
+    void reroute(uint32_t op, int32_t route);
     uint64_t recomputes() const { return _recomputes; }
 
 private:

@@ -28,6 +28,8 @@ struct Reader {
     std::string where() const { return "line " + std::to_string(line_no) + ": "; }
 };
 
+bool read_whatif(Reader& r, std::string word, Input& in, std::string& error);
+
 bool header(Reader& r, const char* word, uint64_t& count, std::string& error) {
     std::string w;
     if (!r.next() || !(r.ss >> w >> count) || w != word) {
@@ -180,11 +182,123 @@ bool read_input(const std::string& path, Input& in, std::string& error) {
         return false;
     }
     std::string w;
-    if (!r.next() || !(r.ss >> w) || w != "end") {
+    if (!r.next() || !(r.ss >> w)) {
+        error = r.where() + "expected 'end' (the file is truncated)";
+        return false;
+    }
+    if (w == "slow" || w == "reroute") {
+        // leaves the line after the sections in r (its words unread)
+        if (!read_whatif(r, w, in, error)) return false;
+        w.clear();
+        r.ss >> w;
+    }
+    if (w != "end") {
         error = r.where() + "expected 'end' (the file is truncated or has extra lines)";
         return false;
     }
     return true;
 }
+
+namespace {
+
+// The what-if sections, from the current line (which holds `word`) on:
+//   slow <R> <S>                             R ranks, S segments in all
+//   <k> (<lo_ps> <hi_ps> <factor>) x k       R lines (hi_ps -1: to the end of the run)
+//   slowops <K>
+//   <op> <rank>                              K lines: compute ops stretched by their rank
+//   reroute <E>
+//   <at_ps> <k> (<op> <fwd> <rev>) x k       E lines, one per link-event instant
+bool read_whatif(Reader& r, std::string word, Input& in, std::string& error) {
+    WhatIf& w = in.whatif;
+    if (word == "slow") {
+        uint64_t ranks = 0, segs = 0;
+        if (!(r.ss >> ranks >> segs)) {
+            error = r.where() + "expected 'slow <ranks> <segments>'";
+            return false;
+        }
+        w.slow_start.assign(1, 0);
+        for (uint64_t i = 0; i < ranks; i++) {
+            uint64_t k;
+            if (!r.next() || !(r.ss >> k)) {
+                error = r.where() + "slowdowns of rank " + std::to_string(i) +
+                        ": expected '<k> <lo_ps> <hi_ps> <factor> ...'";
+                return false;
+            }
+            for (uint64_t j = 0; j < k; j++) {
+                SlowSegment g{};
+                if (!(r.ss >> g.lo_ps >> g.hi_ps >> g.factor) || !(g.factor > 0) ||
+                    g.lo_ps < 0 || (g.hi_ps >= 0 && g.hi_ps <= g.lo_ps)) {
+                    error = r.where() + "slowdowns of rank " + std::to_string(i) +
+                            ": bad segment " + std::to_string(j);
+                    return false;
+                }
+                w.slow_seg.push_back(g);
+            }
+            w.slow_start.push_back(w.slow_seg.size());
+        }
+        if (w.slow_seg.size() != segs) {
+            error = r.where() + "slow section lists " + std::to_string(w.slow_seg.size()) +
+                    " segments, header says " + std::to_string(segs);
+            return false;
+        }
+        uint64_t k;
+        if (!header(r, "slowops", k, error)) return false;
+        w.slow_rank.assign(in.ops.size(), -1);
+        for (uint64_t i = 0; i < k; i++) {
+            uint64_t op;
+            int64_t rank;
+            if (!r.next() || !(r.ss >> op >> rank) || op >= in.ops.size() || rank < 0 ||
+                (uint64_t)rank >= ranks || in.ops[op].kind != OP_COMPUTE) {
+                error = r.where() + "slowops entry " + std::to_string(i) +
+                        ": expected '<compute op> <rank>' in range";
+                return false;
+            }
+            w.slow_rank[op] = (int32_t)rank;
+        }
+        if (!r.next() || !(r.ss >> word)) {
+            error = r.where() + "expected 'reroute' or 'end'";
+            return false;
+        }
+        if (word != "reroute") {  // hand the line back: the caller expects 'end'
+            r.ss.clear();
+            r.ss.str(r.line);
+            return true;
+        }
+    }
+    uint64_t n;
+    if (!(r.ss >> n)) {
+        error = r.where() + "expected 'reroute <epochs>'";
+        return false;
+    }
+    w.epochs.resize(n);
+    for (uint64_t i = 0; i < n; i++) {
+        RerouteEpoch& e = w.epochs[i];
+        uint64_t k;
+        if (!r.next() || !(r.ss >> e.at_ps >> k) || (i && e.at_ps <= w.epochs[i - 1].at_ps)) {
+            error = r.where() + "reroute epoch " + std::to_string(i) +
+                    ": expected '<at_ps> <k> <op> <fwd> <rev> ...' in time order";
+            return false;
+        }
+        e.detours.resize(k);
+        for (uint64_t j = 0; j < k; j++) {
+            Detour& d = e.detours[j];
+            bool ok = (bool)(r.ss >> d.op >> d.fwd >> d.rev) && d.op < in.ops.size() &&
+                      in.ops[d.op].kind == OP_FLOW && d.fwd < (int64_t)in.routes.size() &&
+                      d.rev < (int64_t)in.routes.size() && (j == 0 || d.op > e.detours[j - 1].op);
+            if (!ok) {
+                error = r.where() + "reroute epoch " + std::to_string(i) + ": bad detour " +
+                        std::to_string(j);
+                return false;
+            }
+        }
+    }
+    if (!r.next()) {  // nothing after the sections: the caller reports the missing 'end'
+        r.ss.clear();
+        r.ss.str("");
+    }
+    return true;
+}
+
+}  // namespace
 
 }  // namespace xsim

@@ -1,4 +1,5 @@
-// The driver's input (format version 3): a small text format written by xsim_htsim.input (see docs/htsim.md).
+// The driver's input (format version 3): a small text format written by xsim_htsim.input (see docs/htsim.md),
+// with optional what-if sections before its end line.
 // Everything is in integers: bits per second, picoseconds, bytes, dense ids.
 #ifndef XSIM_HTSIM_INPUT_H
 #define XSIM_HTSIM_INPUT_H
@@ -33,6 +34,27 @@ struct OpSpec {
     bool scale_up;        // flows only: the whole forward path is scale-up (intra-server) links
 };
 
+// What-if sections (optional, after succ; docs/htsim.md): interval compute slowdowns and the
+// detours of rerouted flows (xsim_adapters/trace/slowdowns.py, topology/reroute.py).
+struct SlowSegment {
+    double lo_ps, hi_ps;  // [lo, hi) in ps; hi < 0: to the end of the run
+    double factor;        // the rank computes at 1 / factor of its speed inside
+};
+struct Detour {
+    uint32_t op;
+    int32_t fwd, rev;     // route ids to move to (-1: that direction keeps its route)
+};
+struct RerouteEpoch {
+    uint64_t at_ps;                // the instant (with link events) the epoch starts
+    std::vector<Detour> detours;   // by rising op id
+};
+struct WhatIf {
+    std::vector<uint64_t> slow_start;  // per rank + 1: CSR into slow_seg (empty: none)
+    std::vector<SlowSegment> slow_seg;
+    std::vector<int32_t> slow_rank;    // per op: the rank whose segments stretch it, -1: none
+    std::vector<RerouteEpoch> epochs;  // one per distinct link-event time, in order
+};
+
 struct Input {
     uint32_t num_nodes = 0;
     std::vector<LinkSpec> links;
@@ -41,6 +63,7 @@ struct Input {
     std::vector<OpSpec> ops;
     std::vector<uint64_t> succ_start;  // CSR: successors of op i are succ[succ_start[i]..succ_start[i+1])
     std::vector<uint32_t> succ;
+    WhatIf whatif;
 };
 
 // Parse the input file; on a malformed file set `error` (naming the line) and return false.

@@ -2,8 +2,10 @@
 //
 //   xsim-htsim INPUT --out TIMES.csv --summary SUMMARY.json
 //              [--protocol roce|ndp|eqds] [--mtu BYTES] [--queue-bytes BYTES] [--cwnd-pkts N] [--seed N]
-//              [--scale-up fluid|packet] [--progress-s SECONDS]
+//              [--scale-up fluid|packet] [--progress-s SECONDS] [--queues QUEUES.csv]
 //
+// --queues writes per-link queue telemetry (link,peak_bytes,mean_bytes,drops,trims; one line
+// per link, in link order) when the run completes.
 // Writes TIMES.csv (op_id,start_ps,end_ps; one line per op, in op order) and SUMMARY.json only
 // when every op has ended; otherwise prints why on stderr and exits non-zero, so a partial
 // result can never be mistaken for a complete one. Exit codes: 2 bad usage or input,
@@ -40,7 +42,7 @@ namespace {
 const char* USAGE =
     "usage: xsim-htsim INPUT --out TIMES.csv --summary SUMMARY.json [--protocol roce|ndp|eqds]"
     " [--mtu BYTES] [--queue-bytes BYTES] [--cwnd-pkts N] [--seed N]"
-    " [--scale-up fluid|packet] [--progress-s SECONDS]";
+    " [--scale-up fluid|packet] [--progress-s SECONDS] [--queues QUEUES.csv]";
 
 uint64_t parse_uint(const char* flag, const char* s) {
     char* end = nullptr;
@@ -65,7 +67,7 @@ bool write_atomic(const std::string& path, const std::string& text) {
 
 int main(int argc, char** argv) {
     Options opt;
-    std::string input_path, out_path, summary_path, proto_name = "roce",
+    std::string input_path, out_path, summary_path, queues_path, proto_name = "roce",
                 scale_up_name = "fluid";
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
@@ -79,6 +81,8 @@ int main(int argc, char** argv) {
             out_path = argv[++i];
         } else if (a == "--summary") {
             summary_path = argv[++i];
+        } else if (a == "--queues") {
+            queues_path = argv[++i];
         } else if (a == "--protocol") {
             proto_name = argv[++i];
             if (proto_name == "roce") opt.protocol = xsim::PROTO_ROCE;
@@ -164,6 +168,13 @@ int main(int argc, char** argv) {
         std::string first = " (first:";
         for (uint32_t op : rep.unfinished(10)) first += " " + std::to_string(op);
         first += ")";
+        if (rep.stalled())
+            fail(4, "no op ended for 60 s of simulated time after the last link event (t=" +
+                        std::to_string(EventList::now()) + " ps), with " +
+                        std::to_string(n - rep.ops_done()) + " of " + std::to_string(n) +
+                        " ops unfinished: a flow lost packets on a link that failed and its"
+                        " transport never resends them (NDP resends only trimmed packets; use"
+                        " roce or eqds with link failures)" + first);
         fail(4, "simulation ran out of events at t=" + std::to_string(EventList::now()) +
                     " ps with " + std::to_string(n - rep.ops_done()) + " of " + std::to_string(n) +
                     " ops unfinished (a flow never delivered all its bytes or the dependency"
@@ -191,6 +202,7 @@ int main(int argc, char** argv) {
                           ", \"fluid_groups\": " + std::to_string(rep.fluid_groups()) +
                           ", \"fluid_recomputes\": " + std::to_string(rep.fluid_recomputes()) +
                           ", \"link_events\": " + std::to_string(rep.link_events_applied()) +
+                          ", \"reroutes\": " + std::to_string(rep.reroutes()) +
                           ", \"links\": " + std::to_string(in.links.size()) +
                           ", \"events\": " + std::to_string(events) +
                           ", \"sim_ps\": " + std::to_string(EventList::now()) +
@@ -199,6 +211,19 @@ int main(int argc, char** argv) {
     summary += std::string(", \"sim_wall_s\": ") + buf + ", \"mtu\": " + std::to_string(opt.mtu) +
                "}\n";
     if (!write_atomic(out_path, csv)) fail(5, "cannot write " + out_path);
+    if (!queues_path.empty()) {
+        std::vector<uint64_t> peak, drops, trims;
+        std::vector<double> mean;
+        rep.queue_stats(peak, mean, drops, trims);
+        std::string q = "link,peak_bytes,mean_bytes,drops,trims\n";
+        for (size_t i = 0; i < peak.size(); i++) {
+            int k = std::snprintf(buf, sizeof buf, "%zu,%llu,%.3f,%llu,%llu\n", i,
+                                  (unsigned long long)peak[i], mean[i],
+                                  (unsigned long long)drops[i], (unsigned long long)trims[i]);
+            q.append(buf, k);
+        }
+        if (!write_atomic(queues_path, q)) fail(5, "cannot write " + queues_path);
+    }
     if (!write_atomic(summary_path, summary)) fail(5, "cannot write " + summary_path);
     return 0;
 }

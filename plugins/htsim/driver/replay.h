@@ -10,6 +10,7 @@
 #include <map>
 #include <queue>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -58,6 +59,7 @@ private:
 };
 
 class RoceEndTrigger;
+class RoceRecovery;
 
 // A queue whose service rate timed link events change. A rate change applies from the next
 // packet the queue starts to serve (the one on the wire finishes at the old rate, as on a real
@@ -92,10 +94,37 @@ public:
         }
         Q::beginService();
     }
+    // Queue telemetry: every arrival updates the peak and the time integral of the bytes
+    // queued (sampled at arrivals and departures: the occupancy is piecewise constant between).
+    void receivePacket(Packet& pkt) override {
+        sample();
+        Q::receivePacket(pkt);
+        sample();
+    }
+    void completeService() override {
+        sample();
+        Q::completeService();
+        sample();
+    }
+    mem_b peak_bytes() const { return _peak; }
+    double byte_ps() const { return _byte_ps; }
+    mem_b last_bytes() const { return _last_bytes; }
+    simtime_picosec last_ps() const { return _last_ps; }
 
 private:
+    void sample() {
+        simtime_picosec now = this->eventlist().now();
+        _byte_ps += (double)_last_bytes * (double)(now - _last_ps);
+        _last_ps = now;
+        _last_bytes = this->queuesize();
+        if (_last_bytes > _peak) _peak = _last_bytes;
+    }
     bool _down = false;
     bool _stalled = false;
+    mem_b _peak = 0;
+    mem_b _last_bytes = 0;
+    simtime_picosec _last_ps = 0;
+    double _byte_ps = 0;
 };
 
 class Replayer;
@@ -122,6 +151,7 @@ public:
         Route* out;
         Route* back;
         RoceEndTrigger* trigger;
+        bool keep_routes = false;  // rerouted: its routes may still carry packets (whatif.cpp)
     };
     RoceReaper(EventList& ev, simtime_picosec delay);
     void add(const Flow& f);
@@ -161,7 +191,49 @@ public:
     // A timed link event: link `link` serves at `bps` from now on (0: down).
     void set_link_bps(uint32_t link, uint64_t bps);
     uint64_t link_events_applied() const { return _events_applied; }
+    // What-if (whatif.cpp): called by LinkEvents once the events of an instant are applied.
+    void start_epoch();
+    uint64_t reroutes() const { return _reroutes; }
+    // run() stopped because no op ended for STALL_LIMIT_PS after the last link event.
+    bool stalled() const { return _stalled; }
+    // 60 s of simulated time (ps): far beyond any one op of a training iteration (kernels and
+    // transfers take micro- to milliseconds), so only a run that can never finish reaches it.
+    static constexpr simtime_picosec STALL_LIMIT_PS = (simtime_picosec)60 * 1000000000000ULL;
+    // Queue telemetry, per link id: peak and time-mean bytes queued, drops, trims.
+    void queue_stats(std::vector<uint64_t>& peak, std::vector<double>& mean,
+                     std::vector<uint64_t>& drops, std::vector<uint64_t>& trims) const;
 
+private:
+    // What-if (whatif.cpp): interval slowdowns and rerouting.
+    struct LiveFlow {
+        bool fluid = false;
+        void* src = nullptr;        // RoceSrc / NdpSrc / EqdsSrc
+        void* sink = nullptr;       // RoceSink / NdpSink / EqdsSink
+        bool* keep_routes = nullptr;  // RoCE: its reaper record's keep_routes
+        Route* out = nullptr;
+        Route* back = nullptr;
+        int32_t fwd = -1, rev = -1;  // the route ids it sends on now
+        bool* one_nak_per_gap = nullptr;  // RoCE: its sink's NAK suppression (replay.cpp)
+        const uint64_t* packets_seen = nullptr;  // RoCE: data packets its sink received
+    };
+    simtime_picosec compute_ps(uint32_t op) const;  // when compute op `op` started now ends
+    bool route_down(int32_t route) const;
+    const Detour* detour_of(uint32_t op) const;      // this epoch's detour of `op`, if any
+    void start_routes(uint32_t op, int32_t& fwd, int32_t& rev);
+    void move(uint32_t op, LiveFlow& f);
+    void track(uint32_t op, const LiveFlow& f);
+    void untrack(uint32_t op);
+    std::vector<char> _down;          // per link: serving at rate 0
+    uint64_t _num_down = 0;
+    int64_t _epoch = -1;              // instants with link events so far, minus one
+    uint64_t _reroutes = 0;
+    simtime_picosec _last_done_ps = 0;
+    bool _stalled = false;
+    std::unordered_map<uint32_t, LiveFlow> _live;  // flows that may move (only with detours)
+    std::vector<Route*> _old_routes;  // replaced routes, still pointed at by packets
+    RoceRecovery* _roce_recovery = nullptr;  // made on the first RoCE move (whatif.cpp)
+public:
+    bool op_ended(uint32_t op) const { return _ended[op] != 0; }
 private:
     void op_done(uint32_t op);
     void drain();
@@ -170,8 +242,8 @@ private:
     NdpPullPacer* pacer_for(uint32_t link);
     EqdsPullPacer* eqds_pacer_for(uint32_t link);
     EqdsNIC* eqds_nic_for(uint32_t link);
-    uint32_t initial_cwnd(const OpSpec& f) const;
-    void start_eqds_flow(uint32_t op);
+    uint32_t initial_cwnd(int32_t fwd_route, int32_t rev_route) const;
+    void start_eqds_flow(uint32_t op, int32_t fwd_route, int32_t rev_route);
     void build_fluid_groups();
 
     const Input& _in;

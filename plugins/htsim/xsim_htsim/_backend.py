@@ -22,7 +22,7 @@ from xsim_adapters.trace.timeline import Timeline
 
 from ._driver import find_driver, run_driver
 from ._input import write_input
-from ._output import read_summary, read_times
+from ._output import read_queues, read_summary, read_times
 
 PROTOCOLS = ("roce", "ndp", "eqds")
 SCALE_UP_MODES = ("fluid", "packet")
@@ -90,13 +90,22 @@ class HtsimBackend(Backend):
             t1 = time.perf_counter()
             argv = [str(driver), str(d / "input.txt"), "--out", str(d / "times.csv"),
                     "--summary", str(d / "summary.json"), *argv_opts]
-            argv += ["--progress-s", str(PROGRESS_INTERVAL_S)]
+            argv += ["--progress-s", str(PROGRESS_INTERVAL_S), "--queues", str(d / "queues.csv")]
             rp = ReplayProgress(opts["progress"], trace.num_ops)
-            replay_started = run_driver(argv, wall_limit,
-                                        lambda done, _n, sim_ns: rp.update(done, sim_ns))
+            try:
+                replay_started = run_driver(argv, wall_limit,
+                                            lambda done, _n, sim_ns: rp.update(done, sim_ns))
+            except BackendError as e:
+                if protocol == "eqds" and "crashed (SIGABRT)" in str(e) and len(topology.events):
+                    raise BackendError(
+                        f"{e} (htsim's EQDS aborts in EqdsSrc::processNack when a NACK arrives "
+                        "after the ACK that covers it, which a link outage causes; use "
+                        "protocol=roce with link events: docs/htsim.md)") from None
+                raise
             t2 = time.perf_counter()
             frame = read_times(d / "times.csv", trace.num_ops)
             summary = read_summary(d / "summary.json")
+            queues = read_queues(d / "queues.csv", len(topology.links))
         sim_wall = float(summary.get("sim_wall_s", 0.0))
         rp.finish(int(summary.get("sim_ps", 0)) / 1000.0)
         ev = int(summary.get("events", 0))
@@ -133,9 +142,10 @@ class HtsimBackend(Backend):
             "scale_up": scale_up,
             "fluid_recomputes": int(summary.get("fluid_recomputes", 0)),
             "link_events": int(summary.get("link_events", 0)),
+            "reroutes": int(summary.get("reroutes", 0)),
             "routes": info.routes,
             "sim_ns": int(summary.get("sim_ps", 0)) / 1000.0,
         }
-        timeline = Timeline(backend=self.name, frame=frame, stats=stats)
+        timeline = Timeline(backend=self.name, frame=frame, stats=stats, link_stats=queues)
         timeline.check_complete(trace)
         return timeline

@@ -16,6 +16,7 @@ Format (text, one record per line, integers only, ``#`` lines ignored)::
     B                                                            barrier
     succ <E>
     <k> <succ_op> ...                                            N_ops lines: successors of op i
+    [what-if sections, see below]
     end
 
 ``from_host`` is 1 for a link whose queue is a host's, not a switch port's: links leaving a GPU
@@ -31,6 +32,25 @@ topology, so the file is the same for either scale-up mode. ``events`` are the t
 link events (``Topology.events``): from ``at_ps`` on, link ``link_id`` serves at ``bps``
 (``round(gbps x factor x 1e9)``; 0 takes it down until a later event). The output is a pure
 function of the trace and topology (byte-identical across runs) and is written atomically.
+
+What-if sections (only when the run has them, so other inputs are unchanged; a driver older
+than them stops at their first line with "expected 'end'")::
+
+    slow <R> <S>                                   interval compute slowdowns: R ranks, S segments
+    <k> (<lo_ps> <hi_ps> <factor>) x k             R lines (rank order); hi_ps -1: to the end
+    slowops <K>
+    <op> <rank>                                    K lines: compute ops stretched by their rank
+    reroute <E>                                    detours, one line per link-event instant
+    <at_ps> <k> (<op> <fwd_route> <rev_route>) x k E lines; a route -1: that direction stays
+
+Slowdown segments are :func:`xsim_adapters.trace.slowdowns.schedule`'s, in ps (``lo``/``hi``
+and ``factor`` written as exact decimal floats, the one place the format is not integers); the
+driver stretches a compute op as ``stretched_end`` does and rounds its end to the ps. Detours
+are :func:`xsim_adapters.topology.reroute.detours` of each flow's forward route and of its ACK
+route (routes added to the ``routes`` section after the ones flows start on, so a run without
+link failures numbers its routes as before); at an instant's start the driver moves a live
+flow's direction whose route crosses a down link to its detour, and starts a flow whose route
+is down on its detour (docs/htsim.md).
 """
 
 from __future__ import annotations
@@ -43,7 +63,9 @@ import numpy as np
 
 from xsim_adapters.errors import BackendError
 from xsim_adapters.topology.model import Topology, is_scale_up_path
+from xsim_adapters.topology.reroute import detours, epochs
 from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, Trace
+from xsim_adapters.trace.slowdowns import schedule, slowed_compute
 
 FORMAT_VERSION = 3
 
@@ -138,6 +160,49 @@ def _event_lines(topology: Topology, gbps: np.ndarray) -> list[str]:
     ]
 
 
+def _whatif_sections(trace: Trace, topology: Topology, flow_idx: np.ndarray,
+                     remote: np.ndarray, fsrc: np.ndarray, fdst: np.ndarray,
+                     table: dict[bytes, int], paths: tuple | None) -> list[str]:
+    """The ``slow``/``slowops`` and ``reroute`` sections (see the module docstring), adding
+    the detours' routes to ``table``; [] when the run has neither."""
+    out: list[str] = []
+    sched = schedule(trace.manifest, topology.num_ranks)
+    if sched is not None:
+        out.append(f"slow {sched.num_ranks} {len(sched.lo_ns)}")
+        for r in range(sched.num_ranks):
+            a, b = int(sched.offsets[r]), int(sched.offsets[r + 1])
+            segs = [f"{lo * 1000.0!r} {(hi * 1000.0 if np.isfinite(hi) else -1.0)!r} {f!r}"
+                    for lo, hi, f in zip(sched.lo_ns[a:b].tolist(), sched.hi_ns[a:b].tolist(),
+                                         sched.factor[a:b].tolist(), strict=True)]
+            out.append(" ".join([str(b - a), *segs]))
+        ops = trace.ops
+        rank = slowed_compute(ops["kind"].to_numpy(), ops["rank"].to_numpy(), sched)
+        sel = np.flatnonzero(rank >= 0)
+        out.append(f"slowops {len(sel)}")
+        out += [f"{o} {r}" for o, r in zip(sel.tolist(), rank[sel].tolist(), strict=True)]
+    ep = epochs(topology)
+    if paths is None or not ep.any_down:
+        return out
+    f_off, f_ids, b_off, b_ids = paths
+    r_idx = np.flatnonzero(remote)
+    keys = flow_idx[r_idx].astype(np.int64)
+    src, dst = fsrc[r_idx], fdst[r_idx]
+    fwd = detours(topology, src, dst, keys, f_off, f_ids, ep)
+    rev = detours(topology, dst, src, keys, b_off, b_ids, ep)
+    per_epoch: list[dict[int, list[int]]] = [{} for _ in ep.at_ns]
+    for det, side in ((fwd, 0), (rev, 1)):
+        for j, k in enumerate(det.key.tolist()):
+            e, i = divmod(k, det.num_items)
+            path = det.path(j).astype(np.int64)
+            rid = table.setdefault(path.tobytes(), len(table))
+            per_epoch[e].setdefault(int(keys[i]), [-1, -1])[side] = rid
+    out.append(f"reroute {len(ep.at_ns)}")
+    for at, entries in zip(ep.at_ns.tolist(), per_epoch, strict=True):
+        items = [f"{op} {f} {b}" for op, (f, b) in sorted(entries.items())]
+        out.append(" ".join([str(round(at * 1000.0)), str(len(items)), *items]))
+    return out
+
+
 def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> InputInfo:
     """Write the driver input for ``trace`` on ``topology`` to ``path`` (atomically).
 
@@ -197,6 +262,8 @@ def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> In
             )
         fwd[r_idx] = f_rid
         rev[r_idx] = b_rid
+    extra = _whatif_sections(trace, topology, flow_idx, remote, fsrc, fdst, table,
+                             (f_off, f_ids, b_off, b_ids) if remote.any() else None)
     lines.append(f"routes {len(table)}")
     scale_up_link = topology.server_links()  # NVLink and PCIe: fluid-timed
     route_su = []
@@ -243,6 +310,7 @@ def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> In
     tokens[~is_count] = [f" {x}" for x in succ.tolist()]
     if n:
         lines.append("".join(tokens.tolist())[1:])  # drop the first line's leading newline
+    lines.extend(extra)
     lines.append("end")
     text = "\n".join(lines) + "\n"
 

@@ -26,6 +26,7 @@ from xsim_adapters.trace.timeline import Timeline
 
 from ._options import OPTIONS, parse_options
 from ._prepare import prepare
+from ._queues import queue_frame
 from ._sim import PROGRESS_FD_ENV
 
 INSTALL_HINT = "install the official ns-3 wheel with `pip install ns3` (ns-3 3.44 or later)"
@@ -131,6 +132,7 @@ class Ns3Backend(Backend):
             stats, replay_started = self._spawn(work, opts.wall_limit_s, rp)
             with np.load(work / "out" / "result.npz") as z:
                 start, end = z["start_ns"], z["end_ns"]
+                queues = {k[len("queue_"):]: z[k] for k in z.files if k.startswith("queue_")}
         unfinished = np.flatnonzero(~np.isfinite(end))
         if stats.get("engine_error"):
             raise BackendError(f"ns3: {stats['engine_error']}")
@@ -139,8 +141,9 @@ class Ns3Backend(Backend):
             cause = (
                 f"the simulated-time limit sim_limit_ns={limit:g} was reached"
                 if limit and stats["sim_time_ns"] >= limit
-                else "the event queue ran dry (lost packets with transport=udp, or a"
-                " dependency cycle)"
+                else "the event queue ran dry (lost packets with transport=udp, which never"
+                " resends them: a queue overflow, or a link that failed with packets on it;"
+                " or a dependency cycle)"
             )
             raise BackendError(
                 f"ns3: replay stalled at t={stats['sim_time_ns']} ns: {len(unfinished)} of"
@@ -174,7 +177,8 @@ class Ns3Backend(Backend):
                 + stats["fluid_bytes"]) != (flows, nbytes):
             raise BackendError(f"ns3: packet and fluid flows do not add up to the trace's"
                                f" {flows} flows and {nbytes} bytes (internal error)")
-        tl = Timeline(backend=self.name, frame=frame, stats=stats)
+        tl = Timeline(backend=self.name, frame=frame, stats=stats,
+                      link_stats=queue_frame(rin.arrays, queues))
         tl.check_complete(trace)
         return tl
 

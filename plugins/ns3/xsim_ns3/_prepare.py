@@ -21,9 +21,11 @@ import numpy as np
 
 from xsim_adapters.errors import BackendError
 from xsim_adapters.topology.model import Topology, is_scale_up_path
+from xsim_adapters.topology.reroute import epochs
 from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, Trace
 
 from ._options import Ns3Options
+from ._whatif import path_moves, reroute_arrays, slowdown_arrays
 
 PAIR_ADDRESS_BASE = 0x0B000000  # 11.0.0.0: per-pair destination addresses
 CABLE_NET_BASE = 0x0A000000  # 10.0.0.0: one /30 per cable, .1 on end a, .2 on end b (engine.cpp)
@@ -181,16 +183,33 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
         used_links.update(path.tolist())
         used_links.update(back.tolist())
         pair_slot[p] = len(pairs)
-        pairs.append({"src": s, "dst": d, "path": path, "back": back})
+        pairs.append({"src": s, "dst": d, "path": path, "back": back, "key": op0})
+
+    # Rerouting (_whatif.py): where each pair's paths move when links are down.
+    ep = epochs(topology)
+    fwd_moves = path_moves(topology, ep, [q["src"] for q in pairs], [q["dst"] for q in pairs],
+                           [q["key"] for q in pairs], [q["path"] for q in pairs])
+    back_moves = path_moves(topology, ep, [q["dst"] for q in pairs], [q["src"] for q in pairs],
+                            [q["key"] for q in pairs], [q["back"] for q in pairs])
+    fluid_ids = sorted(fluid_paths)
+    fluid_moves = [(e, fluid_ids[i], pth) for e, i, pth in path_moves(
+        topology, ep, [int(uniq[q] // nr) for q in fluid_ids],
+        [int(uniq[q] % nr) for q in fluid_ids],
+        [int(flow_ids[first[q]]) for q in fluid_ids], [fluid_paths[q] for q in fluid_ids])]
+    for _, _, pth in fwd_moves + back_moves:
+        used_links.update(pth.tolist())
 
     # Fluid flows: local link ids, capacity in bytes/ns, path latency per op.
-    fluid_link_ids = sorted({int(x) for pth in fluid_paths.values() for x in pth})
+    fluid_link_ids = sorted({int(x) for pth in fluid_paths.values() for x in pth}
+                            | {int(x) for _, _, pth in fluid_moves for x in pth})
     local = {lid: i for i, lid in enumerate(fluid_link_ids)}
     fptr = np.zeros(n + 1, np.int64)
     counts = np.zeros(n, np.int64)
+    fluid_pair = np.full(n, -1, np.int64)  # per op: its fluid pair (what a reroute moves)
     for j, op in enumerate(flow_ids):
         p = int(pair_of_flow[j])
         if pair_is_fluid[p]:
+            fluid_pair[op] = p
             counts[op] = len(fluid_paths[p])
             fluid_lat[op] = float(lat[fluid_paths[p]].sum())
         else:
@@ -220,6 +239,7 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
     next_port: dict[int, int] = {}
     max_bdp = 0.0
     reverse_routed: set[tuple[int, int]] = set()  # (sending node, address)
+    src_addr: list[int] = []  # per pair: the source interface address its ACKs go to
     for i, pr in enumerate(pairs):
         daddr = PAIR_ADDRESS_BASE + i
         for lid in pr["path"]:
@@ -231,6 +251,7 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
         # address, so any node's next hop is one hop closer.
         first = int(pr["path"][0])
         saddr = CABLE_NET_BASE + 4 * cmap[int(cable_of[first])] + 1 + int(side_of[first])
+        src_addr.append(saddr)
         for lid in pr["back"]:
             key = (int(lsrc[lid]), saddr)
             if key in reverse_routed:
@@ -264,6 +285,16 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
     # 1 MiB floor (measured): ACKs queue behind data on shared NIC links, inflating the RTT.
     sock_buf = opts.socket_buffer_bytes or int(max(1 << 20, 2 * max_bdp))
     out.arrays.update(_link_events(topology, local, cable_of, side_of, cmap, gbps))
+    at = [round(float(x)) for x in ep.at_ns]
+    hops = [(at[e], cmap[int(cable_of[lid])], int(side_of[lid]), PAIR_ADDRESS_BASE + i)
+            for e, i, pth in fwd_moves for lid in pth.tolist()]
+    hops += [(at[e], cmap[int(cable_of[lid])], int(side_of[lid]), src_addr[i])
+             for e, i, pth in back_moves for lid in pth.tolist()]
+    out.arrays.update(reroute_arrays(hops, [
+        (at[e], q, [local[int(x)] for x in pth], float(lat[pth].sum()))
+        for e, q, pth in fluid_moves]))
+    out.arrays.update(slowdown_arrays(trace, nr))
+    out.arrays["fluid_pair"] = fluid_pair
     out.arrays.update(a)
     out.arrays.update(
         conn=conn,
@@ -271,6 +302,8 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
         fluid_ptr=fptr,
         fluid_links=flink,
         fluid_lat=fluid_lat,
+        cable_link_ab=cab_fwd.astype(np.int64),  # directed link of each cable end (-1: none)
+        cable_link_ba=cab_rev.astype(np.int64),
         cable_a=lsrc[cab_fwd],
         cable_b=ldst[cab_fwd],
         cable_bps_ab=gbps[cab_fwd] * 1e9,
@@ -303,5 +336,6 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
         "packet_bytes": int(a["bytes"][conn >= 0].sum()),
         "fluid_bytes": int(a["bytes"][flow_ids].sum() - a["bytes"][conn >= 0].sum()),
         "cables": len(used_cables),
+        "pair_reroutes": len(fwd_moves) + len(back_moves) + len(fluid_moves),
     }
     return out

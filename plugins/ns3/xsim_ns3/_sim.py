@@ -76,6 +76,7 @@ def load_ns() -> Any:
     if not hasattr(cppyy.gbl, "xsim") or not hasattr(cppyy.gbl.xsim, "Engine"):
         if not _load_engine_modules():
             from ns import ns  # noqa: F401  (the wheel's loader: every module)
+        cppyy.add_include_path(str(_ENGINE_SOURCE.parent))  # engine_whatif.h beside it
         cppyy.cppdef(_ENGINE_SOURCE.read_text())
     return cppyy.gbl.xsim
 
@@ -139,6 +140,7 @@ def replay(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> tuple[np.ndar
         arrays["event_value"], strict=True,
     ):
         eng.AddLinkEvent(int(at), int(fluid), int(index), int(side), float(value))
+    _load_whatif(eng, arrays, n)
     build_s = time.perf_counter() - t_build
     # The parent's end of a pipe (see _backend.Ns3Backend._spawn): the engine reports progress.
     fd = int(os.environ.get(PROGRESS_FD_ENV, "-1"))
@@ -164,5 +166,34 @@ def replay(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> tuple[np.ndar
         "sim_time_ns": sim_now,
         "engine_error": str(eng.error),
         "ops_done": int(eng.done),
+        "reroutes_applied": int(eng.reroute.applied),
+        "queue_stats": _queue_stats(eng, len(ca), float(sim_now)),
     }
     return start, end, stats
+
+
+def _load_whatif(eng: Any, arrays: dict[str, np.ndarray], n: int) -> None:
+    """Interval slowdowns and reroutes (xsim_ns3/_whatif.py), when the input has them."""
+    if len(arrays.get("slow_rank", ())):
+        off = arrays["slow_offsets"]
+        eng.slow.Load(n, _i64(arrays["slow_rank"]), len(off) - 1, _i64(off),
+                      _f64(arrays["slow_lo"]), _f64(arrays["slow_hi"]),
+                      _f64(arrays["slow_factor"]))
+    hops, moves = len(arrays.get("reroute_at_ns", ())), len(arrays.get("freroute_at_ns", ()))
+    if hops or moves:
+        eng.reroute.Load(n, _i64(arrays["fluid_pair"]), hops, _i64(arrays["reroute_at_ns"]),
+                         _i64(arrays["reroute_cable"]), _i64(arrays["reroute_side"]),
+                         _i64(arrays["reroute_addr"]), moves, _i64(arrays["freroute_at_ns"]),
+                         _i64(arrays["freroute_pair"]), _i64(arrays["freroute_ptr"]),
+                         _i64(arrays["freroute_links"]), _f64(arrays["freroute_lat"]))
+
+
+def _queue_stats(eng: Any, cables: int, end_ns: float) -> dict[str, np.ndarray]:
+    """Per cable end (index 2 * cable + side): the queue disc's peak and mean bytes, drops
+    (packets and bytes) and ECN marks over the run."""
+    out = {k: np.zeros(max(1, 2 * cables), np.float64)
+           for k in ("peak_bytes", "mean_bytes", "drops", "drop_bytes", "marks")}
+    if cables:
+        eng.queues.Stats(end_ns, out["peak_bytes"], out["mean_bytes"], out["drops"],
+                         out["drop_bytes"], out["marks"])
+    return {k: v[:2 * cables] for k, v in out.items()}

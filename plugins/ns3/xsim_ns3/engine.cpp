@@ -13,8 +13,11 @@
 #include "ns3/point-to-point-module.h"
 #include "ns3/traffic-control-module.h"
 
+#include "engine_whatif.h"
+
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -195,6 +198,7 @@ class Engine {
             QueueDiscContainer qd = tch.Install(devs.Get(side));
             qd.Get(0)->TraceConnectWithoutContext("Drop",
                                                   MakeCallback(&Engine::OnQueueDrop, this));
+            WatchQueue(qd.Get(0));
         }
         Ipv4AddressHelper addr;
         uint32_t net = 0x0A000000u + uint32_t(cables.size()) * 4u;  // 10.0.0.0 + /30 per cable
@@ -253,6 +257,7 @@ class Engine {
         for (size_t i = 0; i < linkEvents.size(); ++i)
             Simulator::Schedule(NanoSeconds(linkEvents[i].atNs), &Engine::ApplyLinkEvent, this,
                                 int64_t(i));
+        ScheduleReroutes();  // after the link events: same-time events run in schedule order
     }
 
     void Drain() {
@@ -269,7 +274,7 @@ class Engine {
     void StartOp(int64_t op) {
         t0[op] = double(Simulator::Now().GetNanoSeconds());
         if (kind[op] == COMPUTE && dur[op] > 0) {
-            Simulator::Schedule(NanoSeconds(dur[op]), &Engine::Finish, this, op);
+            Simulator::Schedule(NanoSeconds(ComputeDelayNs(op)), &Engine::Finish, this, op);
         } else if (kind[op] == FLOW && bytes[op] > 0) {
             if (conn[op] >= 0)
                 conns[conn[op]]->Enqueue(op, uint64_t(bytes[op]));
@@ -316,7 +321,7 @@ class Engine {
         for (int64_t op : active) {
             // Done if it would finish within half a nanosecond (ns-3 time resolution).
             if (rem[op] <= rate[op] * 0.5 + 1e-6) {
-                int64_t lat = int64_t(std::llround(flat[op]));
+                int64_t lat = int64_t(std::llround(FLat(op)));
                 Simulator::Schedule(NanoSeconds(lat), &Engine::Finish, this, op);
             } else {
                 still.push_back(op);
@@ -340,8 +345,8 @@ class Engine {
         std::vector<double> resid(fcap.size(), -1.0);
         std::vector<int64_t> cnt(fcap.size(), 0);
         for (int64_t op : active)
-            for (int64_t e = fptr[op]; e < fptr[op + 1]; ++e) {
-                int64_t l = flink[e];
+            for (const int64_t* e = FB(op); e < FE(op); ++e) {
+                int64_t l = *e;
                 if (resid[l] < 0) {
                     resid[l] = fcap[l];
                     used.push_back(l);
@@ -363,15 +368,15 @@ class Engine {
                 if (frozen[i]) continue;
                 int64_t op = active[i];
                 bool crosses = false;
-                for (int64_t e = fptr[op]; e < fptr[op + 1]; ++e)
-                    if (flink[e] == best) { crosses = true; break; }
+                for (const int64_t* e = FB(op); e < FE(op); ++e)
+                    if (*e == best) { crosses = true; break; }
                 if (!crosses) continue;
                 frozen[i] = 1;
                 --left;
                 rate[op] = share;
-                for (int64_t e = fptr[op]; e < fptr[op + 1]; ++e) {
-                    resid[flink[e]] -= share;
-                    --cnt[flink[e]];
+                for (const int64_t* e = FB(op); e < FE(op); ++e) {
+                    resid[*e] -= share;
+                    --cnt[*e];
                 }
             }
         }
@@ -419,6 +424,38 @@ class Engine {
             if (em) em->Disable();
             tx->SetAttribute("DataRate", DataRateValue(DataRate(uint64_t(e.value))));
         }
+    }
+
+    // ---------- what-if (engine_whatif.h): slowdowns, reroutes, queue telemetry ----------
+    Slowdowns slow;
+    Reroutes reroute;
+    QueueTelemetry queues;
+
+    int64_t ComputeDelayNs(int64_t op) const {
+        return slow.DelayNs(op, dur[op], Simulator::Now().GetNanoSeconds());
+    }
+    const int64_t* FB(int64_t op) const { return reroute.Begin(op, fptr, flink); }
+    const int64_t* FE(int64_t op) const { return reroute.End(op, fptr, flink); }
+    double FLat(int64_t op) const { return reroute.Latency(op, flat); }
+    void WatchQueue(Ptr<QueueDisc> q) { queues.Watch(q); }
+
+    void ScheduleReroutes() {
+        for (int64_t t : reroute.Times())
+            Simulator::Schedule(NanoSeconds(t), &Engine::ApplyReroutes, this, t);
+    }
+
+    // The reroutes due at atNs, after that instant's link events: host routes, fluid pairs.
+    void ApplyReroutes(int64_t atNs) {
+        for (const Reroutes::RouteHop& h : reroute.routeHops)
+            if (h.atNs == atNs) {
+                reroute.SetHostRoute(cables[h.cable], ifaces[h.cable], int(h.side),
+                                     uint32_t(h.addr));
+                ++reroute.applied;
+            }
+        if (!reroute.HasFluidMoves(atNs)) return;
+        FluidAdvance();
+        reroute.ApplyFluidMoves(atNs);
+        FluidResolve();
     }
 
     // ---------- results ----------

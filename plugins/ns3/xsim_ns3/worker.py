@@ -37,8 +37,9 @@ def main(argv: list[str]) -> int:
     from ._sim import replay
 
     start, end, stats = replay(arrays, meta)
+    queues = {f"queue_{k}": v for k, v in stats.pop("queue_stats", {}).items()}
     tmp = dst / f".result.tmp{os.getpid()}.npz"
-    np.savez(tmp, start_ns=start, end_ns=end)
+    np.savez(tmp, start_ns=start, end_ns=end, **queues)
     os.replace(tmp, dst / "result.npz")
     _atomic_write_bytes(dst / "stats.json", json.dumps(stats).encode())
     # Skip interpreter teardown: ns-3/cppyy global destructors can crash at exit, after the

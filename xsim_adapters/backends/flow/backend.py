@@ -12,7 +12,9 @@ import pandas as pd
 from ...errors import BackendError
 from ...options import COMMON_OPTIONS, Option, check_options
 from ...topology.model import Topology
+from ...topology.reroute import detours, epochs, no_detours
 from ...trace.schema import KIND_FLOW, Trace
+from ...trace.slowdowns import schedule
 from ...trace.timeline import Timeline
 from ..base import Backend, ReplayProgress, flow_totals
 from .executor import FlowProblem, run_flows
@@ -42,7 +44,8 @@ class FlowBackend(Backend):
     ``routing_s`` (ECMP paths of every flow, s), ``events`` (op ends, flow transmission ends and
     link events processed), ``events_per_s`` (events / ``sim_wall_s``), ``max_active_flows``
     (most flows transmitting at once), ``rate_recomputations`` (independent groups of flows
-    whose max-min rates were re-solved).
+    whose max-min rates were re-solved), ``reroutes`` (flows moved to, or started on, a detour
+    around a failed link: docs/whatif.md).
     """
 
     name = "flow"
@@ -146,6 +149,10 @@ def build_problem(trace: Trace, topology: Topology) -> tuple[FlowProblem, float]
     ]
     ev = topology.events
     has_events = len(ev) > 0
+    sched = schedule(trace.manifest, nr)
+    ep = epochs(topology)
+    det = (detours(topology, rank, dst, np.arange(n, dtype=np.int64), offsets, links, ep)
+           if ep.any_down else no_detours(n))
     problem = FlowProblem(
         kind=kind,
         duration_ns=ops["duration_ns"].to_numpy(dtype=np.int64),
@@ -162,5 +169,12 @@ def build_problem(trace: Trace, topology: Topology) -> tuple[FlowProblem, float]
         events_at_ns=ev["at_ns"].to_numpy(dtype=np.float64) if has_events else np.zeros(0),
         events_link=ev["link_id"].to_numpy(dtype=np.int64) if has_events else np.zeros(0, int),
         events_factor=ev["factor"].to_numpy(dtype=np.float64) if has_events else np.zeros(0),
+        reroute_key=det.key,
+        reroute_offsets=det.offsets,
+        reroute_links=det.links,
     )
+    if sched is not None:
+        problem.slow_offsets = sched.offsets
+        problem.slow_lo_ns, problem.slow_hi_ns = sched.lo_ns, sched.hi_ns
+        problem.slow_factor = sched.factor
     return problem, routing_s

@@ -9,7 +9,15 @@ Model (times in ns, sizes in bytes, rates in bytes/ns):
   flows transmitting at that moment (recomputed whenever a flow starts or stops transmitting or
   a link event changes a capacity), and ends ``latency`` (sum of its links' latencies) after
   its last byte left; so one flow alone takes ``latency + bytes / bottleneck``;
-- a link event sets a link's capacity to ``factor`` x nominal at its time.
+- a link event sets a link's capacity to ``factor`` x nominal at its time;
+- a compute op of a rank with interval slowdowns (``slow_*``, :mod:`...trace.slowdowns`) ends
+  when its work is done at the rank's piecewise speed (:func:`stretched_end`);
+- rerouting (:mod:`...topology.reroute`): at the start of epoch ``e`` (the ``e``-th instant
+  with link events, after they apply) a transmitting flow whose path crosses a down link
+  (capacity 0) moves to its detour ``reroute_*[e * N + op]`` if it has one: its remaining
+  bytes go on from there at the new path's max-min share, and it ends the detour's latency
+  after its last byte; a flow starting while its route crosses a down link starts on its
+  detour. Flows without a detour stay stalled (the error names them and the link).
 
 Only the flows connected (through shared links) to what changed are re-solved, all events at
 one instant are handled before one re-solve, and the hot loop uses plain lists and a heap.
@@ -25,7 +33,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import BackendError
-from ...trace.schema import KIND_FLOW, KINDS, PHASES
+from ...trace.schema import KIND_COMPUTE, KIND_FLOW, KINDS, PHASES
+from ...trace.slowdowns import stretched_end
 from .maxmin import maxmin_rates
 
 Progress = Callable[[int, float], None]  # (ops done, simulated time reached in ns)
@@ -50,6 +59,16 @@ class FlowProblem:
     events_at_ns: np.ndarray = field(default_factory=lambda: np.zeros(0))
     events_link: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     events_factor: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # Interval compute slowdowns (trace/slowdowns.py SlowSchedule): rank r's segments are
+    # slow_offsets[r]:slow_offsets[r+1]; empty offsets: none.
+    slow_offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    slow_lo_ns: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    slow_hi_ns: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    slow_factor: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # Detours (topology/reroute.py Detours over all ops): sorted keys epoch * N + op, CSR.
+    reroute_key: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    reroute_offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+    reroute_links: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
 
 
 @dataclass
@@ -98,6 +117,17 @@ class _Executor:
         self.nominal = (p.link_gbps / 8.0).tolist()  # Gb/s -> bytes/ns
         self.cap = list(self.nominal)
         self.progress = progress
+        so = p.slow_offsets
+        self.slow_off = so.tolist() if len(so) else []
+        self.slow_lo, self.slow_hi = p.slow_lo_ns.tolist(), p.slow_hi_ns.tolist()
+        self.slow_f = p.slow_factor.tolist()
+        # detour key -> (links, latency): latency as a prefix-sum difference, as for routes
+        rl = np.concatenate([[0.0], np.cumsum(p.link_latency_ns[p.reroute_links])])
+        ro = p.reroute_offsets
+        self.detour: dict[int, tuple[list[int], float]] = {
+            int(k): (p.reroute_links[ro[j]:ro[j + 1]].tolist(), float(rl[ro[j + 1]] - rl[ro[j]]))
+            for j, k in enumerate(p.reroute_key.tolist())
+        }
 
     def run(self) -> FlowResult:  # noqa: C901 - one hot loop, kept together for speed
         t0 = time.perf_counter()
@@ -131,6 +161,12 @@ class _Executor:
         n_ev = len(ev_at)
         ev_i = 0
         next_ev = ev_at[0] if n_ev else inf
+        rank = self.p.rank.tolist() if self.slow_off else []
+        slow_off, slow_lo, slow_hi, slow_f = self.slow_off, self.slow_lo, self.slow_hi, self.slow_f
+        detour = self.detour
+        down: set[int] = set()  # links at capacity 0 now
+        epoch = -1  # instants with link events so far, minus one
+        reroutes = 0
 
         done = 0
         events = 0
@@ -152,6 +188,11 @@ class _Executor:
                     a, b = poff[op], poff[op + 1]
                     if a != b and nbytes[op] > 0:
                         links = plinks[a:b]
+                        if down and any(cap[lk] == 0.0 for lk in links):
+                            got = detour.get(epoch * n + op)
+                            if got is not None:  # its route is down: start on the detour
+                                links, latency[op] = got
+                                reroutes += 1
                         flow_links[op] = links
                         rem[op] = float(nbytes[op])
                         tlast[op] = t
@@ -170,6 +211,11 @@ class _Executor:
                         continue
                 elif k != KIND_FLOW and duration[op] > 0:  # compute, timed barrier
                     fin = t + duration[op]
+                    if k == KIND_COMPUTE and slow_off:
+                        r = rank[op]
+                        if slow_off[r] != slow_off[r + 1]:  # interval slowdowns on r
+                            fin = stretched_end(t, float(duration[op]), slow_lo, slow_hi,
+                                                slow_f, slow_off[r], slow_off[r + 1])
                     lst = due.get(fin)
                     if lst is None:
                         due[fin] = [op]
@@ -266,13 +312,22 @@ class _Executor:
                         indeg[s] -= 1
                         if indeg[s] == 0:
                             ready.append(s)
-            while ev_i < n_ev and ev_at[ev_i] <= t:
-                link = ev_link[ev_i]
-                cap[link] = nominal[link] * ev_factor[ev_i]
-                if link_flows[link]:
-                    dirty.add(link)
-                events += 1
-                ev_i += 1
+            if ev_i < n_ev and ev_at[ev_i] <= t:
+                while ev_i < n_ev and ev_at[ev_i] <= t:
+                    link = ev_link[ev_i]
+                    cap[link] = nominal[link] * ev_factor[ev_i]
+                    if cap[link] == 0.0:
+                        down.add(link)
+                    else:
+                        down.discard(link)
+                    if link_flows[link]:
+                        dirty.add(link)
+                    events += 1
+                    ev_i += 1
+                epoch += 1
+                if down and detour:
+                    reroutes += self._reroute(t, epoch, down, link_flows, flow_links, rate,
+                                              rem, tlast, tx_due, dirty)
             next_ev = ev_at[ev_i] if ev_i < n_ev else inf
 
         wall = time.perf_counter() - t0
@@ -294,8 +349,41 @@ class _Executor:
                 "events_per_s": events / wall if wall > 0 else 0.0,
                 "max_active_flows": max_active,
                 "rate_recomputations": recomputes,
+                "reroutes": reroutes,
             },
         )
+
+    def _reroute(self, t: float, epoch: int, down: set[int], link_flows: list[set[int]],
+                 flow_links: dict[int, list[int]], rate: list[float], rem: list[float],
+                 tlast: list[float], tx_due: list[float], dirty: set[int]) -> int:
+        """Move every transmitting flow over a down link that has an epoch-``epoch`` detour
+        (in op order); returns how many moved. Its bytes left are settled at ``t`` and it
+        waits for the re-solve at ``t`` on the detour's links."""
+        n, detour, latency = self.n, self.detour, self.latency
+        moved = 0
+        for f in sorted({f for lk in down for f in link_flows[lk]}):
+            got = detour.get(epoch * n + f)
+            if got is None:
+                continue
+            old = rate[f]
+            if old > 0.0:
+                left = rem[f] - old * (t - tlast[f])
+                rem[f] = left if left > 0.0 else 0.0
+            tlast[f] = t
+            rate[f] = 0.0
+            tx_due[f] = -1.0  # its pending last byte is void; the re-solve schedules anew
+            for lk in flow_links[f]:
+                others = link_flows[lk]
+                others.discard(f)
+                if others:
+                    dirty.add(lk)
+            links, latency[f] = got
+            flow_links[f] = links
+            for lk in links:
+                link_flows[lk].add(f)
+            dirty.update(links)
+            moved += 1
+        return moved
 
 
 def _describe(p: FlowProblem, op: int) -> str:

@@ -17,7 +17,7 @@ from ...errors import BackendError
 from .executor import FlowProblem, FlowResult, Progress, check_deps, stuck_message
 
 #: The ``xsim_flowcore.INTERFACE_VERSION`` this adapter speaks.
-INTERFACE_VERSION = 1
+INTERFACE_VERSION = 2
 INSTALL_HINT = "python -m pip install ./plugins/flowcore (from the xsim-adapters checkout)"
 
 
@@ -57,6 +57,7 @@ def run_flows_native(problem: FlowProblem, progress: Progress | None = None) -> 
             _c(p.link_gbps, np.float64), _c(p.link_latency_ns, np.float64),
             _c(p.events_at_ns, np.float64), _c(p.events_link, np.int64),
             _c(p.events_factor, np.float64), progress,
+            **_whatif_arrays(p),
         )
     except ValueError as e:  # malformed input, in the core's own words
         raise BackendError(str(e)) from None
@@ -66,8 +67,12 @@ def run_flows_native(problem: FlowProblem, progress: Progress | None = None) -> 
         progress(done, n)
     if done < n:
         active = out["active_ops"].tolist()
+        det = out["active_detours"].tolist()
+        ro = p.reroute_offsets
         flow_links = {
-            f: p.path_links[p.path_offsets[f]:p.path_offsets[f + 1]].tolist() for f in active
+            f: (p.path_links[p.path_offsets[f]:p.path_offsets[f + 1]] if d < 0
+                else p.reroute_links[ro[d]:ro[d + 1]]).tolist()
+            for f, d in zip(active, det, strict=True)
         }
         rate = dict(zip(active, out["active_rates"].tolist(), strict=True))
         raise BackendError(
@@ -85,8 +90,25 @@ def run_flows_native(problem: FlowProblem, progress: Progress | None = None) -> 
             "events_per_s": events / wall if wall > 0 else 0.0,
             "max_active_flows": int(out["max_active_flows"]),
             "rate_recomputations": int(out["rate_recomputations"]),
+            "reroutes": int(out["reroutes"]),
         },
     )
+
+
+def _whatif_arrays(p: FlowProblem) -> dict[str, np.ndarray]:
+    """The optional what-if arguments of ``xsim_flowcore.run``: interval slowdowns (with the
+    per-op rank they need) and detours, only when the problem has them."""
+    out: dict[str, np.ndarray] = {}
+    if len(p.slow_offsets) > 1:
+        out.update(rank=_c(p.rank, np.int32), slow_offsets=_c(p.slow_offsets, np.int64),
+                   slow_lo_ns=_c(p.slow_lo_ns, np.float64),
+                   slow_hi_ns=_c(p.slow_hi_ns, np.float64),
+                   slow_factor=_c(p.slow_factor, np.float64))
+    if len(p.reroute_key):
+        out.update(reroute_key=_c(p.reroute_key, np.int64),
+                   reroute_offsets=_c(p.reroute_offsets, np.int64),
+                   reroute_links=_c(p.reroute_links, np.int32))
+    return out
 
 
 def _c(a: np.ndarray, dtype: type) -> np.ndarray:

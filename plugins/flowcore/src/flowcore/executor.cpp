@@ -33,6 +33,12 @@ class Executor {
   void finish(int32_t op, double t);
   void start_flow(int32_t op, double t);
   void stop_flow(int32_t slot);
+  // What-if (executor.py): a compute op's end under interval slowdowns, a flow's detour.
+  double compute_end(int32_t op, double t) const;
+  int64_t find_detour(int32_t op) const;
+  void attach(int32_t slot, int64_t detour);
+  void detach(int32_t slot);
+  void reroute(double t);
   void mark_dirty(int32_t link) {
     if (!dirty_mark_[link]) {
       dirty_mark_[link] = 1;
@@ -50,7 +56,8 @@ class Executor {
   std::vector<int32_t> succ_list_;
   std::vector<int32_t> indeg_;
   std::vector<double> lat_prefix_;  // prefix sums of link latency over path_links
-  std::size_t max_path_ = 0;
+  std::vector<double> det_lat_prefix_;  // the same over reroute_links
+  std::size_t max_path_ = 0;  // the longest route or detour
   // links, bytes/ns
   std::vector<double> nominal_;
   std::vector<double> cap_;
@@ -64,6 +71,10 @@ class Executor {
   std::vector<double> s_tlast_;    // ns
   std::vector<double> s_due_;      // ns, when the last byte leaves at the current rate; -1: never
   std::vector<int32_t> s_pos_;     // [slot * max_path_ + i]: index in link_flows_ of path link i
+  std::vector<const int32_t*> s_path_;  // the links the flow crosses now (route or detour)
+  std::vector<int32_t> s_len_;
+  std::vector<double> s_lat_;      // its path latency, ns
+  std::vector<int64_t> s_det_;     // its detour's index, -1: its route
   std::vector<int32_t> free_slots_;
   int64_t active_ = 0;
   // connected-group search and solve
@@ -86,6 +97,12 @@ class Executor {
   int64_t events_ = 0;
   int64_t recomputes_ = 0;
   int64_t solved_flows_ = 0;
+  // rerouting: links at capacity 0 now, and the instants with link events so far (minus 1)
+  std::vector<uint8_t> down_;
+  int64_t num_down_ = 0;
+  int64_t ev_epoch_ = -1;
+  int64_t reroutes_ = 0;
+  std::vector<int32_t> moving_;
 };
 
 Executor::Executor(const ProblemView& p)
@@ -98,6 +115,18 @@ Executor::Executor(const ProblemView& p)
   for (std::size_t i = 0; i < num_entries; ++i) {
     lat_prefix_[i + 1] = lat_prefix_[i] + p_.link_latency_ns[p_.path_links[i]];
   }
+  const std::size_t det_entries =
+      p_.num_detours ? static_cast<std::size_t>(p_.reroute_offsets[p_.num_detours]) : 0;
+  det_lat_prefix_.resize(det_entries + 1);
+  det_lat_prefix_[0] = 0.0;
+  for (std::size_t i = 0; i < det_entries; ++i) {
+    det_lat_prefix_[i + 1] = det_lat_prefix_[i] + p_.link_latency_ns[p_.reroute_links[i]];
+  }
+  for (std::size_t j = 0; j < p_.num_detours; ++j) {
+    const auto len = static_cast<std::size_t>(p_.reroute_offsets[j + 1] - p_.reroute_offsets[j]);
+    max_path_ = std::max(max_path_, len);
+  }
+  down_.assign(m_, 0);
   nominal_.resize(m_);
   for (std::size_t l = 0; l < m_; ++l) nominal_[l] = p_.link_gbps[l] / 8.0;  // Gb/s -> B/ns
   cap_ = nominal_;
@@ -137,6 +166,35 @@ void Executor::check_input() const {
           throw InputError("flow: op " + std::to_string(op) + " crosses link " +
                            std::to_string(l) + " twice; paths must be simple");
         }
+      }
+    }
+  }
+  if (p_.num_detours && p_.reroute_offsets[0] != 0) {
+    throw InputError("flow: reroute_offsets[0] must be 0");
+  }
+  for (std::size_t j = 0; j < p_.num_detours; ++j) {
+    if (j && p_.reroute_key[j] <= p_.reroute_key[j - 1]) {
+      throw InputError("flow: reroute keys must rise");
+    }
+    if (p_.reroute_offsets[j + 1] <= p_.reroute_offsets[j]) {
+      throw InputError("flow: detour " + std::to_string(j) + " has no links");
+    }
+    for (int64_t i = p_.reroute_offsets[j]; i < p_.reroute_offsets[j + 1]; ++i) {
+      const int32_t l = p_.reroute_links[i];
+      if (l < 0 || static_cast<std::size_t>(l) >= m_) {
+        throw InputError("flow: detour " + std::to_string(j) + " crosses link " +
+                         std::to_string(l) + " but the topology has " + std::to_string(m_) +
+                         " links");
+      }
+    }
+  }
+  if (p_.num_slow_ranks) {
+    for (std::size_t op = 0; op < n_; ++op) {
+      if (p_.kind[op] == kKindCompute &&
+          (p_.rank[op] < 0 || static_cast<std::size_t>(p_.rank[op]) >= p_.num_slow_ranks)) {
+        throw InputError("flow: compute op " + std::to_string(op) + " has rank " +
+                         std::to_string(p_.rank[op]) + " outside the slowdown schedule's " +
+                         std::to_string(p_.num_slow_ranks) + " ranks");
       }
     }
   }
@@ -196,6 +254,10 @@ void Executor::start_flow(int32_t op, double t) {
     s_tlast_.push_back(0.0);
     s_due_.push_back(-1.0);
     s_pos_.resize(s_pos_.size() + max_path_);
+    s_path_.push_back(nullptr);
+    s_len_.push_back(0);
+    s_lat_.push_back(0.0);
+    s_det_.push_back(-1);
     slot_seen_.push_back(0);
   }
   ++active_;
@@ -204,31 +266,95 @@ void Executor::start_flow(int32_t op, double t) {
   s_rem_[slot] = static_cast<double>(p_.nbytes[op]);
   s_tlast_[slot] = t;
   s_due_[slot] = -1.0;
-  const int64_t a = p_.path_offsets[op];
-  const int64_t len = p_.path_offsets[op + 1] - a;
-  for (int64_t i = 0; i < len; ++i) {
-    const int32_t l = p_.path_links[a + i];
+  int64_t detour = -1;
+  if (num_down_ > 0) {  // its route is down: start on the detour, if there is one
+    for (int64_t i = p_.path_offsets[op]; i < p_.path_offsets[op + 1]; ++i) {
+      if (cap_[p_.path_links[i]] == 0.0) {
+        detour = find_detour(op);
+        if (detour >= 0) ++reroutes_;
+        break;
+      }
+    }
+  }
+  attach(slot, detour);
+}
+
+void Executor::attach(int32_t slot, int64_t detour) {
+  // Put the slot's flow on its route (detour -1) or on detour `detour`, on every link's list.
+  const int32_t op = s_op_[slot];
+  s_det_[slot] = detour;
+  if (detour < 0) {
+    s_path_[slot] = p_.path_links + p_.path_offsets[op];
+    s_len_[slot] = static_cast<int32_t>(p_.path_offsets[op + 1] - p_.path_offsets[op]);
+    s_lat_[slot] = latency(op);
+  } else {
+    const int64_t a = p_.reroute_offsets[detour];
+    const int64_t b = p_.reroute_offsets[detour + 1];
+    s_path_[slot] = p_.reroute_links + a;
+    s_len_[slot] = static_cast<int32_t>(b - a);
+    s_lat_[slot] = det_lat_prefix_[b] - det_lat_prefix_[a];
+  }
+  const int32_t* path = s_path_[slot];
+  for (int32_t i = 0; i < s_len_[slot]; ++i) {
+    const int32_t l = path[i];
     s_pos_[slot * max_path_ + i] = static_cast<int32_t>(link_flows_[l].size());
     link_flows_[l].push_back(slot);
     mark_dirty(l);
   }
 }
 
-void Executor::stop_flow(int32_t slot) {
-  const int32_t op = s_op_[slot];
-  const int64_t a = p_.path_offsets[op];
-  const int64_t len = p_.path_offsets[op + 1] - a;
-  for (int64_t i = 0; i < len; ++i) {
-    const int32_t l = p_.path_links[a + i];
+int64_t Executor::find_detour(int32_t op) const {
+  const int64_t key = ev_epoch_ * static_cast<int64_t>(n_) + op;
+  const int64_t* end = p_.reroute_key + p_.num_detours;
+  const int64_t* it = std::lower_bound(p_.reroute_key, end, key);
+  return (it != end && *it == key) ? static_cast<int64_t>(it - p_.reroute_key) : -1;
+}
+
+double Executor::compute_end(int32_t op, double t) const {
+  // trace/slowdowns.py stretched_end, step for step
+  double fin = t + static_cast<double>(p_.duration_ns[op]);
+  if (p_.kind[op] != kKindCompute || !p_.num_slow_ranks) return fin;
+  const int32_t r = p_.rank[op];
+  const int64_t a = p_.slow_offsets[r];
+  const int64_t b = p_.slow_offsets[r + 1];
+  if (a == b) return fin;
+  double cur = t;
+  double rem = static_cast<double>(p_.duration_ns[op]);
+  for (int64_t i = a; i < b; ++i) {
+    const double lo = p_.slow_lo_ns[i];
+    const double hi = p_.slow_hi_ns[i];
+    const double f = p_.slow_factor[i];
+    if (hi <= cur) continue;
+    if (lo > cur) {
+      const double gap = lo - cur;
+      if (rem <= gap) return cur + rem;
+      rem -= gap;
+      cur = lo;
+    }
+    const double span = hi - cur;
+    const double need = rem * f;
+    if (need <= span) return cur + need;
+    rem -= span / f;
+    if (rem < 0.0) rem = 0.0;
+    cur = hi;
+  }
+  return cur + rem;
+}
+
+void Executor::detach(int32_t slot) {
+  // Take the slot's flow off every link of its current path.
+  const int32_t* path = s_path_[slot];
+  for (int32_t i = 0; i < s_len_[slot]; ++i) {
+    const int32_t l = path[i];
     std::vector<int32_t>& lf = link_flows_[l];
     const int32_t pos = s_pos_[slot * max_path_ + i];
     const int32_t last = lf.back();
     lf[pos] = last;  // swap-remove; the moved slot learns its new position on this link
     lf.pop_back();
     if (last != slot) {
-      const int64_t la = p_.path_offsets[s_op_[last]];
-      for (int64_t j = 0;; ++j) {
-        if (p_.path_links[la + j] == l) {
+      const int32_t* lp = s_path_[last];
+      for (int32_t j = 0;; ++j) {
+        if (lp[j] == l) {
           s_pos_[last * max_path_ + j] = pos;
           break;
         }
@@ -236,6 +362,38 @@ void Executor::stop_flow(int32_t slot) {
     }
     if (!lf.empty()) mark_dirty(l);  // a link left empty changes nobody's rate
   }
+}
+
+void Executor::reroute(double t) {
+  // executor.py _reroute: every transmitting flow over a down link that has a detour for this
+  // epoch moves to it, in op order; its bytes left are settled at t.
+  moving_.clear();
+  for (std::size_t l = 0; l < m_; ++l) {
+    if (!down_[l]) continue;
+    for (const int32_t slot : link_flows_[l]) moving_.push_back(slot);
+  }
+  std::sort(moving_.begin(), moving_.end(),
+            [this](int32_t a, int32_t b) { return s_op_[a] < s_op_[b]; });
+  moving_.erase(std::unique(moving_.begin(), moving_.end()), moving_.end());
+  for (const int32_t slot : moving_) {
+    const int64_t detour = find_detour(s_op_[slot]);
+    if (detour < 0) continue;
+    const double old = s_rate_[slot];
+    if (old > 0.0) {
+      const double left = s_rem_[slot] - old * (t - s_tlast_[slot]);
+      s_rem_[slot] = left > 0.0 ? left : 0.0;
+    }
+    s_tlast_[slot] = t;
+    s_rate_[slot] = 0.0;
+    s_due_[slot] = -1.0;  // its pending last byte is void; the re-solve schedules anew
+    detach(slot);
+    attach(slot, detour);
+    ++reroutes_;
+  }
+}
+
+void Executor::stop_flow(int32_t slot) {
+  detach(slot);
   s_op_[slot] = -1;
   free_slots_.push_back(slot);
   --active_;
@@ -258,9 +416,9 @@ void Executor::resolve_dirty(double t) {
         if (slot_seen_[slot] == epoch_) continue;
         slot_seen_[slot] = epoch_;
         group_.push_back(slot);
-        const int32_t op = s_op_[slot];
-        for (int64_t i = p_.path_offsets[op]; i < p_.path_offsets[op + 1]; ++i) {
-          const int32_t o = p_.path_links[i];
+        const int32_t* path = s_path_[slot];
+        for (int32_t i = 0; i < s_len_[slot]; ++i) {
+          const int32_t o = path[i];
           if (link_seen_[o] != epoch_) {
             link_seen_[o] = epoch_;
             stack_.push_back(o);
@@ -279,19 +437,16 @@ void Executor::solve_group(double t) {
   solved_flows_ += static_cast<int64_t>(k);
   group_rates_.resize(k);
   if (k == 1) {  // alone: its bottleneck link
-    const int32_t op = s_op_[group_[0]];
+    const int32_t* path = s_path_[group_[0]];
     double r = kInf;
-    for (int64_t i = p_.path_offsets[op]; i < p_.path_offsets[op + 1]; ++i) {
-      r = std::min(r, cap_[p_.path_links[i]]);
-    }
+    for (int32_t i = 0; i < s_len_[group_[0]]; ++i) r = std::min(r, cap_[path[i]]);
     group_rates_[0] = r;
   } else {
     group_paths_.resize(k);
     group_lens_.resize(k);
     for (std::size_t i = 0; i < k; ++i) {
-      const int32_t op = s_op_[group_[i]];
-      group_paths_[i] = p_.path_links + p_.path_offsets[op];
-      group_lens_[i] = static_cast<int32_t>(p_.path_offsets[op + 1] - p_.path_offsets[op]);
+      group_paths_[i] = s_path_[group_[i]];
+      group_lens_[i] = s_len_[group_[i]];
     }
     solver_.solve(k, group_paths_.data(), group_lens_.data(), cap_.data(), group_rates_.data());
   }
@@ -358,8 +513,8 @@ RunResult Executor::run(const ProgressHook& hook) {
           calendar_.push(fin, op);
           continue;
         }
-      } else if (p_.duration_ns[op] > 0) {  // compute, timed barrier
-        calendar_.push(t + static_cast<double>(p_.duration_ns[op]), op);
+      } else if (p_.duration_ns[op] > 0) {  // compute (interval slowdowns), timed barrier
+        calendar_.push(compute_end(op, t), op);
         continue;
       }
       finish(op, t);  // barrier, zero-time compute, zero-latency empty flow: ends now
@@ -395,8 +550,8 @@ RunResult Executor::run(const ProgressHook& hook) {
         s_due_[slot] = -1.0;
         ++events_;
         const int32_t op = s_op_[slot];
+        const double fin = t + s_lat_[slot];  // its route's or its detour's latency
         stop_flow(slot);
-        const double fin = t + latency(op);
         if (fin > t) {
           calendar_.push(fin, op);
           continue;
@@ -404,13 +559,20 @@ RunResult Executor::run(const ProgressHook& hook) {
         finish(op, t);
       }
     }
-    while (ev_i < p_.num_events && p_.events_at_ns[ev_order[ev_i]] <= t) {
-      const std::size_t e = ev_order[ev_i];
-      const int64_t link = p_.events_link[e];
-      cap_[link] = nominal_[link] * p_.events_factor[e];
-      if (!link_flows_[link].empty()) mark_dirty(static_cast<int32_t>(link));
-      ++events_;
-      ++ev_i;
+    if (ev_i < p_.num_events && p_.events_at_ns[ev_order[ev_i]] <= t) {
+      while (ev_i < p_.num_events && p_.events_at_ns[ev_order[ev_i]] <= t) {
+        const std::size_t e = ev_order[ev_i];
+        const int64_t link = p_.events_link[e];
+        cap_[link] = nominal_[link] * p_.events_factor[e];
+        const uint8_t is_down = cap_[link] == 0.0 ? 1 : 0;
+        num_down_ += static_cast<int64_t>(is_down) - static_cast<int64_t>(down_[link]);
+        down_[link] = is_down;
+        if (!link_flows_[link].empty()) mark_dirty(static_cast<int32_t>(link));
+        ++events_;
+        ++ev_i;
+      }
+      ++ev_epoch_;
+      if (num_down_ > 0 && p_.num_detours) reroute(t);
     }
     next_ev = ev_i < p_.num_events ? p_.events_at_ns[ev_order[ev_i]] : kInf;
   }
@@ -420,15 +582,17 @@ RunResult Executor::run(const ProgressHook& hook) {
   res.max_active_flows = max_active;
   res.rate_recomputations = recomputes_;
   res.solved_flows = solved_flows_;
+  res.reroutes = reroutes_;
   if (done_ < n) {  // what the caller needs to say why the run got stuck
-    std::vector<std::pair<int32_t, double>> active;
+    std::vector<std::pair<int32_t, int32_t>> active;  // (op, slot)
     for (std::size_t slot = 0; slot < s_op_.size(); ++slot) {
-      if (s_op_[slot] >= 0) active.emplace_back(s_op_[slot], s_rate_[slot]);
+      if (s_op_[slot] >= 0) active.emplace_back(s_op_[slot], static_cast<int32_t>(slot));
     }
     std::sort(active.begin(), active.end());
-    for (const auto& [op, rate] : active) {
+    for (const auto& [op, slot] : active) {
       res.active_ops.push_back(op);
-      res.active_rates.push_back(rate);
+      res.active_rates.push_back(s_rate_[slot]);
+      res.active_detours.push_back(s_det_[slot]);
     }
     res.capacity = cap_;
   }

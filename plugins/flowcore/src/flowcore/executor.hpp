@@ -44,6 +44,17 @@ struct ProblemView {
   const double* events_at_ns = nullptr;     // per timed link event
   const int64_t* events_link = nullptr;
   const double* events_factor = nullptr;
+  // What-if inputs (executor.py FlowProblem): interval compute slowdowns and detours.
+  const int32_t* rank = nullptr;            // per op (only read when slowdowns are given)
+  std::size_t num_slow_ranks = 0;           // 0: no interval slowdowns
+  const int64_t* slow_offsets = nullptr;    // per rank + 1: CSR into the segments
+  const double* slow_lo_ns = nullptr;       // per segment
+  const double* slow_hi_ns = nullptr;
+  const double* slow_factor = nullptr;
+  std::size_t num_detours = 0;              // 0: no rerouting
+  const int64_t* reroute_key = nullptr;     // per detour, rising: epoch * num_ops + op
+  const int64_t* reroute_offsets = nullptr; // per detour + 1: CSR into reroute_links
+  const int32_t* reroute_links = nullptr;
 };
 
 // What a run produced. start/end are NaN for ops that never finished.
@@ -62,6 +73,8 @@ struct RunResult {
   // Flows still transmitting when the run ended (only when done < num_ops), by op id.
   std::vector<int64_t> active_ops;
   std::vector<double> active_rates;
+  std::vector<int64_t> active_detours;  // per active op: its detour's index, -1: its route
+  int64_t reroutes = 0;                 // flows moved to (or started on) a detour
   std::vector<double> capacity;     // per link at the end, bytes/ns
 };
 

@@ -5,10 +5,12 @@
 // runs with the GIL released; the progress callback and the signal check take it back briefly.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,10 +59,65 @@ void set_edges(flowcore::ProblemView& pv, const AnyIn& pred, const AnyIn& succ) 
   }
 }
 
+// The what-if inputs (interval slowdowns and detours), all optional; see executor.hpp.
+struct WhatIf {
+  std::optional<In<int32_t>> rank;
+  std::optional<In<int64_t>> slow_offsets;
+  std::optional<In<double>> slow_lo_ns, slow_hi_ns, slow_factor;
+  std::optional<In<int64_t>> reroute_key, reroute_offsets;
+  std::optional<In<int32_t>> reroute_links;
+};
+
+void set_whatif(flowcore::ProblemView& pv, const WhatIf& w) {
+  if (w.slow_offsets && w.slow_offsets->shape(0) > 1) {
+    if (!w.rank || !w.slow_lo_ns || !w.slow_hi_ns || !w.slow_factor) {
+      throw std::invalid_argument("flowcore: slow_offsets needs rank, slow_lo_ns, slow_hi_ns"
+                                  " and slow_factor");
+    }
+    if (w.rank->shape(0) != pv.num_ops) {
+      throw std::invalid_argument("flowcore: rank must have one entry per op");
+    }
+    const std::size_t segs = w.slow_lo_ns->shape(0);
+    const int64_t* off = w.slow_offsets->data();
+    const std::size_t nr = w.slow_offsets->shape(0) - 1;
+    if (w.slow_hi_ns->shape(0) != segs || w.slow_factor->shape(0) != segs || off[0] != 0 ||
+        static_cast<std::size_t>(off[nr]) != segs) {
+      throw std::invalid_argument("flowcore: slowdown segment arrays differ in length");
+    }
+    for (std::size_t r = 0; r < nr; ++r) {
+      if (off[r + 1] < off[r]) throw std::invalid_argument("flowcore: slow_offsets decrease");
+    }
+    pv.rank = w.rank->data();
+    pv.num_slow_ranks = nr;
+    pv.slow_offsets = off;
+    pv.slow_lo_ns = w.slow_lo_ns->data();
+    pv.slow_hi_ns = w.slow_hi_ns->data();
+    pv.slow_factor = w.slow_factor->data();
+  }
+  if (w.reroute_key && w.reroute_key->shape(0) > 0) {
+    if (!w.reroute_offsets || !w.reroute_links ||
+        w.reroute_offsets->shape(0) != w.reroute_key->shape(0) + 1 ||
+        static_cast<std::size_t>(w.reroute_offsets->data()[w.reroute_key->shape(0)]) !=
+            w.reroute_links->shape(0)) {
+      throw std::invalid_argument("flowcore: reroute_key, reroute_offsets and reroute_links"
+                                  " do not form a CSR");
+    }
+    pv.num_detours = w.reroute_key->shape(0);
+    pv.reroute_key = w.reroute_key->data();
+    pv.reroute_offsets = w.reroute_offsets->data();
+    pv.reroute_links = w.reroute_links->data();
+  }
+}
+
 nb::dict run(In<int8_t> kind, In<int64_t> duration_ns, In<int64_t> nbytes, AnyIn pred,
              AnyIn succ, In<int64_t> path_offsets, In<int32_t> path_links,
              In<double> link_gbps, In<double> link_latency_ns, In<double> events_at_ns,
-             In<int64_t> events_link, In<double> events_factor, nb::object progress) {
+             In<int64_t> events_link, In<double> events_factor, nb::object progress,
+             std::optional<In<int32_t>> rank, std::optional<In<int64_t>> slow_offsets,
+             std::optional<In<double>> slow_lo_ns, std::optional<In<double>> slow_hi_ns,
+             std::optional<In<double>> slow_factor, std::optional<In<int64_t>> reroute_key,
+             std::optional<In<int64_t>> reroute_offsets,
+             std::optional<In<int32_t>> reroute_links) {
   const std::size_t n = kind.shape(0);
   if (duration_ns.shape(0) != n || nbytes.shape(0) != n || path_offsets.shape(0) != n + 1) {
     throw std::invalid_argument("flowcore: per-op arrays differ in length");
@@ -90,6 +147,8 @@ nb::dict run(In<int8_t> kind, In<int64_t> duration_ns, In<int64_t> nbytes, AnyIn
   pv.events_at_ns = events_at_ns.data();
   pv.events_link = events_link.data();
   pv.events_factor = events_factor.data();
+  set_whatif(pv, WhatIf{rank, slow_offsets, slow_lo_ns, slow_hi_ns, slow_factor, reroute_key,
+                        reroute_offsets, reroute_links});
 
   std::unique_ptr<nb::python_error> error;
   const flowcore::ProgressHook hook = [&](int64_t done, int64_t total) -> bool {
@@ -122,6 +181,8 @@ nb::dict run(In<int8_t> kind, In<int64_t> duration_ns, In<int64_t> nbytes, AnyIn
   out["cpu_s"] = res.cpu_s;
   out["active_ops"] = copy_of(res.active_ops);
   out["active_rates"] = copy_of(res.active_rates);
+  out["active_detours"] = copy_of(res.active_detours);
+  out["reroutes"] = res.reroutes;
   out["capacity"] = copy_of(res.capacity);
   return out;
 }
@@ -156,14 +217,21 @@ Out<double> maxmin(In<int64_t> flow_offsets, In<int32_t> flow_links, In<double> 
 NB_MODULE(_flowcore, m) {
   m.doc() = "Compiled event loop and max-min solver of the xsim-adapters flow backend.";
   // Bumped whenever run()'s arguments or result change; the backend checks it.
-  m.attr("INTERFACE_VERSION") = 1;
+  m.attr("INTERFACE_VERSION") = 2;
   m.def("run", &run, nb::arg("kind").noconvert(), nb::arg("duration_ns").noconvert(),
         nb::arg("nbytes").noconvert(), nb::arg("pred").noconvert(),
         nb::arg("succ").noconvert(), nb::arg("path_offsets").noconvert(),
         nb::arg("path_links").noconvert(), nb::arg("link_gbps").noconvert(),
         nb::arg("link_latency_ns").noconvert(), nb::arg("events_at_ns").noconvert(),
         nb::arg("events_link").noconvert(), nb::arg("events_factor").noconvert(),
-        nb::arg("progress").none(),
+        nb::arg("progress").none(), nb::arg("rank").noconvert() = nb::none(),
+        nb::arg("slow_offsets").noconvert() = nb::none(),
+        nb::arg("slow_lo_ns").noconvert() = nb::none(),
+        nb::arg("slow_hi_ns").noconvert() = nb::none(),
+        nb::arg("slow_factor").noconvert() = nb::none(),
+        nb::arg("reroute_key").noconvert() = nb::none(),
+        nb::arg("reroute_offsets").noconvert() = nb::none(),
+        nb::arg("reroute_links").noconvert() = nb::none(),
         "Execute the flow DAG; returns a dict (see xsim_flowcore.run_flows).");
   m.def("maxmin", &maxmin, nb::arg("flow_offsets").noconvert(),
         nb::arg("flow_links").noconvert(), nb::arg("capacity").noconvert(),
