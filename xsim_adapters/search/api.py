@@ -61,24 +61,25 @@ def search(spec: SearchSpec | str | os.PathLike[str], executor: Executor | None 
            *, evaluator: Evaluator | None = None, exhaustive: bool = False,
            baselines: bool = True, top: int = 5, confirm: str | None = None,
            confirm_options: dict[str, Any] | None = None,
-           progress: Progress | None = None, entries: list[Entry] | None = None
-           ) -> SearchResult:
+           progress: Progress | None = None, entries: list[Entry] | None = None,
+           analyzer: Analyzer | None = None) -> SearchResult:
     """Search ``spec`` (a SearchSpec, or a spec YAML path or text) and return the result.
 
     ``exhaustive``: simulate every feasible candidate (no cut by the bound; for checking the
     bound). ``baselines``: also search each single-device-type subset of the cluster at the
     best plan's global batch and at any batch of the spec. ``confirm``: re-run the ``top``
     best on that backend (ns3, htsim). ``entries``: the space as :func:`enumerate_space`
-    gave it for this spec (to not enumerate twice).
+    gave it for this spec with ``analyzer`` (to not enumerate twice).
     """
     t0 = time.monotonic()
     if not isinstance(spec, SearchSpec):
         spec = load_search_spec(spec)
+    an = analyzer or Analyzer(spec)
     if entries is None:
-        entries = enumerate_space(spec, Analyzer(spec))
+        entries = enumerate_space(spec, an)
     t_enum = time.monotonic() - t0
     ev = evaluator or Evaluator(executor or LocalExecutor(1), base_dir=spec.base_dir)
-    s = Searcher(spec, entries, ev, progress)
+    s = Searcher(spec, entries, ev, progress, an)
     main = s.run("search", exhaustive=exhaustive)
     statuses = dict(main.statuses)
     summary: dict[str, Any] = {

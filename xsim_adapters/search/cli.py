@@ -94,7 +94,8 @@ def run_search_command(args: argparse.Namespace) -> int:
     out, done = open_search_dir(Path(args.output), args.resume, args.force)
     if args.resume:
         print(f"resuming in {args.output}: {len(done)} simulations on record in {ROWS_FILE}")
-    entries = enumerate_space(spec, Analyzer(spec))
+    an = Analyzer(spec)
+    entries = enumerate_space(spec, an)
     feasible = sum(1 for e in entries if e.status == "")
     with writer_lock(out), RowLog(out / ROWS_FILE) as log, \
             ProgressBar(feasible, "xsim search", force=args.progress) as bar:
@@ -102,7 +103,8 @@ def run_search_command(args: argparse.Namespace) -> int:
         result = search(spec, evaluator=ev, exhaustive=args.exhaustive,
                         baselines=not args.no_baselines, top=args.top, confirm=args.confirm,
                         confirm_options=parse_option_items(args.option or []),
-                                progress=lambda n, note: bar.advance(n, note), entries=entries)
+                        progress=lambda n, note: bar.advance(n, note), entries=entries,
+                        analyzer=an)
         result.summary["simulated_now"] = ev.simulated
         write_result(result, out)
     write_stamp(out, "search")

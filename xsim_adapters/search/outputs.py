@@ -52,6 +52,7 @@ def candidates_frame(s: Searcher, entries: list[Entry], statuses: dict[int, str]
             "mixed": any(len(p.groups) > 1 for p in c.parts),
             "gpus": c.num_gpus,
             "lower_bound_ns": e.lb_ns,
+            "bound": "full" if e.full else "pipeline",
             "memory_headroom_GB": e.headroom_GB,
             "iteration_time_ns": it,
             "tokens_per_s": tok_s,

@@ -36,6 +36,15 @@ class Part:
     tp: tuple[int, ...]
     pp: tuple[int, ...]
     count: int
+    base: tuple[int, ...] = ()  # first device on each group (default 0: the group's start)
+
+    def base_of(self, i: int) -> int:
+        """First device of this part on ``groups[i]``."""
+        return self.base[i] if self.base else 0
+
+    def devices_on(self, i: int) -> int:
+        """Devices this part uses on ``groups[i]``."""
+        return self.tp[i] * self.pp[i] * self.count
 
     @property
     def depth(self) -> int:
@@ -63,6 +72,19 @@ class Choice:
     schedule: str
     recompute: str
     layer_split: str
+    zero_stage: int = 0
+    sequence_parallel: bool = False
+    virtual_stages: int = 1  # model chunks per stage (``interleaved`` only)
+
+    @property
+    def label(self) -> str:
+        """The choice as the key's first words (axes at their defaults are left out)."""
+        sched = self.schedule + (f"-v{self.virtual_stages}" if self.schedule == "interleaved"
+                                 else "")
+        extra = (f" z{self.zero_stage}" if self.zero_stage else "") + (
+            " sp" if self.sequence_parallel else "")
+        return (f"gb{self.global_batch} mb{self.micro_batch} {sched} rc-{self.recompute}"
+                f"{extra} {self.layer_split}")
 
 
 @dataclass(frozen=True)
@@ -82,10 +104,8 @@ class Candidate:
     @property
     def key(self) -> str:
         """A readable identity, also the tie-break order of equal objectives."""
-        c = self.choice
         parts = " ".join(p.label() for p in self.parts)
-        return (f"gb{c.global_batch} mb{c.micro_batch} {c.schedule} rc-{c.recompute} "
-                f"{c.layer_split} {self.resharding} | {parts}")
+        return f"{self.choice.label} {self.resharding} | {parts}"
 
     @property
     def groups_used(self) -> tuple[str, ...]:
@@ -168,7 +188,9 @@ def structures(spec: SearchSpec) -> list[Structure]:
 def choices(spec: SearchSpec) -> list[Choice]:
     """Every level-2 choice except resharding, in a fixed order."""
     sp = spec.space
-    return [Choice(gb, mb, s, r, ls) for gb in spec.global_batches for mb in sp.micro_batch
+    t = spec.training
+    return [Choice(gb, mb, s, r, ls, t.zero_stage, t.sequence_parallel)
+            for gb in spec.global_batches for mb in sp.micro_batch
             if gb % mb == 0 for s in sp.schedules for r in sp.recompute
             for ls in sp.layer_split]
 
@@ -179,9 +201,9 @@ def iter_replicas(c: Candidate) -> Iterator[tuple[int, int, list[dict[str, Any]]
         for j in range(part.count):
             stages = []
             s = 0
-            for g, tp, pp in zip(part.groups, part.tp, part.pp, strict=True):
+            for gi, (g, tp, pp) in enumerate(zip(part.groups, part.tp, part.pp, strict=True)):
                 for k in range(pp):
-                    lo = (j * pp + k) * tp
+                    lo = part.base_of(gi) + (j * pp + k) * tp
                     stages.append({"group": g, "devices": [lo, lo + tp], "tp": tp,
                                    "layers": list(c.layers[i][s])})
                     s += 1
@@ -201,6 +223,13 @@ def plan_dict(spec: SearchSpec, c: Candidate, name: str | None = None) -> dict[s
     training = {k: v for k, v in base["training"].items()}
     training.update(global_batch=ch.global_batch, micro_batch=ch.micro_batch,
                     schedule=ch.schedule, recompute=ch.recompute)
+    for key, value in (("zero_stage", ch.zero_stage), ("sequence_parallel",
+                                                       ch.sequence_parallel)):
+        if value or key in training:  # axes at their defaults stay out of the plan
+            training[key] = value
+    training.pop("virtual_stages", None)
+    if ch.schedule == "interleaved":
+        training["virtual_stages"] = ch.virtual_stages
     base["training"] = training
     coll = dict(base.get("collectives") or {})
     if c.has_reshard or "resharding" in coll:
