@@ -19,12 +19,12 @@ import heapq
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .bound import Analyzer
 from .evaluate import Evaluator, Row
-from .space import Candidate, choices, plan_dict, structures
+from .space import Candidate, Choice, Structure, choices, plan_dict, structures
 from .spec import SearchSpec
 
 # Why a candidate of the space was not simulated (the ``status`` column).
@@ -32,6 +32,7 @@ STATUS_EVALUATED = "evaluated"
 STATUS_LAYERS = "pruned:layers"  # more stages than layers
 STATUS_BATCH = "pruned:batch"  # fewer micro-batches than replicas
 STATUS_MEMORY = "pruned:memory"  # a stage exceeds its device memory
+STATUS_DOMINATED = "pruned:dominated"  # the same plan as another candidate, or no better
 STATUS_BOUND = "pruned:bound"  # bound above the incumbent
 STATUS_BUDGET = "not_reached:budget"  # the budget ran out first
 STATUS_ERROR = "error"  # simulated, but the plan or the backend failed
@@ -66,9 +67,35 @@ class Outcome:
     statuses: dict[int, str] = field(default_factory=dict)
 
 
+_NONE = Entry(-1, None, "none")  # type: ignore[arg-type]  # a lookup miss
+
+
+def twin(spec: SearchSpec, c: Candidate) -> Choice | None:
+    """The choice that gives ``c``'s very plan another name, if the space holds it: sequence
+    parallel without TP (no TP collective to split, the same activation memory), ZeRO without
+    data parallelism (the generator shards nothing), ``interleaved`` on single-stage replicas
+    (run as 1F1B). None when ``c`` is its own canonical form."""
+    ch, sp = c.choice, spec.space
+    out = ch
+    if ch.sequence_parallel and all(t == 1 for p in c.parts for t in p.tp) \
+            and False in sp.sequence_parallel:
+        out = replace(out, sequence_parallel=False)
+    if ch.zero_stage and sum(p.count for p in c.parts) == 1 and 0 in sp.zero_stage:
+        out = replace(out, zero_stage=0)
+    if ch.schedule == "interleaved" and all(p.depth == 1 for p in c.parts) \
+            and "1f1b" in sp.schedules:
+        out = replace(out, schedule="1f1b", virtual_stages=1)
+    return None if out == ch else out
+
+
 def enumerate_space(spec: SearchSpec, an: Analyzer) -> list[Entry]:
-    """Every candidate of the space with its phase-1 status, bound and headroom."""
+    """Every candidate of the space with its phase-1 status, bound and headroom.
+
+    Dominance (``pruned:dominated``): a candidate whose plan another candidate already is
+    (:func:`twin`), and one with ZeRO stage z >= 2 when a lower stage >= 1 of the same plan
+    fits in memory (ZeRO-2 and -3 move the same bytes as ZeRO-1 here and only save memory)."""
     out: list[Entry] = []
+    seen: dict[tuple[Choice, Structure, str], Entry] = {}
     for ch in choices(spec):
         for parts in structures(spec):
             layers = tuple(an.layer_split(ch, p) for p in parts)
@@ -85,9 +112,15 @@ def enumerate_space(spec: SearchSpec, an: Analyzer) -> list[Entry]:
                     out.append(Entry(len(out), Candidate(ch, parts, r, lays, ()), STATUS_BATCH))
                     continue
                 c = Candidate(ch, parts, r, lays, mbs)
+                if twin(spec, c) is not None or any(
+                        seen.get((replace(ch, zero_stage=z), parts, r), _NONE).status == ""
+                        for z in range(1, ch.zero_stage)):
+                    out.append(Entry(len(out), c, STATUS_DOMINATED))
+                    continue
                 e = Entry(len(out), c, "", lb_ns=float(an.lower_bound_ns(c, full=False)),
                           headroom_GB=an.min_headroom_GB(c))
                 e.status = STATUS_MEMORY if e.headroom_GB < 0 else ""
+                seen[(ch, parts, r)] = e
                 out.append(e)
     return out
 
