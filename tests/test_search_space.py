@@ -122,6 +122,17 @@ def test_new_space_keys_errors_name_the_yaml_path(space, message):
     assert "\n" not in str(err.value)
 
 
+def test_a_space_too_large_to_analyse_is_an_error_naming_the_keys():
+    raw = yaml.safe_load((ROOT / "workloads" / "search" / "h100-a100-1024gpu.yaml").read_text())
+    raw["space"].update(shapes_per_group=2, pp_max=8)
+    spec = spec_from_dict(raw)
+    with pytest.raises(PlanError) as err:
+        enumerate_space(spec, Analyzer(spec))
+    msg = str(err.value)
+    assert msg.startswith("space: expected at most 200,000 candidates (got ")
+    assert "lower space.shapes_per_group" in msg and "\n" not in msg
+
+
 @pytest.mark.parametrize("coarsen", ["auto", "on"])
 def test_lean_row_is_the_metrics_summary(coarsen):
     """What the search measures (iteration time, tokens/s, MFU, per type) equals what the full

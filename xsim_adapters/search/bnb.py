@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..errors import PlanError
 from .bound import Analyzer
 from .evaluate import Evaluator, Row
 from .space import Candidate, Choice, Structure, choices, plan_dict, structures
@@ -33,6 +34,9 @@ STATUS_LAYERS = "pruned:layers"  # more stages than layers
 STATUS_BATCH = "pruned:batch"  # fewer micro-batches than replicas
 STATUS_MEMORY = "pruned:memory"  # a stage exceeds its device memory
 STATUS_DOMINATED = "pruned:dominated"  # the same plan as another candidate, or no better
+# Phase 1 analyses every candidate (about a millisecond each): a space larger than this is an
+# error naming the keys that shrink it, not a search that runs for hours.
+MAX_CANDIDATES = 200_000
 STATUS_BOUND = "pruned:bound"  # bound above the incumbent
 STATUS_BUDGET = "not_reached:budget"  # the budget ran out first
 STATUS_ERROR = "error"  # simulated, but the plan or the backend failed
@@ -96,8 +100,14 @@ def enumerate_space(spec: SearchSpec, an: Analyzer) -> list[Entry]:
     fits in memory (ZeRO-2 and -3 move the same bytes as ZeRO-1 here and only save memory)."""
     out: list[Entry] = []
     seen: dict[tuple[Choice, Structure, str], Entry] = {}
-    for ch in choices(spec):
-        for parts in structures(spec):
+    level1, level2 = structures(spec), choices(spec)
+    if len(level1) * len(level2) > MAX_CANDIDATES:
+        raise PlanError("space", f"expected at most {MAX_CANDIDATES:,} candidates (got "
+                                 f"{len(level1):,} structures x {len(level2):,} training "
+                                 "choices); lower space.shapes_per_group or narrow space.tp, "
+                                 "pp_min..pp_max or the choice lists")
+    for ch in level2:
+        for parts in level1:
             layers = tuple(an.layer_split(ch, p) for p in parts)
             reshard = (spec.space.resharding if any(len(set(p.tp)) > 1 for p in parts)
                        else spec.space.resharding[:1])
