@@ -11,15 +11,13 @@ bound is deterministic, the resumed search takes the same decisions.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import multiprocessing
 import os
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import ProcessPoolExecutor
 from types import TracebackType
 from typing import Any
 
@@ -28,7 +26,15 @@ import numpy as np
 from ..errors import XsimError
 from ..metrics.coarse import rank_sources
 from ..sweep.results import RowLog, variant_digest
-from ..sweep.runner import Executor, LocalExecutor, OnResult, Task, _worker_init
+from ..sweep.runner import (
+    Executor,
+    LocalExecutor,
+    OnResult,
+    Task,
+    _worker_init,
+    kill_pool,
+    run_batch,
+)
 from ..trace.schema import KIND_COMPUTE, Trace
 from ..trace.timeline import Timeline
 
@@ -125,34 +131,24 @@ class KeptPoolExecutor(LocalExecutor):
             self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx,
                                              initializer=_worker_init,
                                              initargs=(os.getpid(),))
-        pool = self._pool
         try:
-            futures: dict[Future[Row], int] = {pool.submit(fn, tasks[i]): i for i in batch}
-            waiting = set(futures)
-            while waiting:
-                finished, waiting = wait(waiting, return_when=FIRST_COMPLETED)
-                for f in sorted(finished, key=futures.__getitem__):
-                    try:
-                        row = f.result()
-                    except BrokenProcessPool as e:
-                        self._drop(kill=False)
-                        self._broken = True
-                        return e
-                    done(futures[f], row)
-            return None
+            broken = run_batch(self._pool, fn, tasks, batch, done)
         except BaseException:
             self._drop(kill=True)
             raise
+        if broken is not None:  # that pool is unusable: a new one next time
+            self._drop(kill=False)
+            self._broken = True
+        return broken
 
     def _drop(self, kill: bool) -> None:
         pool, self._pool = self._pool, None
         if pool is None:
             return
         if kill:
-            for proc in list((getattr(pool, "_processes", None) or {}).values()):
-                with contextlib.suppress(Exception):
-                    proc.kill()
-        pool.shutdown(wait=not kill, cancel_futures=True)
+            kill_pool(pool)
+        else:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> None:
         """Stop the workers."""

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast, get_args
+from typing import Any, TypeVar, cast, get_args
 
 from ..errors import PlanError
 from ..plan import _fields as f
@@ -126,63 +126,53 @@ def _item(v: Any, i: int) -> tuple[Mapping[str, Any], str]:
     return cast(Mapping[str, Any], {i: v}), cast(str, i)
 
 
-def _int_list(m: Mapping[str, Any], key: str, path: str, default: tuple[int, ...],
-              maximum: int = lim.MAX_BATCH) -> tuple[int, ...]:
-    """A positive integer or a non-empty list of them (sorted, duplicates dropped)."""
+T = TypeVar("T")
+
+
+def _values(m: Mapping[str, Any], key: str, path: str, default: tuple[T, ...],
+            read: Callable[[Mapping[str, Any], str, str], T], what: str, ordered: bool
+            ) -> tuple[T, ...]:
+    """One value (``read`` checks it) or a non-empty list of them, duplicates dropped: sorted,
+    or in the order written (``ordered``). ``what`` names the values for the empty-list error."""
     if key not in m:
         return default
     v = m[key]
     if not isinstance(v, list):
-        return (f.get_int(m, key, path, maximum=maximum),)
+        return (read(m, key, path),)
     where = f.join(path, key)
     if not v:
-        raise PlanError(where, "expected a non-empty list of positive integers (got [])")
-    return tuple(sorted({f.get_int(*_item(x, i), where, maximum=maximum)
-                         for i, x in enumerate(v)}))
+        raise PlanError(where, f"expected a non-empty list of {what} (got [])")
+    got = [read(*_item(x, i), where) for i, x in enumerate(v)]
+    return tuple(dict.fromkeys(got)) if ordered else tuple(sorted(set(got)))  # type: ignore[type-var]
+
+
+def _int_list(m: Mapping[str, Any], key: str, path: str, default: tuple[int, ...],
+              maximum: int = lim.MAX_BATCH) -> tuple[int, ...]:
+    """A positive integer or a non-empty list of them (sorted, duplicates dropped)."""
+    return _values(m, key, path, default,
+                   lambda mm, k, p: f.get_int(mm, k, p, maximum=maximum),
+                   "positive integers", ordered=False)
 
 
 def _enum_list(m: Mapping[str, Any], key: str, path: str, choices: tuple[str, ...],
                default: tuple[str, ...]) -> tuple[str, ...]:
     """One of ``choices`` or a non-empty list of them (order kept, duplicates dropped)."""
-    if key not in m:
-        return default
-    v = m[key]
-    if not isinstance(v, list):
-        return (f.get_enum(m, key, path, choices),)
-    where = f.join(path, key)
-    if not v:
-        raise PlanError(where, f"expected a non-empty list of {', '.join(choices)} (got [])")
-    return tuple(dict.fromkeys(f.get_enum(*_item(x, i), where, choices)
-                               for i, x in enumerate(v)))
+    return _values(m, key, path, default, lambda mm, k, p: f.get_enum(mm, k, p, choices),
+                   ", ".join(choices), ordered=True)
 
 
 def _bool_list(m: Mapping[str, Any], key: str, path: str, default: tuple[bool, ...]
                ) -> tuple[bool, ...]:
     """``true``, ``false`` or a non-empty list of them (order kept, duplicates dropped)."""
-    if key not in m:
-        return default
-    v = m[key]
-    if not isinstance(v, list):
-        return (f.get_bool(m, key, path),)
-    where = f.join(path, key)
-    if not v:
-        raise PlanError(where, "expected a non-empty list of true / false (got [])")
-    return tuple(dict.fromkeys(f.get_bool(*_item(x, i), where) for i, x in enumerate(v)))
+    return _values(m, key, path, default, f.get_bool, "true / false", ordered=True)
 
 
 def _zero_list(m: Mapping[str, Any], key: str, path: str, default: tuple[int, ...]
                ) -> tuple[int, ...]:
     """A ZeRO stage 0..3 or a non-empty list of them (sorted, duplicates dropped)."""
-    if key not in m:
-        return default
-    v = m[key]
-    if not isinstance(v, list):
-        return (f.get_int_in(m, key, path, range(4), None),)
-    where = f.join(path, key)
-    if not v:
-        raise PlanError(where, "expected a non-empty list of ZeRO stages 0..3 (got [])")
-    return tuple(sorted({f.get_int_in(*_item(x, i), where, range(4), None)
-                         for i, x in enumerate(v)}))
+    return _values(m, key, path, default,
+                   lambda mm, k, p: f.get_int_in(mm, k, p, range(4), None),
+                   "ZeRO stages 0..3", ordered=False)
 
 
 def _parse_space(value: Any, path: str, training_raw: Mapping[str, Any],

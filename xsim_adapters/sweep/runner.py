@@ -162,27 +162,38 @@ class LocalExecutor:
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
                                    initializer=_worker_init, initargs=(os.getpid(),))
         try:
-            futures: dict[Future, int] = {pool.submit(fn, tasks[i]): i for i in batch}
-            waiting = set(futures)
-            while waiting:
-                finished, waiting = wait(waiting, return_when=FIRST_COMPLETED)
-                for f in sorted(finished, key=futures.__getitem__):
-                    try:
-                        row = f.result()
-                    except BrokenProcessPool as e:
-                        pool.shutdown(wait=True, cancel_futures=True)
-                        return e
-                    done(futures[f], row)
-            pool.shutdown()
-            return None
+            broken = run_batch(pool, fn, tasks, batch, done)
+            pool.shutdown(wait=True, cancel_futures=broken is not None)
+            return broken
         except BaseException:
-            # Ctrl-C or SIGTERM: stop now. Kill the running workers (otherwise the pool's exit
-            # handler waits for their variants to finish) and drop the ones not started.
-            for proc in list((getattr(pool, "_processes", None) or {}).values()):
-                with contextlib.suppress(Exception):
-                    proc.kill()
-            pool.shutdown(wait=False, cancel_futures=True)
+            kill_pool(pool)
             raise
+
+
+def run_batch(pool: ProcessPoolExecutor, fn: Callable[[Task], Row], tasks: Sequence[Task],
+              batch: list[int], done: OnResult) -> BaseException | None:
+    """Run ``batch`` on ``pool``, calling ``done`` in task order among those finished together;
+    return the BrokenProcessPool if a worker died (the pool is then unusable)."""
+    futures: dict[Future, int] = {pool.submit(fn, tasks[i]): i for i in batch}
+    waiting = set(futures)
+    while waiting:
+        finished, waiting = wait(waiting, return_when=FIRST_COMPLETED)
+        for f in sorted(finished, key=futures.__getitem__):
+            try:
+                row = f.result()
+            except BrokenProcessPool as e:
+                return e
+            done(futures[f], row)
+    return None
+
+
+def kill_pool(pool: ProcessPoolExecutor) -> None:
+    """Ctrl-C or SIGTERM: stop now. Kill the running workers (otherwise the pool's exit handler
+    waits for their variants to finish) and drop the ones not started."""
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        with contextlib.suppress(Exception):
+            proc.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def import_ray() -> Any:
