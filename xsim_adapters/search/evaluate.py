@@ -14,8 +14,6 @@ from __future__ import annotations
 import inspect
 import multiprocessing
 import os
-import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from types import TracebackType
@@ -23,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import XsimError
 from ..metrics.coarse import rank_sources
 from ..sweep.results import RowLog, variant_digest
 from ..sweep.runner import (
@@ -32,6 +29,7 @@ from ..sweep.runner import (
     OnResult,
     Task,
     _worker_init,
+    guarded,
     kill_pool,
     run_batch,
 )
@@ -80,8 +78,8 @@ def run_candidate(task: Task) -> Row:
     """Validate, generate (``task['coarsen']``, default ``auto``), replay and measure one
     candidate plan with :func:`lean_row`; like :func:`..sweep.runner.run_variant`, never raises
     for a plan or backend error (the row's ``error`` says what went wrong)."""
-    t0, c0 = time.perf_counter(), time.process_time()
-    try:
+
+    def body() -> Row:
         from .. import api
         from ..plan import plan_from_dict
 
@@ -90,17 +88,9 @@ def run_candidate(task: Task) -> Row:
         timeline = api.run(trace, task.get("backend", "flow"), api.build_topology(plan),
                            task.get("options") or {})
         timeline.check_complete(trace)
-        row = lean_row(trace, timeline)
-        row["error"] = ""
-    except XsimError as e:
-        row = {"error": f"{type(e).__name__}: {e}"}
-    except Exception as e:  # a crash in one candidate must not lose the others' results
-        where = traceback.extract_tb(e.__traceback__)[-1:]
-        at = f" (at {where[0].filename}:{where[0].lineno})" if where else ""
-        row = {"error": f"crash: {type(e).__name__}: {e}{at}"}
-    row["wall_s"] = time.perf_counter() - t0
-    row["cpu_s"] = time.process_time() - c0
-    return row
+        return lean_row(trace, timeline)
+
+    return guarded(body)
 
 
 class KeptPoolExecutor(LocalExecutor):

@@ -36,8 +36,8 @@ def run_variant(task: Task) -> Row:
     ``options``. Row keys: see :func:`summary_row`, plus ``error``, ``wall_s`` and ``cpu_s``
     (seconds of this variant, wall clock and this process's CPU).
     """
-    t0, c0 = time.perf_counter(), time.process_time()
-    try:
+
+    def body() -> Row:
         from .. import api
         from ..plan import plan_from_dict
 
@@ -46,7 +46,18 @@ def run_variant(task: Task) -> Row:
         timeline = api.run(trace, task.get("backend", "flow"), api.build_topology(plan),
                            task.get("options") or {})
         met = api.metrics(trace, timeline)
-        row = summary_row(met.summary, met.ranks)
+        return summary_row(met.summary, met.ranks)
+
+    return guarded(body)
+
+
+def guarded(body: Callable[[], Row]) -> Row:
+    """``body()``'s row with ``error`` "" (or, if it raised, a row whose ``error`` says what
+    went wrong: a plan or backend error, or a crash with where it happened), plus ``wall_s``
+    and ``cpu_s`` (wall clock and this process's CPU seconds)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    try:
+        row = body()
         row["error"] = ""
     except XsimError as e:  # the plan or the backend said no: record it, keep sweeping
         row = {"error": f"{type(e).__name__}: {e}"}
