@@ -122,6 +122,7 @@ def test_new_space_keys_errors_name_the_yaml_path(space, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # enumerates 474,178 structures (4 s)
 def test_a_space_too_large_to_analyse_is_an_error_naming_the_keys():
     raw = yaml.safe_load((ROOT / "workloads" / "search" / "h100-a100-1024gpu.yaml").read_text())
     raw["space"].update(shapes_per_group=2, pp_max=8)
