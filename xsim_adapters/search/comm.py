@@ -122,6 +122,7 @@ class Fabric:
         self._tp: dict[tuple[int, int, int, tuple[str, ...]], int] = {}
         self._sent: dict[tuple[str, str, object, int, int, int], np.ndarray] = {}
         self._choice: dict[tuple[object, ...], Choice] = {}
+        self._xfer: dict[tuple[int, int, int, int, int, str], int] = {}
 
     def full_rank(self, group: str, device: int) -> int:
         """This plan's global rank of device ``device`` of group ``group``."""
@@ -181,6 +182,16 @@ class Fabric:
         """A lower bound (ns) on a pipeline transfer of ``nbytes`` from the TP group ``src``
         (group, first device, tp) to ``dst``: the least, over destination ranks, of the bytes
         sent into the rank over its incoming capacity from where the senders sit."""
+        key = (self.offset[src[0]] + src[1], src[2], self.offset[dst[0]] + dst[1], dst[2],
+               nbytes, method)
+        hit = self._xfer.get(key)
+        if hit is None:
+            hit = self._transfer_ns(src, dst, nbytes, method)
+            self._xfer[key] = hit
+        return hit
+
+    def _transfer_ns(self, src: tuple[str, int, int], dst: tuple[str, int, int], nbytes: int,
+                     method: str) -> int:
         (ga, la, a), (gb, lb, b) = src, dst
         trs = reshard_transfers(a, b, nbytes, method)
         side = [[self.full_rank(ga, la + k) for k in range(a)],
