@@ -28,7 +28,7 @@ from .bnb import (
     prune_counts,
 )
 from .bound import Analyzer
-from .evaluate import Evaluator
+from .evaluate import Evaluator, KeptPoolExecutor
 from .space import plan_dict
 from .spec import SearchSpec, load_search_spec
 
@@ -61,24 +61,42 @@ def search(spec: SearchSpec | str | os.PathLike[str], executor: Executor | None 
            *, evaluator: Evaluator | None = None, exhaustive: bool = False,
            baselines: bool = True, top: int = 5, confirm: str | None = None,
            confirm_options: dict[str, Any] | None = None,
-           progress: Progress | None = None, entries: list[Entry] | None = None
-           ) -> SearchResult:
+           progress: Progress | None = None, entries: list[Entry] | None = None,
+           analyzer: Analyzer | None = None, coarsen: str = "auto") -> SearchResult:
     """Search ``spec`` (a SearchSpec, or a spec YAML path or text) and return the result.
 
     ``exhaustive``: simulate every feasible candidate (no cut by the bound; for checking the
     bound). ``baselines``: also search each single-device-type subset of the cluster at the
     best plan's global batch and at any batch of the spec. ``confirm``: re-run the ``top``
     best on that backend (ns3, htsim). ``entries``: the space as :func:`enumerate_space`
-    gave it for this spec (to not enumerate twice).
+    gave it for this spec with ``analyzer`` (to not enumerate twice). ``coarsen``: how the
+    simulations coarsen identical replicas (``auto``, ``on``, ``off``; docs/scale.md).
     """
     t0 = time.monotonic()
     if not isinstance(spec, SearchSpec):
         spec = load_search_spec(spec)
+    an = analyzer or Analyzer(spec)
     if entries is None:
-        entries = enumerate_space(spec, Analyzer(spec))
+        entries = enumerate_space(spec, an)
     t_enum = time.monotonic() - t0
-    ev = evaluator or Evaluator(executor or LocalExecutor(1), base_dir=spec.base_dir)
-    s = Searcher(spec, entries, ev, progress)
+    kept = None
+    if evaluator is None and (executor is None or type(executor) is LocalExecutor):
+        # the search simulates in rounds: keep the worker processes between them
+        kept = KeptPoolExecutor(executor.jobs if executor is not None else 1)
+        executor = kept
+    ev = evaluator or Evaluator(executor, base_dir=spec.base_dir, coarsen=coarsen)
+    try:
+        return _search(spec, entries, ev, an, t0, t_enum, exhaustive, baselines, top, confirm,
+                       confirm_options, progress)
+    finally:
+        if kept is not None:
+            kept.close()
+
+
+def _search(spec: SearchSpec, entries: list[Entry], ev: Evaluator, an: Analyzer, t0: float,
+            t_enum: float, exhaustive: bool, baselines: bool, top: int, confirm: str | None,
+            confirm_options: dict[str, Any] | None, progress: Progress | None) -> SearchResult:
+    s = Searcher(spec, entries, ev, progress, an)
     main = s.run("search", exhaustive=exhaustive)
     statuses = dict(main.statuses)
     summary: dict[str, Any] = {

@@ -15,15 +15,17 @@ output, is the same for a given spec whatever the parallelism.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..errors import PlanError
 from .bound import Analyzer
 from .evaluate import Evaluator, Row
-from .space import Candidate, choices, plan_dict, structures
+from .space import Candidate, Choice, Structure, choices, plan_dict, structures
 from .spec import SearchSpec
 
 # Why a candidate of the space was not simulated (the ``status`` column).
@@ -31,6 +33,10 @@ STATUS_EVALUATED = "evaluated"
 STATUS_LAYERS = "pruned:layers"  # more stages than layers
 STATUS_BATCH = "pruned:batch"  # fewer micro-batches than replicas
 STATUS_MEMORY = "pruned:memory"  # a stage exceeds its device memory
+STATUS_DOMINATED = "pruned:dominated"  # the same plan as another candidate, or no better
+# Phase 1 analyses every candidate (about a millisecond each): a space larger than this is an
+# error naming the keys that shrink it, not a search that runs for hours.
+MAX_CANDIDATES = 200_000
 STATUS_BOUND = "pruned:bound"  # bound above the incumbent
 STATUS_BUDGET = "not_reached:budget"  # the budget ran out first
 STATUS_ERROR = "error"  # simulated, but the plan or the backend failed
@@ -48,6 +54,7 @@ class Entry:
     lb_ns: float = float("nan")
     headroom_GB: float = float("nan")
     row: Row | None = None
+    full: bool = False  # lb_ns is the full bound (else the pipeline part, refined on demand)
 
 
 @dataclass
@@ -64,11 +71,43 @@ class Outcome:
     statuses: dict[int, str] = field(default_factory=dict)
 
 
+_NONE = Entry(-1, None, "none")  # type: ignore[arg-type]  # a lookup miss
+
+
+def twin(spec: SearchSpec, c: Candidate) -> Choice | None:
+    """The choice that gives ``c``'s very plan another name, if the space holds it: sequence
+    parallel without TP (no TP collective to split, the same activation memory), ZeRO without
+    data parallelism (the generator shards nothing), ``interleaved`` on single-stage replicas
+    (run as 1F1B). None when ``c`` is its own canonical form."""
+    ch, sp = c.choice, spec.space
+    out = ch
+    if ch.sequence_parallel and all(t == 1 for p in c.parts for t in p.tp) \
+            and False in sp.sequence_parallel:
+        out = replace(out, sequence_parallel=False)
+    if ch.zero_stage and sum(p.count for p in c.parts) == 1 and 0 in sp.zero_stage:
+        out = replace(out, zero_stage=0)
+    if ch.schedule == "interleaved" and all(p.depth == 1 for p in c.parts) \
+            and "1f1b" in sp.schedules:
+        out = replace(out, schedule="1f1b", virtual_stages=1)
+    return None if out == ch else out
+
+
 def enumerate_space(spec: SearchSpec, an: Analyzer) -> list[Entry]:
-    """Every candidate of the space with its phase-1 status, bound and headroom."""
+    """Every candidate of the space with its phase-1 status, bound and headroom.
+
+    Dominance (``pruned:dominated``): a candidate whose plan another candidate already is
+    (:func:`twin`), and one with ZeRO stage z >= 2 when a lower stage >= 1 of the same plan
+    fits in memory (ZeRO-2 and -3 move the same bytes as ZeRO-1 here and only save memory)."""
     out: list[Entry] = []
-    for ch in choices(spec):
-        for parts in structures(spec):
+    seen: dict[tuple[Choice, Structure, str], Entry] = {}
+    level1, level2 = structures(spec), choices(spec)
+    if len(level1) * len(level2) > MAX_CANDIDATES:
+        raise PlanError("space", f"expected at most {MAX_CANDIDATES:,} candidates (got "
+                                 f"{len(level1):,} structures x {len(level2):,} training "
+                                 "choices); lower space.shapes_per_group or narrow space.tp, "
+                                 "pp_min..pp_max or the choice lists")
+    for ch in level2:
+        for parts in level1:
             layers = tuple(an.layer_split(ch, p) for p in parts)
             reshard = (spec.space.resharding if any(len(set(p.tp)) > 1 for p in parts)
                        else spec.space.resharding[:1])
@@ -83,9 +122,15 @@ def enumerate_space(spec: SearchSpec, an: Analyzer) -> list[Entry]:
                     out.append(Entry(len(out), Candidate(ch, parts, r, lays, ()), STATUS_BATCH))
                     continue
                 c = Candidate(ch, parts, r, lays, mbs)
-                e = Entry(len(out), c, "", lb_ns=float(an.lower_bound_ns(c)),
+                if twin(spec, c) is not None or any(
+                        seen.get((replace(ch, zero_stage=z), parts, r), _NONE).status == ""
+                        for z in range(1, ch.zero_stage)):
+                    out.append(Entry(len(out), c, STATUS_DOMINATED))
+                    continue
+                e = Entry(len(out), c, "", lb_ns=float(an.lower_bound_ns(c, full=False)),
                           headroom_GB=an.min_headroom_GB(c))
                 e.status = STATUS_MEMORY if e.headroom_GB < 0 else ""
+                seen[(ch, parts, r)] = e
                 out.append(e)
     return out
 
@@ -94,15 +139,23 @@ class Searcher:
     """Phase 2 over the entries of :func:`enumerate_space`, sharing one evaluator (cache)."""
 
     def __init__(self, spec: SearchSpec, entries: list[Entry], evaluator: Evaluator,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, analyzer: Analyzer | None = None) -> None:
         self.spec = spec
         self.entries = entries
         self.ev = evaluator
+        self._analyzer = analyzer
         self.progress = progress
         self.t0 = time.monotonic()
         self.simulations = 0  # over every pass, cached or not
         self._pass_sims = 0  # in the current pass (the evaluation budget is per pass)
         self._pass_t0 = self.t0
+
+    @property
+    def analyzer(self) -> Analyzer:
+        """The analyzer that refines bounds (the one given, else one made on first use)."""
+        if self._analyzer is None:
+            self._analyzer = Analyzer(self.spec)
+        return self._analyzer
 
     def tokens(self, c: Candidate) -> int:
         return c.choice.global_batch * self.spec.model.seq_len
@@ -131,34 +184,53 @@ class Searcher:
             return False
         return b.seconds is None or time.monotonic() - self._pass_t0 < b.seconds
 
+    def refine(self, e: Entry) -> None:
+        """Give ``e`` its full bound (the DP sync and ZeRO floors on top of the pipeline's)."""
+        if not e.full:
+            e.lb_ns = max(e.lb_ns, float(self.analyzer.lower_bound_ns(e.cand)))
+            e.full = True
+
     def run(self, label: str, keep: Callable[[Entry], bool] = lambda e: True,
             exhaustive: bool = False) -> Outcome:
         """Best-first branch and bound over the feasible entries ``keep`` accepts
-        (``exhaustive``: no cut, every one is simulated; the budget still applies)."""
-        pool = sorted((e for e in self.entries if e.status in ("", STATUS_EVALUATED,
-                                                               STATUS_ERROR) and keep(e)),
-                      key=lambda e: (self.objective(e.cand, e.lb_ns), e.cand.key))
+        (``exhaustive``: no cut, every one is simulated; the budget still applies).
+
+        Candidates wait in a heap ordered by (objective bound, key). A candidate whose bound
+        is still the pipeline part is given its full bound when it reaches the top and goes
+        back in; a fully bounded one at the top is simulated (in rounds of ``budget.wave``),
+        unless its bound is above the best simulated objective: then so is every other's,
+        and the pass ends."""
+        pool = [e for e in self.entries if e.status in ("", STATUS_EVALUATED, STATUS_ERROR)
+                and keep(e)]
+        heap = [(self.objective(e.cand, e.lb_ns), e.cand.key, e.index) for e in pool]
+        heapq.heapify(heap)
+        by_index = {e.index: e for e in pool}
         best: Entry | None = None
         best_obj = float("inf")
         statuses: dict[int, str] = {}
-        pos = evaluated = 0
+        evaluated = 0
         wave = max(1, self.spec.budget.wave)
         self._pass_sims, self._pass_t0 = 0, time.monotonic()
-        while pos < len(pool):
-            if not exhaustive and self.objective(pool[pos].cand, pool[pos].lb_ns) > best_obj:
-                break
-            if not self._budget_left():
-                break
+        done = False
+        while heap and not done and self._budget_left():
             size = wave
             if self.spec.budget.evaluations is not None:
                 size = min(size, self.spec.budget.evaluations - self._pass_sims)
             batch: list[Entry] = []
-            while pos < len(pool) and len(batch) < size:
-                e = pool[pos]
-                if not exhaustive and self.objective(e.cand, e.lb_ns) > best_obj:
+            while heap and len(batch) < size:
+                obj, _, i = heap[0]
+                e = by_index[i]
+                if not exhaustive and obj > best_obj:
+                    done = True
                     break
+                heapq.heappop(heap)
+                if not e.full:
+                    self.refine(e)
+                    heapq.heappush(heap, (self.objective(e.cand, e.lb_ns), e.cand.key, i))
+                    continue
                 batch.append(e)
-                pos += 1
+            if not batch:
+                break
             rows = self.ev.evaluate([plan_dict(self.spec, e.cand) for e in batch],
                                     [e.cand.key for e in batch])
             self.simulations += len(batch)
@@ -177,7 +249,8 @@ class Searcher:
                 shown = "none" if best is None else f"{best_obj:.4g}"
                 self.progress(len(batch), f"{label}: best {shown} after {evaluated} sims")
         unreached = cut = 0
-        for e in pool[pos:]:
+        for _, _, i in heap:
+            e = by_index[i]
             if e.index in statuses:
                 continue
             if exhaustive or self.objective(e.cand, e.lb_ns) <= best_obj:

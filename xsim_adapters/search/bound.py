@@ -1,55 +1,90 @@
 """The analytical side of the search: stage costs, the derived splits, memory, the lower bound.
 
-Every number comes from the generator's own compute model: a stage's per-micro-batch forward and
-backward times are the sums of the unit durations :func:`..workload.blocks.stage_units` gives
-(the very durations the trace carries), and the optimizer step is
-:func:`..workload.compute.optimizer_time_ns` over the parameters the generator gives it. Memory
-is :func:`..plan.memory.stage_memory`. Nothing here runs a simulation.
+Every number comes from the generator's own models: a block's cost is the sum of the unit
+durations :func:`..workload.blocks.stage_units` gives (the very durations the trace carries)
+plus, after each unit with TP collectives, the floor :mod:`.comm` proves for them (the NCCL
+delay barrier and the bytes the rank must send over its links); the optimizer step is
+:func:`..workload.compute.optimizer_time_ns` over the parameters the generator gives it.
+Memory is :func:`..plan.memory.stage_memory`. Nothing here runs a simulation.
 
-The lower bound (proof in docs/search.md#bound), for every replica r and stage i with m_r
-micro-batches, per-micro-batch forward F and backward B (all of the stage's compute ops, in ns),
-and optimizer step O:
+The lower bound (proof in docs/search.md#bound) is the largest of, per candidate:
 
-    LB = max over r, i of  fill_i + m_r * (F_i + B_i) + max(O_i, drain_i + O_0)
-
-with fill_i = sum_{j<i} F_j (the first forward of stage i needs the first forward of every
-earlier stage) and drain_i = sum_{j<i} B_j (the last backward of stage 0 follows the last
-backward of stage i through every stage between), drain used only for gpipe and 1f1b, whose
-last op on a stage is the backward of the last micro-batch.
+- per replica and stage, the earliest end of its last block in the pipeline's dependency graph
+  under those costs (:func:`.pipeline.earliest_schedule`; fill, drain and the wait of every
+  micro-batch for the stages after it are in it) plus its optimizer step;
+- per server, the DP sync that must cross its links after the gradients are ready, then an
+  optimizer step; with ZeRO the parameter all-gathers (:mod:`.dpbound`).
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..plan.layout import even_split, ranges_from_counts
 from ..plan.memory import GB, stage_memory
 from ..plan.model import Plan, Replica, Stage, TrainingSpec
-from ..workload.blocks import stage_units
+from ..workload.blocks import Unit, stage_units, tp_kinds
 from ..workload.compute import optimizer_time_ns, stage_params
-from .space import Candidate, Choice, Part, Structure
+from ..workload.schedule import BWD, FWD, WGRAD, replica_chunks
+from .comm import Fabric
+from .dpbound import Costs, SyncShape, dp_tail_ns, gather_floors, sync_shape
+from .pipeline import StageTimes, earliest_schedule
+from .space import Candidate, Choice, Part, Structure, iter_replicas
 from .spec import SearchSpec
 
-DRAIN_SCHEDULES = ("gpipe", "1f1b")
-FILL_SCHEDULES = ("gpipe", "1f1b", "zb_h1")
+
+@dataclass(frozen=True)
+class BlockCost:
+    """One block's floor on one rank (ns): ``total_ns`` (compute and the TP collectives the
+    rank's next op waits for), ``compute_end_ns`` (the end of its last compute op) and, per
+    unit mark, the unit's (start, compute end) offsets from the block's start."""
+
+    total_ns: int
+    compute_end_ns: int
+    marks: dict[object, tuple[int, int]] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
 class StageCost:
-    """Per-micro-batch compute of one stage on one rank (ns): forward and backward blocks."""
+    """Per-micro-batch blocks of one model chunk of a stage: forward, backward[, weight
+    gradient] (ns)."""
 
-    fwd_ns: int
-    bwd_ns: int
+    blocks: tuple[BlockCost, ...]
+
+    @property
+    def fwd_ns(self) -> int:
+        return self.blocks[0].total_ns
+
+    @property
+    def bwd_ns(self) -> int:
+        return sum(b.total_ns for b in self.blocks[1:])
 
     @property
     def total_ns(self) -> int:
         return self.fwd_ns + self.bwd_ns
 
 
+def block_cost(units: list[Unit], gap_ns: int) -> BlockCost:
+    """The floor of a block of ``units`` when each unit with TP collectives is followed by
+    ``gap_ns`` on the rank (its next compute op, or the next block, waits for them)."""
+    t = 0
+    marks: dict[object, tuple[int, int]] = {}
+    compute_end = 0
+    for u in units:
+        begin = t
+        t += _min_ns(u.duration_ns)
+        compute_end = t
+        if u.mark is not None:
+            marks[u.mark] = (begin, t)
+        if u.kinds:
+            t += gap_ns
+    return BlockCost(t, compute_end, marks)
+
+
 class Analyzer:
-    """Cached compute-model numbers for one spec (costs per stage, splits, bounds, memory)."""
+    """Cached model numbers for one spec (costs per stage, splits, bounds, memory)."""
 
     def __init__(self, spec: SearchSpec) -> None:
         self.spec = spec
@@ -57,12 +92,20 @@ class Analyzer:
         self._cost: dict[tuple[Any, ...], StageCost] = {}
         self._plans: dict[Choice, Plan] = {}
         self._split: dict[tuple[Any, ...], tuple[tuple[int, int], ...] | None] = {}
+        self._dag: dict[tuple[Any, ...], list[StageTimes]] = {}
+        self._sync: dict[tuple[Any, ...], SyncShape] = {}
+        self._units: dict[tuple[Any, ...], list[list[Unit]]] = {}
+        self._times: dict[tuple[Any, ...], int] = {}
+        self._opt: dict[tuple[Any, ...], int] = {}
+        self._fabric: Fabric | None = None
 
     # ---- compute model --------------------------------------------------------------------
     def training(self, ch: Choice) -> TrainingSpec:
         return replace(self.spec.training, global_batch=ch.global_batch,
                        micro_batch=ch.micro_batch, schedule=ch.schedule,  # type: ignore[arg-type]
-                       recompute=ch.recompute)  # type: ignore[arg-type]
+                       recompute=ch.recompute,  # type: ignore[arg-type]
+                       zero_stage=ch.zero_stage, sequence_parallel=ch.sequence_parallel,
+                       virtual_stages=ch.virtual_stages)
 
     def base_plan(self, ch: Choice, replicas: tuple[Replica, ...] = ()) -> Plan:
         """A Plan object of the spec's cluster under ``ch`` (not validated; for the models)."""
@@ -71,76 +114,104 @@ class Analyzer:
                     device_types=dict(s.device_types), device_groups=s.device_groups,
                     network=s.network, replicas=replicas, collectives=s.collectives, seed=s.seed)
 
-    def stage_cost(self, ch: Choice, group: str, tp: int, layers: tuple[int, int]) -> StageCost:
-        """Forward and backward block durations (ns) of one micro-batch on a stage."""
-        first, last = layers[0] == 0, layers[1] == self.spec.model.layers
-        key = (ch.micro_batch, ch.recompute, ch.schedule, self.types[group].name, tp,
-               layers[1] - layers[0], first, last)
+    @property
+    def fabric(self) -> Fabric:
+        """Capacities and collective floors of the whole cluster (built on first use)."""
+        if self._fabric is None:
+            self._fabric = Fabric(self.base_plan(Choice(self.spec.global_batches[0], 1,
+                                                        "1f1b", "none", "balanced")))
+        return self._fabric
+
+    def act_bytes(self, ch: Choice) -> int:
+        """Bytes of one micro-batch's activation (what a TP collective and a PP send carry)."""
+        m = self.spec.model
+        return ch.micro_batch * m.seq_len * m.hidden * m.dtype_bytes
+
+    def tp_gap_ns(self, ch: Choice, group: str, lo: int, tp: int) -> int:
+        """The floor (ns) a unit's TP collectives put between its compute and the rank's next
+        op (:meth:`.comm.Fabric.tp_gap_ns`); 0 with ``overlap.tp_comm`` (the collectives then
+        run beside the GEMMs) or tp = 1."""
+        if tp == 1 or self.spec.training.overlap.tp_comm:
+            return 0
+        plan = self._plans.get(ch) or self._plans.setdefault(ch, self.base_plan(ch))
+        return self.fabric.tp_gap_ns(group, lo, tp, self.act_bytes(ch), tp_kinds(plan))
+
+    def stage_cost(self, ch: Choice, group: str, tp: int, layers: tuple[int, int], lo: int = 0,
+                   first: bool | None = None, last: bool | None = None) -> StageCost:
+        """The blocks of one micro-batch on a stage (or model chunk) holding ``layers`` on the
+        TP group [lo, lo + tp) of ``group`` (ns). ``first`` / ``last``: the chunk holds the
+        embedding / the head (default: from ``layers``)."""
+        first = layers[0] == 0 if first is None else first
+        last = layers[1] == self.spec.model.layers if last is None else last
+        gap = self.tp_gap_ns(ch, group, lo, tp)
+        ukey = (ch.micro_batch, ch.recompute, ch.schedule == "zb_h1", ch.sequence_parallel,
+                self.types[group].name, tp, layers[1] - layers[0], first, last)
+        key = (*ukey, gap)
         hit = self._cost.get(key)
         if hit is None:
-            plan = self._plans.get(ch) or self._plans.setdefault(ch, self.base_plan(ch))
-            st = Stage(group=group, devices=(0, tp), tp=tp, layers=layers)
-            split_w = ch.schedule == "zb_h1"
-            units = stage_units(plan, st, self.types[group], first, last, split_w=split_w)
-            tp_ns = self.tp_comm_ns(ch, group, tp)
-            # a unit's collectives delay the rank's next unit of the same block; the last
-            # unit's do not delay the rank (only the next stage), so they are not counted
-            per = [sum(_min_ns(u.duration_ns) for u in us)
-                   + tp_ns * sum(1 for u in us[:-1] if u.kinds) for us in units]
-            hit = StageCost(per[0], sum(per[1:]))
+            units = self._units.get(ukey)
+            if units is None:
+                plan = self._plans.get(ch) or self._plans.setdefault(ch, self.base_plan(ch))
+                st = Stage(group=group, devices=(0, tp), tp=tp, layers=layers)
+                units = stage_units(plan, st, self.types[group], first, last, layers,
+                                    split_w=ch.schedule == "zb_h1")
+                self._units[ukey] = units
+            hit = StageCost(tuple(block_cost(us, gap) for us in units))
             self._cost[key] = hit
         return hit
 
-    def tp_comm_ns(self, ch: Choice, group: str, tp: int) -> int:
-        """A lower bound (ns) on one TP collective of a unit on a rank: the bytes every ring
-        member must send, 2 (tp - 1) floor(S / tp) with S = b s h dtype bytes, over all the
-        rank's outgoing capacity (NVLink + NIC). 0 with ``overlap.tp_comm`` (the collective
-        then runs beside a GEMM) or tp = 1."""
-        if tp == 1 or self.spec.training.overlap.tp_comm:
-            return 0
-        m = self.spec.model
-        S = ch.micro_batch * m.seq_len * m.hidden * m.dtype_bytes
-        dev = self.types[group]
-        g = next(x for x in self.spec.device_groups if x.name == group)
-        nic = g.nic_gbps if g.nic_gbps is not None else dev.nic_gbps
-        cap_Bps = (dev.scaleup_GBps * 8 + nic) / 8 * 1e9
-        return int(2 * (tp - 1) * (S // tp) / cap_Bps * 1e9)
-
-    def optimizer_ns(self, group: str, tp: int, layers: tuple[int, int], dp: int) -> int:
+    def optimizer_ns(self, ch: Choice, group: str, tp: int, layers: tuple[int, int],
+                     dp: int) -> int:
         """The optimizer step of a stage's rank, as the generator sizes it (ZeRO: / dp)."""
-        zero = self.spec.training.zero_stage >= 1 and dp > 1
-        params = stage_params(self.spec.model, layers) / tp / (dp if zero else 1)
-        return optimizer_time_ns(params, self.types[group])
+        zero = ch.zero_stage >= 1 and dp > 1
+        key = (self.types[group].name, tp, layers, dp if zero else 1)
+        hit = self._opt.get(key)
+        if hit is None:
+            params = stage_params(self.spec.model, layers) / tp / (dp if zero else 1)
+            hit = optimizer_time_ns(params, self.types[group])
+            self._opt[key] = hit
+        return hit
 
     # ---- derived splits -------------------------------------------------------------------
     def layer_split(self, ch: Choice, part: Part) -> tuple[tuple[int, int], ...] | None:
-        """Layer ranges of ``part``'s stages by ``ch.layer_split`` (None: too few layers)."""
+        """Layer ranges of ``part``'s stages by ``ch.layer_split`` (None: too few layers, or
+        fewer than ``virtual_stages`` on a stage of an interleaved pipeline)."""
         shapes = part.stage_shapes()
         L = self.spec.model.layers
-        if len(shapes) > L:
+        v = ch.virtual_stages if ch.schedule == "interleaved" and len(shapes) > 1 else 1
+        if len(shapes) * v > L:
             return None
-        key = (ch.micro_batch, ch.recompute, ch.layer_split,
+        key = (ch.micro_batch, ch.recompute, ch.layer_split, ch.sequence_parallel, v,
                tuple((self.types[g].name, t) for g, t in shapes))
         if key in self._split:
             return self._split[key]
         if ch.layer_split == "even":
             out = tuple(ranges_from_counts(even_split(L, len(shapes))))
         else:
-            out = self._balanced(ch, shapes)
+            out = self._balanced(ch, shapes, v)
         self._split[key] = out
         return out
 
     def _time(self, ch: Choice, shape: tuple[str, int], a: int, b: int) -> int:
-        return self.stage_cost(ch, shape[0], shape[1], (a, b)).total_ns
+        """Per-micro-batch cost of a stage of ``shape`` holding layers [a, b) (cached)."""
+        L = self.spec.model.layers
+        key = (ch.micro_batch, ch.recompute, ch.schedule == "zb_h1", ch.sequence_parallel,
+               shape, b - a, a == 0, b == L)
+        hit = self._times.get(key)
+        if hit is None:
+            hit = self.stage_cost(ch, shape[0], shape[1], (a, b)).total_ns
+            self._times[key] = hit
+        return hit
 
-    def _balanced(self, ch: Choice, shapes: tuple[tuple[str, int], ...]
+    def _balanced(self, ch: Choice, shapes: tuple[tuple[str, int], ...], least: int = 1
                   ) -> tuple[tuple[int, int], ...]:
-        """The contiguous split minimising the slowest stage's per-micro-batch compute.
+        """The contiguous split minimising the slowest stage's per-micro-batch cost, every
+        stage holding at least ``least`` layers.
 
         Binary search on the threshold T; a split under T exists iff filling stages from the
-        last one backwards, each with as many layers as stay under T (keeping one layer for
-        every earlier stage), covers all layers. Filling from the back gives the early stages,
-        which hold the most micro-batches in flight, the fewest layers.
+        last one backwards, each with as many layers as stay under T (keeping ``least`` layers
+        for every earlier stage), covers all layers. Filling from the back gives the early
+        stages, which hold the most micro-batches in flight, the fewest layers.
         """
         L, S = self.spec.model.layers, len(shapes)
 
@@ -148,9 +219,10 @@ class Analyzer:
             counts, stop = [0] * S, L
             for s in range(S - 1, -1, -1):
                 n = 0
-                while stop - n - 1 >= s and self._time(ch, shapes[s], stop - n - 1, stop) <= T:
+                while stop - n - 1 >= s * least and \
+                        self._time(ch, shapes[s], stop - n - 1, stop) <= T:
                     n += 1
-                if n == 0:
+                if n < least:
                     return None
                 counts[s], stop = n, stop - n
             return counts if stop == 0 else None
@@ -164,67 +236,141 @@ class Analyzer:
             else:
                 hi = mid
         counts = fill(hi)
-        assert counts is not None
+        if counts is None:  # only the least-per-stage floor binds: fall back to equal counts
+            counts = even_split(L, S)
         return tuple(ranges_from_counts(counts))
 
     def micro_batch_split(self, ch: Choice, parts: Structure,
                           layers: tuple[tuple[tuple[int, int], ...], ...]
                           ) -> tuple[tuple[int, ...], ...] | None:
-        """Micro-batches per replica: each one goes to the replica whose estimated time
+        """Micro-batches per replica: each one (under ``interleaved`` each pp of them, as
+        Megatron requires m a multiple of pp) goes to the replica whose estimated time
         (m - 1) * slowest stage + sum of stages grows least (ties: the earliest replica).
-        None if there are fewer micro-batches than replicas."""
+        None if the replicas cannot all get their share."""
         total = ch.global_batch // ch.micro_batch
-        n = sum(p.count for p in parts)
-        if total < n:
+        quantum = [p.depth if ch.schedule == "interleaved" and p.depth > 1 else 1
+                   for p in parts]
+        need = sum(q * p.count for q, p in zip(quantum, parts, strict=True))
+        if total < need:
             return None
         per_part = []
         for p, lay in zip(parts, layers, strict=True):
             ts = [self._time(ch, sh, *r) for sh, r in zip(p.stage_shapes(), lay, strict=True)]
             per_part.append((max(ts), sum(ts)))
-        counts = [[1] * p.count for p in parts]
-        heap = [(per_part[i][1] + per_part[i][0], i, j) for i, p in enumerate(parts)
-                for j in range(p.count)]
+        counts = [[quantum[i]] * p.count for i, p in enumerate(parts)]
+        heap = [(per_part[i][1] + quantum[i] * per_part[i][0], i, j)
+                for i, p in enumerate(parts) for j in range(p.count)]
         heapq.heapify(heap)
-        for _ in range(total - n):
+        left = total - need
+        while left and heap:
             t, i, j = heapq.heappop(heap)
-            counts[i][j] += 1
-            heapq.heappush(heap, (t + per_part[i][0], i, j))
+            q = quantum[i]
+            if q > left:  # this replica can take no more whole quanta
+                continue
+            counts[i][j] += q
+            left -= q
+            heapq.heappush(heap, (t + q * per_part[i][0], i, j))
+        if left:
+            return None
         return tuple(tuple(c) for c in counts)
 
     # ---- bound and memory -----------------------------------------------------------------
-    def lower_bound_ns(self, c: Candidate) -> int:
-        """A lower bound on the simulated iteration time of ``c`` (ns); see the module doc."""
-        ch = c.choice
-        dp = sum(p.count for p in c.parts)
-        best = 0
-        for p, lay, ms in zip(c.parts, c.layers, c.micro_batches, strict=True):
-            shapes = p.stage_shapes()
-            costs = [self.stage_cost(ch, g, t, r) for (g, t), r in zip(shapes, lay, strict=True)]
-            opt = [self.optimizer_ns(g, t, r, dp) for (g, t), r in zip(shapes, lay, strict=True)]
-            m = max(ms)
-            fill = drain = 0
-            for i, cost in enumerate(costs):
-                end = fill + m * cost.total_ns
-                tail = opt[i]
-                if ch.schedule in DRAIN_SCHEDULES:
-                    tail = max(tail, drain + opt[0])
-                best = max(best, end + tail)
-                if ch.schedule in FILL_SCHEDULES:
-                    fill += cost.fwd_ns
-                if ch.schedule in DRAIN_SCHEDULES:
-                    drain += cost.bwd_ns
-        return best
-
     def candidate_plan(self, c: Candidate) -> Plan:
-        """The candidate as a Plan object (for the memory model; not validated)."""
-        from .space import iter_replicas
-
+        """The candidate as a Plan object (for the models; not validated)."""
         reps = []
         for _, m, stages in iter_replicas(c):
             reps.append(Replica(stages=tuple(Stage(s["group"], tuple(s["devices"]), s["tp"],
                                                    tuple(s["layers"])) for s in stages),
                                 micro_batches=m))
-        return self.base_plan(c.choice, tuple(reps))
+        used = set(c.groups_used)
+        plan = self.base_plan(c.choice, tuple(reps))
+        return replace(plan, device_groups=tuple(g for g in plan.device_groups
+                                                 if g.name in used))
+
+    def sync_shape(self, c: Candidate, plan: Plan) -> SyncShape | None:
+        """The DP rings of ``c`` (None without data parallelism), cached per structure."""
+        if plan.dp < 2:
+            return None
+        ch = c.choice
+        key = (tuple(tuple((st.group, st.devices, st.tp, st.layers) for st in rep.stages)
+                     for rep in plan.replicas), ch.zero_stage >= 1,
+               ch.virtual_stages if ch.schedule == "interleaved" else 1)
+        hit = self._sync.get(key)
+        if hit is None:
+            hit = sync_shape(self, plan, ch.zero_stage >= 1)
+            self._sync[key] = hit
+        return hit
+
+    def stage_costs(self, c: Candidate, plan: Plan) -> Costs:
+        """The blocks of every (replica, stage, chunk) of a candidate plan."""
+        ch = c.choice
+        out: Costs = {}
+        for r, rep in enumerate(plan.replicas):
+            chunks = replica_chunks(plan, r)
+            nv, pp = len(chunks[0]), rep.pp
+            for s, st in enumerate(rep.stages):
+                for k, lay in enumerate(chunks[s]):
+                    out[(r, s, k)] = self.stage_cost(ch, st.group, st.tp, lay, st.devices[0],
+                                                     s == 0 and k == 0,
+                                                     s == pp - 1 and k == nv - 1)
+        return out
+
+    def replica_times(self, c: Candidate, plan: Plan, costs: Costs, shape: SyncShape | None
+                      ) -> list[list[StageTimes]]:
+        """Per replica (plan order), per stage: the earliest schedule of its blocks."""
+        ch = c.choice
+        floors = gather_floors(costs, c, plan, shape)
+        out = []
+        method = plan.collectives.resharding
+        nbytes = self.act_bytes(ch)
+        fab = self.fabric
+        for r, rep in enumerate(plan.replicas):
+            chunks = replica_chunks(plan, r)
+            nv, pp = len(chunks[0]), rep.pp
+            cost = []
+            for s in range(pp):
+                per: dict[tuple[int, int], int] = {}
+                for k in range(nv):
+                    for kind, blk in zip((FWD, BWD, WGRAD), costs[(r, s, k)].blocks,
+                                         strict=False):
+                        per[(kind, k)] = blk.total_ns
+                cost.append(per)
+            fx, bx = [], []
+            for j in range(pp * nv - 1):
+                a, b = rep.stages[j % pp], rep.stages[(j + 1) % pp]
+                sa, sb = (a.group, a.devices[0], a.tp), (b.group, b.devices[0], b.tp)
+                fx.append(fab.transfer_ns(sa, sb, nbytes, method))
+                bx.append(fab.transfer_ns(sb, sa, nbytes, method))
+            fl = floors.get(r)
+            key = (ch.schedule, pp, rep.micro_batches, nv,
+                   tuple(tuple(sorted(d.items())) for d in cost), tuple(fx), tuple(bx),
+                   None if fl is None else tuple(tuple(sorted(d.items())) for d in fl))
+            hit = self._dag.get(key)
+            if hit is None:
+                hit = earliest_schedule(ch.schedule, pp, rep.micro_batches, nv, cost, fx, bx,
+                                        fl)
+                self._dag[key] = hit
+            out.append(hit)
+        return out
+
+    def lower_bound_ns(self, c: Candidate, full: bool = True) -> int:
+        """A lower bound on the simulated iteration time of ``c`` (ns); see the module doc.
+
+        ``full=False``: the pipeline and optimizer part only (no DP sync, no ZeRO
+        all-gather): cheaper, and never above the full bound (:class:`.bnb.Searcher` refines
+        a candidate's bound when its turn comes)."""
+        plan = self.candidate_plan(c)
+        shape = self.sync_shape(c, plan) if full else None
+        costs = self.stage_costs(c, plan)
+        times = self.replica_times(c, plan, costs, shape)
+        best = 0.0
+        for r, rep in enumerate(plan.replicas):
+            for s, st in enumerate(rep.stages):
+                opt = self.optimizer_ns(c.choice, st.group, st.tp, st.layers, plan.dp)
+                best = max(best, times[r][s].last_end + opt)
+        if shape is not None:
+            best = max(best, dp_tail_ns(self, costs, c, plan, times, shape))
+        return int(best)
 
     def min_headroom_GB(self, c: Candidate) -> float:
         """The smallest memory headroom of any stage (GB, 1e9 bytes; negative: does not fit).

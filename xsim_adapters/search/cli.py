@@ -44,6 +44,10 @@ def add_search_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--max-seconds", type=float, default=None, metavar="S",
                     help="Override budget.seconds of the spec (stops between rounds; the "
                          "result then depends on machine speed).")
+    sp.add_argument("--coarsen", choices=("auto", "on", "off"), default="auto",
+                    help="Coarsening of identical replicas in every simulation (default auto: "
+                         "only where it is exact; on: also on oversubscribed fabrics, with the "
+                         "error docs/scale.md measures).")
     sp.add_argument("--resume", action="store_true",
                     help="Keep OUT and the simulations recorded in OUT/search.rows.jsonl; "
                          "the search replays its decisions and simulates only what is new.")
@@ -70,6 +74,7 @@ def open_search_dir(out: Path, resume: bool, force: bool) -> tuple[Path, dict[st
 
 def run_search_command(args: argparse.Namespace) -> int:
     """Run the search, write OUT/, print a short report; returns the exit status."""
+    import contextlib
     import dataclasses
 
     from .._outdir import write_stamp, writer_lock
@@ -80,7 +85,7 @@ def run_search_command(args: argparse.Namespace) -> int:
     from .api import search, write_result
     from .bnb import enumerate_space
     from .bound import Analyzer
-    from .evaluate import Evaluator
+    from .evaluate import Evaluator, KeptPoolExecutor
     from .spec import load_search_spec
 
     spec = load_search_spec(args.spec)
@@ -90,19 +95,26 @@ def run_search_command(args: argparse.Namespace) -> int:
     if args.max_seconds is not None:
         budget = dataclasses.replace(budget, seconds=args.max_seconds)
     spec = dataclasses.replace(spec, budget=budget)
-    executor = make_executor(args.executor, args.jobs, args.ray_address)
+    executor = (KeptPoolExecutor(args.jobs) if args.executor == "local"
+                else make_executor(args.executor, args.jobs, args.ray_address))
     out, done = open_search_dir(Path(args.output), args.resume, args.force)
     if args.resume:
         print(f"resuming in {args.output}: {len(done)} simulations on record in {ROWS_FILE}")
-    entries = enumerate_space(spec, Analyzer(spec))
+    an = Analyzer(spec)
+    entries = enumerate_space(spec, an)
     feasible = sum(1 for e in entries if e.status == "")
     with writer_lock(out), RowLog(out / ROWS_FILE) as log, \
-            ProgressBar(feasible, "xsim search", force=args.progress) as bar:
-        ev = Evaluator(executor, base_dir=spec.base_dir, rows_log=log, done=done)
+            ProgressBar(feasible, "xsim search", force=args.progress) as bar, \
+            contextlib.ExitStack() as stack:
+        if isinstance(executor, KeptPoolExecutor):
+            stack.enter_context(executor)
+        ev = Evaluator(executor, base_dir=spec.base_dir, rows_log=log, done=done,
+                       coarsen=args.coarsen)
         result = search(spec, evaluator=ev, exhaustive=args.exhaustive,
                         baselines=not args.no_baselines, top=args.top, confirm=args.confirm,
                         confirm_options=parse_option_items(args.option or []),
-                                progress=lambda n, note: bar.advance(n, note), entries=entries)
+                        progress=lambda n, note: bar.advance(n, note), entries=entries,
+                        analyzer=an)
         result.summary["simulated_now"] = ev.simulated
         write_result(result, out)
     write_stamp(out, "search")

@@ -1,23 +1,155 @@
 """Simulating candidates: tasks for the sweep executors, a result cache, the rows file.
 
-A candidate runs exactly as a sweep variant does (:func:`..sweep.runner.run_variant`: validate
-the plan, generate, replay, measure), on the local process pool or on Ray. Each finished row is
-appended to ``OUT/search.rows.jsonl`` under the digest of its task (plan, backend, options), so
-a killed search resumed with ``--resume`` re-runs nothing it already simulated; since the
-branch and bound is deterministic, the resumed search takes the same decisions.
+A candidate runs as a sweep variant does (validate the plan, generate, replay), on the local
+process pool (kept between the search's rounds: :class:`KeptPoolExecutor`) or on Ray, and is
+measured by :func:`lean_row` (iteration time, tokens/s, MFU: what the search ranks and
+reports, without the per-rank metrics ``xsim run`` computes). Each finished row is appended to
+``OUT/search.rows.jsonl`` under the digest of its task (plan, backend, options), so a killed
+search resumed with ``--resume`` re-runs nothing it already simulated; since the branch and
+bound is deterministic, the resumed search takes the same decisions.
 """
 
 from __future__ import annotations
 
 import inspect
+import multiprocessing
+import os
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from types import TracebackType
 from typing import Any
 
+import numpy as np
+
+from ..metrics.coarse import rank_sources
 from ..sweep.results import RowLog, variant_digest
-from ..sweep.runner import Executor, LocalExecutor, run_variant
+from ..sweep.runner import (
+    Executor,
+    LocalExecutor,
+    OnResult,
+    Task,
+    _worker_init,
+    guarded,
+    kill_pool,
+    run_batch,
+)
+from ..trace.schema import KIND_COMPUTE, Trace
+from ..trace.timeline import Timeline
 
 ROWS_FILE = "search.rows.jsonl"
 Row = dict[str, Any]
+
+
+def lean_row(trace: Trace, timeline: Timeline) -> Row:
+    """The numbers the search ranks and reports, from a replay (no per-rank metrics, which
+    cost more than the replay on large plans): iteration time (the latest op end), tokens/s,
+    MFU (all GPUs and per device type: every rank's compute FLOPs, a mirrored rank of a
+    coarsened trace counting its representative's, over the iteration time and the peak),
+    as :func:`..metrics.summary.summary` defines them."""
+    ops = trace.ops
+    end = np.rint(timeline.frame["end_ns"].to_numpy(dtype=np.float64)).astype(np.int64)
+    it = int(end.max()) if len(end) else 0  # in whole ns, as the metrics' timeline frame
+    manifest = trace.manifest
+    tokens = (manifest.get("workload") or {}).get("tokens_per_iteration")
+    n = trace.num_ranks
+    comp = (ops["kind"] == KIND_COMPUTE).to_numpy()
+    flops = np.bincount(ops["rank"].to_numpy()[comp], minlength=n,
+                        weights=ops["flops"].to_numpy(dtype=np.float64)[comp])[:n]
+    flops = flops[rank_sources(trace)]
+    types = [r["device_type"] for r in manifest["ranks"]]
+    catalog = manifest.get("device_types") or {}
+    row: Row = {"plan": manifest.get("plan_name"), "ranks": n, "num_ops": int(len(ops)),
+                "iteration_time_ns": it,
+                "tokens_per_s": float(tokens) / (it * 1e-9) if tokens and it > 0 else None,
+                "coarsened": bool((manifest.get("coarsening") or {}).get("used"))}
+    peak_total = 0.0
+    for name in sorted(set(types)):
+        sel = np.array([t == name for t in types])
+        peak = float((catalog.get(name) or {}).get("peak_tflops", 0.0))
+        peak_total += peak * int(sel.sum())
+        ach = flops[sel].sum() / (it * 1e-9) / 1e12 / int(sel.sum()) if it > 0 else 0.0
+        row[f"mfu_{name}"] = ach / peak if peak > 0 else None
+    row["mfu"] = (float(flops.sum()) / (it * 1e-9) / 1e12 / peak_total
+                  if it > 0 and peak_total > 0 else None)
+    return row
+
+
+def run_candidate(task: Task) -> Row:
+    """Validate, generate (``task['coarsen']``, default ``auto``), replay and measure one
+    candidate plan with :func:`lean_row`; like :func:`..sweep.runner.run_variant`, never raises
+    for a plan or backend error (the row's ``error`` says what went wrong)."""
+
+    def body() -> Row:
+        from .. import api
+        from ..plan import plan_from_dict
+
+        plan = plan_from_dict(task["plan"], base_dir=task.get("base_dir"))
+        trace = api.generate(plan, coarsen=task.get("coarsen", "auto"))
+        timeline = api.run(trace, task.get("backend", "flow"), api.build_topology(plan),
+                           task.get("options") or {})
+        timeline.check_complete(trace)
+        return lean_row(trace, timeline)
+
+    return guarded(body)
+
+
+class KeptPoolExecutor(LocalExecutor):
+    """:class:`..sweep.runner.LocalExecutor` whose worker processes live from one ``map`` to
+    the next: the search simulates in rounds, and a spawned worker's start-up (importing numpy,
+    pandas and xsim, 1-2 s of CPU) is then paid once per search, not once per round. The same
+    contract otherwise: spawned workers that die with the parent, rows in task order, a
+    worker that dies is replaced and the tasks it may have taken are re-run one per fresh
+    worker (the base class's isolation), Ctrl-C kills the workers. Close it (or use it as a
+    context manager) to stop the workers."""
+
+    def __init__(self, jobs: int = 1) -> None:
+        super().__init__(jobs)
+        self._pool: ProcessPoolExecutor | None = None
+        self._broken = False  # a worker died in this map: isolate the rest (fresh pools)
+
+    def map(self, fn: Callable[[Task], Row], tasks: Sequence[Task],
+            progress: Any = None, on_result: OnResult | None = None) -> list[Row]:
+        self._broken = False
+        return super().map(fn, tasks, progress, on_result)
+
+    def _pool_run(self, fn: Callable[[Task], Row], tasks: Sequence[Task],  # type: ignore[override]
+                  batch: list[int], workers: int, done: OnResult) -> BaseException | None:
+        if self._broken:  # isolation after a crash: the base class's one fresh pool per task
+            return LocalExecutor._pool_run(fn, tasks, batch, workers, done)
+        if self._pool is None:
+            ctx = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx,
+                                             initializer=_worker_init,
+                                             initargs=(os.getpid(),))
+        try:
+            broken = run_batch(self._pool, fn, tasks, batch, done)
+        except BaseException:
+            self._drop(kill=True)
+            raise
+        if broken is not None:  # that pool is unusable: a new one next time
+            self._drop(kill=False)
+            self._broken = True
+        return broken
+
+    def _drop(self, kill: bool) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if kill:
+            kill_pool(pool)
+        else:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def close(self) -> None:
+        """Stop the workers."""
+        self._drop(kill=False)
+
+    def __enter__(self) -> KeptPoolExecutor:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._drop(kill=et is not None)
 
 
 class Evaluator:
@@ -26,7 +158,8 @@ class Evaluator:
     def __init__(self, executor: Executor | None = None, backend: str = "flow",
                  options: Mapping[str, Any] | None = None, base_dir: str | None = None,
                  rows_log: RowLog | None = None, done: Mapping[str, Row] | None = None,
-                 run: Callable[[dict[str, Any]], Row] = run_variant) -> None:
+                 run: Callable[[dict[str, Any]], Row] = run_candidate,
+                 coarsen: str = "auto") -> None:
         self.executor = executor or LocalExecutor(1)
         self.backend = backend
         self.options = dict(options or {})
@@ -34,11 +167,15 @@ class Evaluator:
         self.rows_log = rows_log
         self.cache: dict[str, Row] = dict(done or {})
         self.run = run
+        self.coarsen = coarsen
         self.simulated = 0  # simulations actually run by this process (not from the cache)
 
     def task(self, plan: dict[str, Any]) -> dict[str, Any]:
-        return {"plan": plan, "base_dir": self.base_dir, "backend": self.backend,
-                "options": self.options}
+        t = {"plan": plan, "base_dir": self.base_dir, "backend": self.backend,
+             "options": self.options}
+        if self.coarsen != "auto":  # (auto stays out: the digests of earlier rows hold)
+            t["coarsen"] = self.coarsen
+        return t
 
     def evaluate(self, plans: Sequence[dict[str, Any]], labels: Sequence[str]) -> list[Row]:
         """Rows of ``plans`` in order: cached ones at once, the others simulated together."""

@@ -36,6 +36,15 @@ class Part:
     tp: tuple[int, ...]
     pp: tuple[int, ...]
     count: int
+    base: tuple[int, ...] = ()  # first device on each group (default 0: the group's start)
+
+    def base_of(self, i: int) -> int:
+        """First device of this part on ``groups[i]``."""
+        return self.base[i] if self.base else 0
+
+    def devices_on(self, i: int) -> int:
+        """Devices this part uses on ``groups[i]``."""
+        return self.tp[i] * self.pp[i] * self.count
 
     @property
     def depth(self) -> int:
@@ -63,6 +72,19 @@ class Choice:
     schedule: str
     recompute: str
     layer_split: str
+    zero_stage: int = 0
+    sequence_parallel: bool = False
+    virtual_stages: int = 1  # model chunks per stage (``interleaved`` only)
+
+    @property
+    def label(self) -> str:
+        """The choice as the key's first words (axes at their defaults are left out)."""
+        sched = self.schedule + (f"-v{self.virtual_stages}" if self.schedule == "interleaved"
+                                 else "")
+        extra = (f" z{self.zero_stage}" if self.zero_stage else "") + (
+            " sp" if self.sequence_parallel else "")
+        return (f"gb{self.global_batch} mb{self.micro_batch} {sched} rc-{self.recompute}"
+                f"{extra} {self.layer_split}")
 
 
 @dataclass(frozen=True)
@@ -82,10 +104,8 @@ class Candidate:
     @property
     def key(self) -> str:
         """A readable identity, also the tie-break order of equal objectives."""
-        c = self.choice
         parts = " ".join(p.label() for p in self.parts)
-        return (f"gb{c.global_batch} mb{c.micro_batch} {c.schedule} rc-{c.recompute} "
-                f"{c.layer_split} {self.resharding} | {parts}")
+        return f"{self.choice.label} {self.resharding} | {parts}"
 
     @property
     def groups_used(self) -> tuple[str, ...]:
@@ -105,18 +125,60 @@ def _tp_choices(spec: SearchSpec, g: DeviceGroup) -> list[int]:
     return [t for t in spec.space.tp[g.type] if g.gpus_per_node % t == 0]
 
 
-def pure_shapes(spec: SearchSpec, g: DeviceGroup) -> list[Part]:
-    """Every (tp, pp) split of group ``g`` into identical pure replicas."""
-    sp, out = spec.space, []
-    for tp in _tp_choices(spec, g):
-        for pp in range(sp.pp_min, sp.pp_max + 1):
-            if g.num_devices % (tp * pp) == 0:
-                out.append(Part((g.name,), (tp,), (pp,), g.num_devices // (tp * pp)))
+def pure_shapes(spec: SearchSpec, g: DeviceGroup) -> list[tuple[int, int]]:
+    """Every (tp, pp) a pure replica on group ``g`` may have, largest first."""
+    sp = spec.space
+    return sorted(((tp, pp) for tp in _tp_choices(spec, g)
+                   for pp in range(sp.pp_min, sp.pp_max + 1) if tp * pp <= g.num_devices),
+                  reverse=True)
+
+
+def fills(spec: SearchSpec, g: DeviceGroup, devices: int, start: int, kinds: int
+          ) -> list[tuple[Part, ...]]:
+    """Every way to fill ``devices`` devices of group ``g`` from device ``start`` with pure
+    replicas of at most ``kinds`` distinct (tp, pp) shapes (each used at least once).
+
+    Symmetry breaking: a fill is a set of (shape, count), written once, its parts laid out
+    from ``start`` in decreasing (tp, pp). Every part of a fill of several parts covers whole
+    servers (its devices a multiple of ``gpus_per_node``): servers are never shared between
+    shapes, so every TP group stays aligned inside a server and two fills differ by more than
+    the place of a replica."""
+    if devices == 0:
+        return [()]
+    shapes = pure_shapes(spec, g)
+    found: list[tuple[tuple[int, int, int], ...]] = []
+
+    def rec(i: int, left: int, chosen: tuple[tuple[int, int, int], ...]) -> None:
+        if left == 0:
+            found.append(chosen)
+            return
+        if len(chosen) == kinds:
+            return
+        for k in range(i, len(shapes)):
+            tp, pp = shapes[k]
+            size = tp * pp
+            for count in range(left // size, 0, -1):
+                if count * size != devices and (count * size) % g.gpus_per_node:
+                    continue  # a part of a mixed fill covers whole servers
+                rec(k + 1, left - count * size, (*chosen, (tp, pp, count)))
+
+    rec(0, devices, ())
+    out = []
+    for chosen in found:
+        base, parts = start, []
+        for tp, pp, count in chosen:
+            if base % tp or g.gpus_per_node % tp:
+                break
+            parts.append(Part((g.name,), (tp,), (pp,), count, (base,)))
+            base += tp * pp * count
+        else:
+            out.append(tuple(parts))
     return out
 
 
-def mixed_shapes(spec: SearchSpec, a: DeviceGroup, b: DeviceGroup) -> list[Part]:
-    """Mixed replicas over groups ``a`` then ``b`` (a's stages first), both groups fully used."""
+def mixed_shapes(spec: SearchSpec, a: DeviceGroup, b: DeviceGroup, whole: bool) -> list[Part]:
+    """Mixed replicas over groups ``a`` then ``b`` (a's stages first) from device 0 of both:
+    ``whole``: using both groups fully (one count per shape), else every count that fits."""
     sp, out = spec.space, []
     for ta in _tp_choices(spec, a):
         for tb in _tp_choices(spec, b):
@@ -124,19 +186,33 @@ def mixed_shapes(spec: SearchSpec, a: DeviceGroup, b: DeviceGroup) -> list[Part]
                 for pb in range(1, sp.pp_max - pa + 1):
                     if pa + pb < sp.pp_min:
                         continue
-                    if a.num_devices % (ta * pa) or b.num_devices % (tb * pb):
+                    most = min(a.num_devices // (ta * pa), b.num_devices // (tb * pb))
+                    if whole:
+                        if a.num_devices % (ta * pa) or b.num_devices % (tb * pb):
+                            continue
+                        n = a.num_devices // (ta * pa)
+                        if n == b.num_devices // (tb * pb):
+                            out.append(Part((a.name, b.name), (ta, tb), (pa, pb), n, (0, 0)))
                         continue
-                    n = a.num_devices // (ta * pa)
-                    if n == b.num_devices // (tb * pb):
-                        out.append(Part((a.name, b.name), (ta, tb), (pa, pb), n))
+                    for n in range(most, 0, -1):  # whole servers on both groups
+                        if (n * ta * pa) % a.gpus_per_node or (n * tb * pb) % b.gpus_per_node:
+                            continue
+                        out.append(Part((a.name, b.name), (ta, tb), (pa, pb), n, (0, 0)))
     return out
 
 
 def structures(spec: SearchSpec) -> list[Structure]:
-    """Every level-1 structure, in a fixed order (at least one group busy)."""
+    """Every level-1 structure, in a fixed order (at least one group busy).
+
+    Each group is idle, filled with pure replicas of at most ``space.shapes_per_group``
+    distinct shapes (:func:`fills`), or (``mix_types``) shares one mixed part with a group of
+    another type; with one shape per group the mixed part uses both groups fully, with more it
+    may use part of each and pure replicas (one shape fewer) fill the rest."""
     groups = list(spec.device_groups)
     types = {g.name: spec.device_types[g.type] for g in groups}
-    pure = {g.name: pure_shapes(spec, g) for g in groups}
+    kinds = spec.space.shapes_per_group
+    whole = kinds == 1
+    full = {g.name: fills(spec, g, g.num_devices, 0, kinds) for g in groups}
     out: list[Structure] = []
 
     def rec(i: int, taken: frozenset[str], acc: tuple[Part, ...]) -> None:
@@ -144,11 +220,11 @@ def structures(spec: SearchSpec) -> list[Structure]:
             i += 1
         if i == len(groups):
             if acc:
-                out.append(tuple(sorted(acc, key=lambda p: p.groups)))
+                out.append(tuple(sorted(acc, key=lambda p: (p.groups, p.base))))
             return
         g = groups[i]
-        for part in pure[g.name]:
-            rec(i + 1, taken, acc + (part,))
+        for parts in full[g.name]:
+            rec(i + 1, taken, acc + parts)
         if spec.space.mix_types:
             for h in groups[i + 1:]:
                 if h.name in taken or h.type == g.type:
@@ -156,8 +232,13 @@ def structures(spec: SearchSpec) -> list[Structure]:
                 # memory-rich first (absorbs the early stages' activations), then the reverse
                 rich = sorted((g, h), key=lambda x: (-types[x.name].hbm_GB, x.name))
                 for first, second in (rich, rich[::-1]):
-                    for part in mixed_shapes(spec, first, second):
-                        rec(i + 1, taken | {h.name}, acc + (part,))
+                    for part in mixed_shapes(spec, first, second, whole):
+                        rest = [fills(spec, grp, grp.num_devices - part.devices_on(k),
+                                      part.devices_on(k), kinds - 1)
+                                for k, grp in enumerate((first, second))]
+                        for ra in rest[0]:
+                            for rb in rest[1]:
+                                rec(i + 1, taken | {h.name}, acc + (part, *ra, *rb))
         if spec.space.idle_groups:
             rec(i + 1, taken, acc)
 
@@ -168,8 +249,11 @@ def structures(spec: SearchSpec) -> list[Structure]:
 def choices(spec: SearchSpec) -> list[Choice]:
     """Every level-2 choice except resharding, in a fixed order."""
     sp = spec.space
-    return [Choice(gb, mb, s, r, ls) for gb in spec.global_batches for mb in sp.micro_batch
-            if gb % mb == 0 for s in sp.schedules for r in sp.recompute
+    return [Choice(gb, mb, s, r, ls, z, sq, v if s == "interleaved" else 1)
+            for gb in spec.global_batches for mb in sp.micro_batch
+            if gb % mb == 0 for s in sp.schedules
+            for v in (sp.virtual_stages if s == "interleaved" else (1,))
+            for r in sp.recompute for z in sp.zero_stage for sq in sp.sequence_parallel
             for ls in sp.layer_split]
 
 
@@ -179,9 +263,9 @@ def iter_replicas(c: Candidate) -> Iterator[tuple[int, int, list[dict[str, Any]]
         for j in range(part.count):
             stages = []
             s = 0
-            for g, tp, pp in zip(part.groups, part.tp, part.pp, strict=True):
+            for gi, (g, tp, pp) in enumerate(zip(part.groups, part.tp, part.pp, strict=True)):
                 for k in range(pp):
-                    lo = (j * pp + k) * tp
+                    lo = part.base_of(gi) + (j * pp + k) * tp
                     stages.append({"group": g, "devices": [lo, lo + tp], "tp": tp,
                                    "layers": list(c.layers[i][s])})
                     s += 1
@@ -201,6 +285,13 @@ def plan_dict(spec: SearchSpec, c: Candidate, name: str | None = None) -> dict[s
     training = {k: v for k, v in base["training"].items()}
     training.update(global_batch=ch.global_batch, micro_batch=ch.micro_batch,
                     schedule=ch.schedule, recompute=ch.recompute)
+    for key, value in (("zero_stage", ch.zero_stage), ("sequence_parallel",
+                                                       ch.sequence_parallel)):
+        if value or key in training:  # axes at their defaults stay out of the plan
+            training[key] = value
+    training.pop("virtual_stages", None)
+    if ch.schedule == "interleaved":
+        training["virtual_stages"] = ch.virtual_stages
     base["training"] = training
     coll = dict(base.get("collectives") or {})
     if c.has_reshard or "resharding" in coll:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast, get_args
+from typing import Any, TypeVar, cast, get_args
 
 from ..errors import PlanError
 from ..plan import _fields as f
@@ -44,12 +44,14 @@ from ..plan.sections import (
 TOP_KEYS = ("name", "seed", "model", "training", "device_types", "device_groups", "network",
             "collectives", "space", "prices_per_gpu_hour", "objective", "budget")
 REQUIRED_KEYS = ("name", "model", "training", "device_groups")
-SPACE_KEYS = ("tp", "pp_min", "pp_max", "schedules", "micro_batch", "recompute", "resharding",
-              "mix_types", "idle_groups", "layer_split")
+SPACE_KEYS = ("tp", "pp_min", "pp_max", "schedules", "virtual_stages", "micro_batch", "recompute",
+              "zero_stage", "sequence_parallel", "resharding", "mix_types", "idle_groups",
+              "layer_split", "shapes_per_group")
 BUDGET_KEYS = ("evaluations", "seconds", "wave")
-# Schedules the search offers: those whose micro-batch counts need no extra rule. Interleaved
-# needs m a multiple of pp and v layers per stage; write such plans by hand (docs/search.md).
-SEARCH_SCHEDULES = ("1f1b", "gpipe", "zb_h1")
+# Schedules the search offers (interleaved: m a multiple of pp and at least v layers per stage,
+# which the micro-batch and layer splits respect; docs/search.md).
+SEARCH_SCHEDULES = ("1f1b", "gpipe", "zb_h1", "interleaved")
+MAX_SHAPES_PER_GROUP = 4  # distinct replica shapes on one group (the space grows fast)
 LAYER_SPLITS = ("balanced", "even")
 OBJECTIVES = ("throughput", "cost")
 DEFAULT_TP = (1, 2, 4, 8)
@@ -64,12 +66,16 @@ class Space:
     pp_min: int = 1
     pp_max: int = 8
     schedules: tuple[str, ...] = ("1f1b",)
+    virtual_stages: tuple[int, ...] = (2,)  # model chunks per stage, with interleaved
     micro_batch: tuple[int, ...] = (1,)
     recompute: tuple[Recompute, ...] = ("none",)
+    zero_stage: tuple[int, ...] = (0,)
+    sequence_parallel: tuple[bool, ...] = (False,)
     resharding: tuple[Resharding, ...] = ("lcm",)
     mix_types: bool = False  # replicas whose stages sit on two device types
     idle_groups: bool = True  # a device group may be left out of the plan
     layer_split: tuple[str, ...] = ("balanced",)
+    shapes_per_group: int = 1  # distinct replica shapes a group may be split into
 
 
 @dataclass(frozen=True)
@@ -120,38 +126,57 @@ def _item(v: Any, i: int) -> tuple[Mapping[str, Any], str]:
     return cast(Mapping[str, Any], {i: v}), cast(str, i)
 
 
-def _int_list(m: Mapping[str, Any], key: str, path: str, default: tuple[int, ...],
-              maximum: int = lim.MAX_BATCH) -> tuple[int, ...]:
-    """A positive integer or a non-empty list of them (sorted, duplicates dropped)."""
+T = TypeVar("T")
+
+
+def _values(m: Mapping[str, Any], key: str, path: str, default: tuple[T, ...],
+            read: Callable[[Mapping[str, Any], str, str], T], what: str, ordered: bool
+            ) -> tuple[T, ...]:
+    """One value (``read`` checks it) or a non-empty list of them, duplicates dropped: sorted,
+    or in the order written (``ordered``). ``what`` names the values for the empty-list error."""
     if key not in m:
         return default
     v = m[key]
     if not isinstance(v, list):
-        return (f.get_int(m, key, path, maximum=maximum),)
+        return (read(m, key, path),)
     where = f.join(path, key)
     if not v:
-        raise PlanError(where, "expected a non-empty list of positive integers (got [])")
-    return tuple(sorted({f.get_int(*_item(x, i), where, maximum=maximum)
-                         for i, x in enumerate(v)}))
+        raise PlanError(where, f"expected a non-empty list of {what} (got [])")
+    got = [read(*_item(x, i), where) for i, x in enumerate(v)]
+    return tuple(dict.fromkeys(got)) if ordered else tuple(sorted(set(got)))  # type: ignore[type-var]
+
+
+def _int_list(m: Mapping[str, Any], key: str, path: str, default: tuple[int, ...],
+              maximum: int = lim.MAX_BATCH) -> tuple[int, ...]:
+    """A positive integer or a non-empty list of them (sorted, duplicates dropped)."""
+    return _values(m, key, path, default,
+                   lambda mm, k, p: f.get_int(mm, k, p, maximum=maximum),
+                   "positive integers", ordered=False)
 
 
 def _enum_list(m: Mapping[str, Any], key: str, path: str, choices: tuple[str, ...],
                default: tuple[str, ...]) -> tuple[str, ...]:
     """One of ``choices`` or a non-empty list of them (order kept, duplicates dropped)."""
-    if key not in m:
-        return default
-    v = m[key]
-    if not isinstance(v, list):
-        return (f.get_enum(m, key, path, choices),)
-    where = f.join(path, key)
-    if not v:
-        raise PlanError(where, f"expected a non-empty list of {', '.join(choices)} (got [])")
-    return tuple(dict.fromkeys(f.get_enum(*_item(x, i), where, choices)
-                               for i, x in enumerate(v)))
+    return _values(m, key, path, default, lambda mm, k, p: f.get_enum(mm, k, p, choices),
+                   ", ".join(choices), ordered=True)
+
+
+def _bool_list(m: Mapping[str, Any], key: str, path: str, default: tuple[bool, ...]
+               ) -> tuple[bool, ...]:
+    """``true``, ``false`` or a non-empty list of them (order kept, duplicates dropped)."""
+    return _values(m, key, path, default, f.get_bool, "true / false", ordered=True)
+
+
+def _zero_list(m: Mapping[str, Any], key: str, path: str, default: tuple[int, ...]
+               ) -> tuple[int, ...]:
+    """A ZeRO stage 0..3 or a non-empty list of them (sorted, duplicates dropped)."""
+    return _values(m, key, path, default,
+                   lambda mm, k, p: f.get_int_in(mm, k, p, range(4), None),
+                   "ZeRO stages 0..3", ordered=False)
 
 
 def _parse_space(value: Any, path: str, training_raw: Mapping[str, Any],
-                 groups: tuple[DeviceGroup, ...], layers: int) -> Space:
+                 training: TrainingSpec, groups: tuple[DeviceGroup, ...], layers: int) -> Space:
     m = f.expect_mapping(value if value is not None else {}, path)
     f.check_keys(m, path, SPACE_KEYS)
     types = sorted({g.type for g in groups})
@@ -183,19 +208,31 @@ def _parse_space(value: Any, path: str, training_raw: Mapping[str, Any],
     rec_default = tuple("full" if r is True else "none" if r is False else r
                         for r in rec_default)  # older plans write recompute: true / false
     mb_default = from_training("micro_batch") or (1,)
+    v_default = (training.virtual_stages,) if training.virtual_stages > 1 else (2,)
+    virtual = _int_list(m, "virtual_stages", path, v_default, maximum=layers)
+    if min(virtual) < 2:
+        raise PlanError(f.join(path, "virtual_stages"),
+                        f"expected model chunks per stage of at least 2 (got {list(virtual)})")
+    kinds = f.get_int(m, "shapes_per_group", path, 1, maximum=MAX_SHAPES_PER_GROUP,
+                      limit="the shapes one group may mix")
     return Space(
         tp=tp,
         pp_min=pp_min,
         pp_max=pp_max,
         schedules=_enum_list(m, "schedules", path, SEARCH_SCHEDULES, sched_default),
+        virtual_stages=virtual,
         micro_batch=_int_list(m, "micro_batch", path, mb_default),
         recompute=_enum_list(m, "recompute", path, get_args(Recompute),
                              rec_default),  # type: ignore[arg-type]
+        zero_stage=_zero_list(m, "zero_stage", path, (training.zero_stage,)),
+        sequence_parallel=_bool_list(m, "sequence_parallel", path,
+                                     (training.sequence_parallel,)),
         resharding=_enum_list(m, "resharding", path, get_args(Resharding),
                               ("lcm",)),  # type: ignore[arg-type]
         mix_types=f.get_bool(m, "mix_types", path, False),
         idle_groups=f.get_bool(m, "idle_groups", path, True),
         layer_split=_enum_list(m, "layer_split", path, LAYER_SPLITS, ("balanced",)),
+        shapes_per_group=kinds,
     )
 
 
@@ -240,6 +277,8 @@ def spec_from_dict(d: Any, base_dir: str | None = None) -> SearchSpec:
     if not gbs:
         raise PlanError("training.global_batch", "required key is missing")
     probe = {k: v for k, v in traw.items() if k not in ("global_batch", "micro_batch")}
+    if probe.get("schedule") == "interleaved" and "virtual_stages" not in probe:
+        probe["virtual_stages"] = 2  # the space's default; space.virtual_stages may say more
     training = parse_training({**probe, "global_batch": gbs[0], "micro_batch": 1}, "training")
     defined = _parse_device_types(m.get("device_types", {}), base_dir)
     known = {**_device_presets(), **defined}
@@ -248,7 +287,7 @@ def spec_from_dict(d: Any, base_dir: str | None = None) -> SearchSpec:
     collectives = parse_collectives(m.get("collectives", {}), "collectives")
     used = {g.type: known[g.type] for g in groups}
     check_precision(training, used)
-    space = _parse_space(m.get("space"), "space", traw, groups, model.layers)
+    space = _parse_space(m.get("space"), "space", traw, training, groups, model.layers)
     for t, tps in space.tp.items():
         gpn = max(g.gpus_per_node for g in groups if g.type == t)
         if not any(gpn % x == 0 for x in tps):

@@ -36,20 +36,30 @@ def run_variant(task: Task) -> Row:
     ``options``. Row keys: see :func:`summary_row`, plus ``error``, ``wall_s`` and ``cpu_s``
     (seconds of this variant, wall clock and this process's CPU).
     """
-    t0, c0 = time.perf_counter(), time.process_time()
-    try:
+
+    def body() -> Row:
         from .. import api
         from ..plan import plan_from_dict
 
         plan = plan_from_dict(task["plan"], base_dir=task.get("base_dir"))
         if task.get("jobs"):
-            row = jobs_row(plan, task)
-        else:
-            trace = api.generate(plan)
-            timeline = api.run(trace, task.get("backend", "flow"), api.build_topology(plan),
-                               task.get("options") or {})
-            met = api.metrics(trace, timeline)
-            row = summary_row(met.summary, met.ranks)
+            return jobs_row(plan, task)
+        trace = api.generate(plan)
+        timeline = api.run(trace, task.get("backend", "flow"), api.build_topology(plan),
+                           task.get("options") or {})
+        met = api.metrics(trace, timeline)
+        return summary_row(met.summary, met.ranks)
+
+    return guarded(body)
+
+
+def guarded(body: Callable[[], Row]) -> Row:
+    """``body()``'s row with ``error`` "" (or, if it raised, a row whose ``error`` says what
+    went wrong: a plan or backend error, or a crash with where it happened), plus ``wall_s``
+    and ``cpu_s`` (wall clock and this process's CPU seconds)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    try:
+        row = body()
         row["error"] = ""
     except XsimError as e:  # the plan or the backend said no: record it, keep sweeping
         row = {"error": f"{type(e).__name__}: {e}"}
@@ -193,27 +203,38 @@ class LocalExecutor:
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
                                    initializer=_worker_init, initargs=(os.getpid(),))
         try:
-            futures: dict[Future, int] = {pool.submit(fn, tasks[i]): i for i in batch}
-            waiting = set(futures)
-            while waiting:
-                finished, waiting = wait(waiting, return_when=FIRST_COMPLETED)
-                for f in sorted(finished, key=futures.__getitem__):
-                    try:
-                        row = f.result()
-                    except BrokenProcessPool as e:
-                        pool.shutdown(wait=True, cancel_futures=True)
-                        return e
-                    done(futures[f], row)
-            pool.shutdown()
-            return None
+            broken = run_batch(pool, fn, tasks, batch, done)
+            pool.shutdown(wait=True, cancel_futures=broken is not None)
+            return broken
         except BaseException:
-            # Ctrl-C or SIGTERM: stop now. Kill the running workers (otherwise the pool's exit
-            # handler waits for their variants to finish) and drop the ones not started.
-            for proc in list((getattr(pool, "_processes", None) or {}).values()):
-                with contextlib.suppress(Exception):
-                    proc.kill()
-            pool.shutdown(wait=False, cancel_futures=True)
+            kill_pool(pool)
             raise
+
+
+def run_batch(pool: ProcessPoolExecutor, fn: Callable[[Task], Row], tasks: Sequence[Task],
+              batch: list[int], done: OnResult) -> BaseException | None:
+    """Run ``batch`` on ``pool``, calling ``done`` in task order among those finished together;
+    return the BrokenProcessPool if a worker died (the pool is then unusable)."""
+    futures: dict[Future, int] = {pool.submit(fn, tasks[i]): i for i in batch}
+    waiting = set(futures)
+    while waiting:
+        finished, waiting = wait(waiting, return_when=FIRST_COMPLETED)
+        for f in sorted(finished, key=futures.__getitem__):
+            try:
+                row = f.result()
+            except BrokenProcessPool as e:
+                return e
+            done(futures[f], row)
+    return None
+
+
+def kill_pool(pool: ProcessPoolExecutor) -> None:
+    """Ctrl-C or SIGTERM: stop now. Kill the running workers (otherwise the pool's exit handler
+    waits for their variants to finish) and drop the ones not started."""
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        with contextlib.suppress(Exception):
+            proc.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def import_ray() -> Any:
