@@ -81,11 +81,18 @@ def test_kernel_lists_are_gqa_and_swiglu_aware() -> None:
     assert qkv.flops == 2 * 2048 * 4096 * (16 + 2 * 4) * 128  # 16 q heads + 2x4 kv heads / rank
     up = next(k for k in mlp_kernels(c, False) if k.name == "up")
     assert up.flops == 2 * 2048 * 4096 * 2 * 14336 // 2  # gate and up fused, / tp
+    # gradient accumulation fusion (the default): the wgrad GEMMs accumulate into the buffer
     names = [k.name for k in mlp_kernels(c, True)]
+    assert names == ["residual_bwd", "down_dgrad", "down_wgrad", "act_bwd", "up_dgrad",
+                     "up_wgrad", "norm_bwd"]  # fmt: skip
+    # unfused (PyTorch AccumulateGrad): a separate add of the 16-bit wgrad output into the fp32
+    # buffer (TrainingSpec's bf16 default: fp32 gradients): read 2 + 4, write 4 bytes
+    cu = make_ctx(llama, replace(TR, grad_accumulation_fusion=False), H100, 2)
+    names = [k.name for k in mlp_kernels(cu, True)]
     assert names == ["residual_bwd", "down_dgrad", "down_wgrad", "down_grad_accum", "act_bwd",
                      "up_dgrad", "up_wgrad", "up_grad_accum", "norm_bwd"]  # fmt: skip
-    acc = next(k for k in mlp_kernels(c, True) if k.name == "down_grad_accum")
-    assert acc.seconds == pytest.approx(3 * 4096 * 7168 * 2 / c.rates.hbm_Bps)  # read 2, write 1
+    acc = next(k for k in mlp_kernels(cu, True) if k.name == "down_grad_accum")
+    assert acc.seconds == pytest.approx((2 + 2 * 4) * 4096 * 7168 / c.rates.hbm_Bps)
     # GEMM model FLOPs of the kernels add up to the trace's layer FLOPs (less the attention core)
     fl = layer_flops(llama, TR, 2)
     gemm = sum(k.flops for k in mlp_kernels(c, False))
@@ -117,10 +124,17 @@ def test_precision_picks_the_peak() -> None:
     rates = {p: device_rates(h100, replace(TR, precision=p))[0].gemm_flops for p in
              ("bf16", "fp16", "fp8", "tf32", "fp32")}  # fmt: skip
     eff = h100.efficiency * 1e12
+    # fp8 at its own measured best-shape fraction (MAMF H100 SXM fp8 1402.6 of 1979)
+    assert h100.fp8_efficiency == pytest.approx(1402.6 / 1979, abs=5e-4)
     assert rates == pytest.approx(
-        {"bf16": 989 * eff, "fp16": 989 * eff, "fp8": 1979 * eff, "tf32": 494.5 * eff,
-         "fp32": 67 * eff}  # fmt: skip
+        {"bf16": 989 * eff, "fp16": 989 * eff, "fp8": 1979 * h100.fp8_efficiency * 1e12,
+         "tf32": 494.5 * eff, "fp32": 67 * eff}  # fmt: skip
     )
+    # an fp8 part without an fp8 measurement runs fp8 at its bf16 fraction
+    l40s = device_presets()["L40S"]
+    assert l40s.fp8_efficiency == 0
+    got = device_rates(l40s, replace(TR, precision="fp8"))[0].gemm_flops
+    assert got == pytest.approx(733e12 * l40s.efficiency)
     # fp32 makes the layer GEMM-bound at the fp32 rate: far slower than bf16
     llama = ModelSpec("l", 2, 4096, 14336, 32, 8, 2048, 32000)
     fp32 = layer_costs(llama, replace(TR, precision="fp32"), h100, 1).mlp_fwd_ns
@@ -217,3 +231,30 @@ def test_every_preset_generates_a_plan(device: str) -> None:
         h100 = generate(plan_from_dict(_plan("H100-80GB", "bf16") | {"model": d["model"]}))
         ch = h100.ops[h100.ops["kind"] == 0]
         assert total > 10 * int(ch["duration_ns"].sum())
+
+
+def test_fp8_kernels_follow_transformer_engine() -> None:
+    """fp8: LayerNormLinear GEMMs get the fp8 copy from the norm and only transpose it (read 1,
+    write 1); Linear GEMMs cast-transpose their input (read 2, write 1 + 1); every backward
+    cast-transposes the output gradient; the output layer stays bf16 at the 16-bit peak."""
+    from xsim_adapters.workload.kernels import head_kernels
+
+    llama = ModelSpec("l", 2, 4096, 14336, 32, 8, 2048, 32000)
+    tr8 = replace(TR, precision="fp8")
+    h100 = device_presets()["H100-80GB"]
+    c = make_ctx(llama, tr8, h100, 1)
+    fwd = {k.name: k for k in mlp_kernels(c, False)}
+    t, h, f = 2048, 4096, 14336
+    assert fwd["norm"].seconds == pytest.approx(t * h * (2 + 1) / c.rates.hbm_Bps)
+    assert fwd["up_cast"].seconds == pytest.approx(t * h * 2 / c.rates.hbm_Bps)
+    assert fwd["down_cast"].seconds == pytest.approx(t * f * 4 / c.rates.hbm_Bps)
+    bwd = {k.name: k for k in mlp_kernels(c, True)}
+    assert bwd["down_dy_cast"].seconds == pytest.approx(t * h * 4 / c.rates.hbm_Bps)
+    assert bwd["up_dy_cast"].seconds == pytest.approx(t * 2 * f * 4 / c.rates.hbm_Bps)
+    # the head: the same kernels and times as a bf16 run (no fp8 cast, 16-bit peak)
+    c16 = make_ctx(llama, TR, h100, 1)
+    for bwd_pass in (False, True):
+        h8, h16 = head_kernels(c, bwd_pass), head_kernels(c16, bwd_pass)
+        assert [k.name for k in h8] == [k.name for k in h16]
+        assert [k.seconds for k in h8] == pytest.approx([k.seconds for k in h16])
+

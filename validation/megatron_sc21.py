@@ -103,6 +103,9 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
             "precision": "fp16",
             "flash_attention": False,  # 2021: fused scale-mask-softmax, scores materialized
             "dropout": True,  # GPT-3 style attention and hidden dropout
+            # Megatron-LM gained gradient accumulation fusion in 2022-02 (commit 83b1e42f30),
+            # after the paper: its 2021 runs add each weight gradient in a separate kernel
+            "grad_accumulation_fusion": False,
         },
         "device_groups": {
             "a100": {"type": DEVICE, "nodes": per_replica // gpn, "gpus_per_node": gpn}

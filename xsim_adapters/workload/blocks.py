@@ -270,7 +270,9 @@ def _pieces(u: Unit, split: bool) -> list[tuple[Any, Any]]:
         return [(u.duration_ns, u.flops)]
     assert isinstance(u.duration_ns, int) and isinstance(u.flops, float | int)
     a, z = u.gemms
-    d1, d3 = int(round(u.duration_ns * a)), int(round(u.duration_ns * z))
+    d1 = int(round(u.duration_ns * a))
+    # the two roundings may overshoot by 1 ns when the GEMMs are the whole unit (a + z = 1)
+    d3 = min(int(round(u.duration_ns * z)), u.duration_ns - d1)
     return [
         (d1, u.flops * a),
         (u.duration_ns - d1 - d3, u.flops * (1.0 - a - z)),

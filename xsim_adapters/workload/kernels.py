@@ -26,7 +26,7 @@ of many tiny kernels is bound by the host, not the GPU).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..plan.model import DeviceType, ModelSpec, TrainingSpec
 from .gemm import Rates, gemm_seconds, tiled_quantization
@@ -49,6 +49,7 @@ FLASH_BWD_WORK = 2.5  # backward FLOPs / forward FLOPs (FA2, FA3 §4.1: recomput
 FLASH_BLOCK_Q = 128  # query rows per thread block (FA2), for wave quantization
 DROPOUT_MASK_BYTES = 1  # one byte per element (PyTorch bool / uint8 mask)
 FP32_BYTES = 4
+FP8_BYTES = 1
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class Ctx:
     attn_rates: Rates  # attention-core rate (16-bit peak for fp8 training)
     act_bytes: int  # bytes per activation element (2 mixed precision, 4 fp32/tf32)
     gemm_in_bytes: float  # bytes per GEMM operand element (1 for fp8)
+    grad_bytes: int = 2  # bytes per element of the gradient buffer (training.grad_reduce_bytes)
 
     @property
     def tokens(self) -> int:
@@ -86,7 +88,8 @@ def device_rates(device: DeviceType, training: TrainingSpec) -> tuple[Rates, Rat
     """(GEMM rates, attention-core rates) of ``device`` at ``training.precision``.
 
     bf16/fp16 use ``peak_tflops`` (parts without bf16 run bf16 plans as fp16 mixed precision);
-    fp8 uses ``fp8_tflops`` for GEMMs and the 16-bit peak for attention; tf32 uses
+    fp8 uses ``fp8_tflops`` x ``fp8_efficiency`` (``efficiency`` where unmeasured) for the
+    GEMMs and the 16-bit peak for attention (and the bf16 output layer); tf32 uses
     ``tf32_tflops`` (or ``fp32_tflops`` where 0); fp32 uses ``fp32_tflops``.
     """
     p = training.precision
@@ -100,7 +103,8 @@ def device_rates(device: DeviceType, training: TrainingSpec) -> tuple[Rates, Rat
     if peak <= 0:  # only reachable for plans built without the loader's precision check
         raise ValueError(f"device type {device.name} has no {p} peak")
     hbm = device.hbm_GBps * 1e9 * device.hbm_efficiency
-    gemm = Rates(peak * 1e12 * device.efficiency, hbm, device.sm_count)
+    eff = (device.fp8_efficiency or device.efficiency) if p == "fp8" else device.efficiency
+    gemm = Rates(peak * 1e12 * eff, hbm, device.sm_count)
     attn_peak = device.peak_tflops if p == "fp8" else peak
     return gemm, Rates(attn_peak * 1e12 * device.efficiency, hbm, device.sm_count)
 
@@ -109,7 +113,8 @@ def make_ctx(model: ModelSpec, training: TrainingSpec, device: DeviceType, tp: i
     """The kernel context of one stage (``tp`` ranks of ``device``)."""
     gemm, attn = device_rates(device, training)
     act = FP32_BYTES if training.precision in ("fp32", "tf32") else 2
-    return Ctx(model, training, tp, gemm, attn, act, 1 if training.precision == "fp8" else act)
+    return Ctx(model, training, tp, gemm, attn, act, 1 if training.precision == "fp8" else act,
+               training.grad_reduce_bytes(model.dtype_bytes))
 
 
 # ---------------------------------------------------------------- building blocks
@@ -120,35 +125,63 @@ def _mem(name: str, nbytes: float, c: Ctx) -> Kernel:
 
 
 def _gemm(
-    name: str, m: int, n: int, k: int, c: Ctx, batch: int = 1, rates: Rates | None = None
+    name: str, m: int, n: int, k: int, c: Ctx, batch: int = 1, rates: Rates | None = None,
+    extra_bytes: float = 0.0,
 ) -> Kernel:
     r = rates or c.rates
     e = c.gemm_in_bytes if rates is None else c.act_bytes
-    return Kernel(name, gemm_seconds(m, n, k, batch, e, r), 2.0 * m * n * k * batch)
+    return Kernel(name, gemm_seconds(m, n, k, batch, e, r, extra_bytes), 2.0 * m * n * k * batch)
 
 
-def _linear_fwd(name: str, m: int, n: int, k: int, c: Ctx) -> list[Kernel]:
-    """A linear layer's forward; with fp8 GEMMs also the cast of its input (read 2, write 1)."""
+def _linear_fwd(name: str, m: int, n: int, k: int, c: Ctx, norm_fused: bool = False
+                ) -> list[Kernel]:
+    """A linear layer's forward; with fp8 GEMMs also the FP8 cast of its input.
+
+    Transformer Engine (transformer_engine/pytorch/module/{linear,layernorm_linear}.py): a
+    ``Linear`` casts its input with ``fp8_cast_transpose_fused`` (read 2 bytes, write the fp8
+    copy and its transpose for the weight gradient: 4 bytes per element); a
+    ``LayerNormLinear`` (``norm_fused``: the QKV and MLP-up GEMMs) gets the fp8 copy from the
+    norm kernel itself (:func:`_norm`) and only transposes it (read 1, write 1).
+    """
     out = [_gemm(name, m, n, k, c)]
     if c.training.precision == "fp8":
-        out.append(_mem(name + "_cast", m * k * (c.act_bytes + 1), c))
+        per = 2 * FP8_BYTES if norm_fused else c.act_bytes + 2 * FP8_BYTES
+        out.append(_mem(name + "_cast", m * k * per, c))
     return out
 
 
 def _linear_bwd(name: str, m: int, n: int, k: int, c: Ctx) -> list[Kernel]:
-    """Input gradient [m, n] x [n, k], weight gradient [k, m] x [m, n], and the accumulation
-    of the weight gradient into the parameter's gradient across micro-batches (PyTorch's
-    AccumulateGrad: read both, write one; Megatron-Core can fuse it into the wgrad GEMM)."""
-    return [
-        _gemm(name + "_dgrad", m, k, n, c),
+    """Input gradient [m, n] x [n, k] (with fp8: after the FP8 cast-transpose of the output
+    gradient, read 2 bytes, write 1 + 1), weight gradient [k, m] x [m, n], and the accumulation
+    of the weight gradient into the parameter's gradient buffer (g bytes per element, the
+    gradient format) across micro-batches.
+
+    With ``training.grad_accumulation_fusion`` (Megatron's default) the wgrad GEMM accumulates
+    into the buffer itself (its output read and written in the gradient format: 2 g bytes per
+    element instead of the 16-bit write); otherwise PyTorch's AccumulateGrad adds the GEMM's
+    16-bit output into the buffer in a separate kernel (read both, write the buffer)."""
+    g = c.grad_bytes
+    out = []
+    if c.training.precision == "fp8":  # TE: the output gradient cast to fp8 and transposed
+        out.append(_mem(name + "_dy_cast", m * n * (c.act_bytes + 2 * FP8_BYTES), c))
+    out.append(_gemm(name + "_dgrad", m, k, n, c))
+    if c.training.grad_accumulation_fusion:
+        out.append(_gemm(name + "_wgrad", k, n, m, c, extra_bytes=k * n * (2 * g - c.act_bytes)))
+        return out
+    return out + [
         _gemm(name + "_wgrad", k, n, m, c),
-        _mem(name + "_grad_accum", 3 * k * n * c.act_bytes, c),
+        _mem(name + "_grad_accum", k * n * (c.act_bytes + 2 * g), c),
     ]
 
 
 def _norm(c: Ctx, bwd: bool) -> Kernel:
+    """Norm forward (read x, write y; with fp8 GEMMs y is written in fp8 for the next
+    LayerNormLinear GEMM) or backward (x, dy -> dx)."""
     h, e = c.model.hidden, c.act_bytes
-    return _mem("norm_bwd" if bwd else "norm", c.tokens_norm * h * e * (3 if bwd else 2), c)
+    if bwd:
+        return _mem("norm_bwd", c.tokens_norm * h * e * 3, c)
+    out_bytes = FP8_BYTES if c.training.precision == "fp8" else e
+    return _mem("norm", c.tokens_norm * h * (e + out_bytes), c)
 
 
 def _residual(c: Ctx, bwd: bool) -> Kernel:
@@ -213,7 +246,7 @@ def attention_kernels(c: Ctx, bwd: bool) -> list[Kernel]:
     if not bwd:
         return [
             _norm(c, False),
-            *_linear_fwd("qkv", t, qkv_n, h, c),
+            *_linear_fwd("qkv", t, qkv_n, h, c, norm_fused=True),
             *rotary,
             *_attention_core(c, False),
             *_linear_fwd("proj", t, h, hq * hd, c),
@@ -242,7 +275,7 @@ def mlp_kernels(c: Ctx, bwd: bool) -> list[Kernel]:
     if not bwd:
         return [
             _norm(c, False),
-            *_linear_fwd("up", t, up_n, h, c),
+            *_linear_fwd("up", t, up_n, h, c, norm_fused=True),
             act,
             *_linear_fwd("down", t, h, f, c),
             _residual(c, False),
@@ -275,8 +308,12 @@ def head_kernels(c: Ctx, bwd: bool) -> list[Kernel]:
     """Final norm, logits GEMM [T, h] x [h, V / tp] and the vocab-parallel cross-entropy.
 
     The loss reads the logits and keeps fp32 exponentials (write, read back); its backward reads
-    them and writes the logits gradient.
+    them and writes the logits gradient. With fp8 training the head stays 16-bit: Megatron's
+    output layer is its own ColumnParallelLinear, not a Transformer Engine module.
     """
+    if c.training.precision == "fp8":
+        c = replace(c, training=replace(c.training, precision="bf16"), rates=c.attn_rates,
+                    gemm_in_bytes=c.act_bytes)
     t, h = c.tokens, c.model.hidden
     v = c.model.vocab / c.tp
     e = c.act_bytes

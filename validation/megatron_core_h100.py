@@ -1,0 +1,83 @@
+"""Megatron-LM README weak-scaling table: GPT 1.7B-462B on 48-6,144 H100 (Megatron-Core r0.8.0).
+
+Each row becomes a whole plan (every data-parallel replica, the DP sync simulated) written from
+the published configuration: GPT shape (heads, hidden, layers; ffn = 4h, vocabulary 131,072,
+sequence 4,096), TP / PP / DP and global batch per row, bf16 mixed precision, Megatron's
+distributed optimizer (ZeRO-1) with ``--overlap-grad-reduce --overlap-param-gather``, TP
+communication overlap (``--tp-comm-overlap``, which needs sequence parallelism), H100-80GB in
+DGX H100 servers (8 GPUs, NVSwitch, one 400 Gb/s NIC per GPU). Assumptions, global to the
+source (docs/validation.md): micro-batch 1, plain 1F1B, no activation recompute, FlashAttention
+(Transformer Engine's fused attention), a non-blocking fat tree.
+
+Metric: the iteration time the row implies, ``F / (GPUs x TFLOP/s per GPU)`` with F Megatron's
+own FLOP count (:func:`validation._plans.megatron_flops`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from validation._plans import megatron_flops, read_rows, simulate, uniform_plan
+from validation.framework import DATA, Case
+
+SOURCE = "megatron-core-h100"
+CSV_FILE = DATA / "megatron_core_h100_weak_scaling.csv"
+
+SEQ_LEN = 4096
+VOCAB = 131072
+DEVICE = "H100-80GB"
+MICRO_BATCH = 1  # not stated; Megatron-LM's GPT example scripts use 1
+FAST_GPUS = 96  # rows with at most this many GPUs are in the CI subset (seconds each)
+HEAVY_GPUS = 3072  # rows with this many GPUs or more run with --heavy
+
+
+def rows() -> list[dict[str, Any]]:
+    return [{k: (v if k == "params" else float(v)) for k, v in r.items()}
+            for r in read_rows(CSV_FILE)]
+
+
+def label(row: dict[str, Any]) -> str:
+    return f"{row['params']} tp{int(row['tp'])} pp{int(row['pp'])} {int(row['gpus'])}gpu"
+
+
+def measured_iteration_s(row: dict[str, Any]) -> float:
+    """Megatron's FLOPs of one iteration over the published aggregate rate."""
+    h, layers, heads = int(row["hidden"]), int(row["layers"]), int(row["heads"])
+    f = megatron_flops(int(row["global_batch"]), SEQ_LEN, layers, h, 4 * h, heads, heads, VOCAB,
+                       swiglu=False)
+    return f / (row["gpus"] * row["tflops_per_gpu"] * 1e12)
+
+
+def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
+    """The row as a whole plan (see the module docstring for what is published and assumed)."""
+    tp, pp, gpus, h = int(row["tp"]), int(row["pp"]), int(row["gpus"]), int(row["hidden"])
+    model = {"name": f"gpt-{row['params']}", "layers": int(row["layers"]), "hidden": h,
+             "ffn_hidden": 4 * h, "heads": int(row["heads"]), "seq_len": SEQ_LEN,
+             "vocab": VOCAB, "dtype": "bf16", "gated_mlp": False}
+    training = {
+        "global_batch": int(row["global_batch"]),
+        "micro_batch": MICRO_BATCH,
+        "schedule": "1f1b",
+        "zero_stage": 1,
+        "sequence_parallel": tp > 1,
+        "recompute": "none",
+        "precision": "bf16",
+        "overlap": {"tp_comm": tp > 1, "dp_grad_reduce": True, "param_gather": True},
+    }
+    network = {"scale_out": {"topology": "fat_tree", "link_gbps": 400, "latency_us": 1.0}}
+    return uniform_plan(f"megatron-h100-{row['params']}", model, training, DEVICE, gpus, tp, pp,
+                        network=network)
+
+
+def predict_iteration_s(row: dict[str, Any]) -> float:
+    return simulate(plan_dict(row)).iteration_s
+
+
+def cases() -> list[Case]:
+    return [
+        Case(SOURCE, label(r), "iteration_time_s", measured_iteration_s(r),
+             functools.partial(predict_iteration_s, r), fast=r["gpus"] <= FAST_GPUS,
+             heavy=r["gpus"] >= HEAVY_GPUS, notes="whole plan, DP simulated; mbs 1, 1f1b")
+        for r in rows()
+    ]
