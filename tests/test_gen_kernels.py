@@ -258,3 +258,40 @@ def test_fp8_kernels_follow_transformer_engine() -> None:
         assert [k.name for k in h8] == [k.name for k in h16]
         assert [k.seconds for k in h8] == pytest.approx([k.seconds for k in h16])
 
+
+
+def test_causal_flash_kernel_computes_the_lower_triangle_of_blocks() -> None:
+    """FA2 skips key blocks above the diagonal: (nb + 1) / (2 nb) of the square with nb blocks
+    of 128; the trace still records model FLOPs (the full square)."""
+    from xsim_adapters.workload.kernels import FLASH_FWD_RATE, causal_work_fraction
+
+    assert causal_work_fraction(4096) == pytest.approx(33 / 64)
+    assert causal_work_fraction(128) == 1.0
+    assert causal_work_fraction(1 << 20) == pytest.approx(0.5, abs=1e-4)
+    llama = ModelSpec("l", 2, 4096, 14336, 32, 8, 4096, 32000)
+    c = make_ctx(llama, TR, H100, 1)  # sm_count 0: no wave quantization
+    (k,) = [k for k in attention_kernels(c, False) if k.name == "flash_fwd"]
+    full = 4.0 * 4096 * 4096 * 128 * 32
+    assert k.flops == full
+    assert k.seconds == pytest.approx(full * 33 / 64 / (c.attn_rates.gemm_flops * FLASH_FWD_RATE))
+
+
+def test_head_runs_megatrons_unfused_cross_entropy() -> None:
+    """Megatron-Core's vocab-parallel cross-entropy: fp32 cast, max, subtract, exp, sum and
+    divide passes (38 bytes per logit), backward scale and cast back (14 bytes per logit)."""
+    from xsim_adapters.workload.kernels import head_kernels
+
+    llama = ModelSpec("l", 2, 4096, 14336, 32, 8, 4096, 128256)
+    c = make_ctx(llama, TR, H100, 2)
+    fwd, bwd = head_kernels(c, False), head_kernels(c, True)
+    assert [k.name for k in fwd] == ["norm", "logits", "ce_cast", "ce_max", "ce_sub", "ce_exp",
+                                     "ce_sum", "ce_div"]  # fmt: skip
+    assert [k.name for k in bwd][:2] == ["ce_grad", "ce_grad_cast"]
+    n = 4096 * 128256 / 2  # logits per rank (TP 2)
+    ce_fwd = sum(k.seconds for k in fwd if k.name.startswith("ce_"))
+    ce_bwd = sum(k.seconds for k in bwd if k.name.startswith("ce_"))
+    assert ce_fwd == pytest.approx(n * 38 / c.rates.hbm_Bps)
+    assert ce_bwd == pytest.approx(n * 14 / c.rates.hbm_Bps)
+    # fp32 training: the logits are fp32 already, no cast passes
+    c32 = make_ctx(llama, replace(TR, precision="fp32"), device_presets()["H100-80GB"], 2)
+    assert "ce_cast" not in [k.name for k in head_kernels(c32, False)]

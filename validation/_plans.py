@@ -71,9 +71,10 @@ def uniform_plan(
     cp: int = 1,
 ) -> dict[str, Any]:
     """A plan dict: ``gpus`` devices of type ``device`` in servers of ``gpus_per_node``, one
-    ``uniform`` replica block of TP ``tp`` x PP ``pp`` (x CP ``cp``) x DP ``gpus / (tp pp cp)``."""
-    dp = gpus // (tp * pp * cp)
-    if dp * tp * pp * cp != gpus:
+    ``uniform`` replica block of TP ``tp`` x PP ``pp`` x ``gpus / (tp pp)`` replicas, of which
+    ``cp`` consecutive ones form a CP group (docs/moe.md): DP ``gpus / (tp pp cp)``."""
+    dp = gpus // (tp * pp)  # replicas; CP groups are cp consecutive replicas
+    if dp * tp * pp != gpus or dp % cp:
         raise ValueError(f"{name}: {gpus} GPUs are not a multiple of tp x pp x cp")
     gpn = min(gpus_per_node, gpus)
     uniform: dict[str, Any] = {"group": "g", "tp": tp, "pp": pp, "dp": dp}

@@ -181,7 +181,8 @@ class _Generator:
             )
             self.blocks[key] = tuple(
                 build_block(
-                    u, stage.tp, ring, self.act_bytes, c.granularity, c.chunks, t.overlap.tp_comm
+                    u, stage.tp, ring, self.act_bytes, c.granularity, c.chunks, t.overlap.tp_comm,
+                    dev.sm_count,
                 )
                 for u in units
             )

@@ -198,20 +198,35 @@ def _heads(c: Ctx) -> tuple[int, int, int]:
     return m.heads // c.tp, m.kv_heads // c.tp if m.kv_heads >= c.tp else 1, m.head_dim
 
 
+def causal_work_fraction(s: int) -> float:
+    """Share of the s x s score blocks a causal flash kernel computes: FlashAttention skips the
+    key blocks entirely above the diagonal (FA2 §3.1, "Causal masking"), so with ``nb`` blocks
+    of :data:`FLASH_BLOCK_Q` per side it computes nb (nb + 1) / 2 of the nb^2 blocks."""
+    nb = -(-s // FLASH_BLOCK_Q)
+    return (nb + 1) / (2 * nb)
+
+
 def _attention_core(c: Ctx, bwd: bool) -> list[Kernel]:
+    """The attention core of one micro-batch: a flash kernel, or Megatron's unfused core.
+
+    The trace's FLOPs are model FLOPs (4 b s^2 hd hq, halved only with
+    ``causal_attention_halving``); the flash kernel's *time* follows the blocks it computes
+    for a causal (decoder) model, :func:`causal_work_fraction` of the full square."""
     b, s = c.training.micro_batch, c.model.seq_len
     hq, hkv, hd = _heads(c)
     e = c.act_bytes
     causal = 0.5 if c.training.causal_attention_halving else 1.0
     if c.training.flash_attention:
-        fwd_flops = 4.0 * b * s * s * hd * hq * causal
+        full = 4.0 * b * s * s * hd * hq
+        fwd_flops = full * causal
+        work = full * causal_work_fraction(s)
         blocks = b * hq * -(-s // FLASH_BLOCK_Q)
         q = tiled_quantization(blocks, c.attn_rates.sm_count)
         if bwd:
-            t = FLASH_BWD_WORK * fwd_flops / (c.attn_rates.gemm_flops * FLASH_BWD_RATE * q)
+            t = FLASH_BWD_WORK * work / (c.attn_rates.gemm_flops * FLASH_BWD_RATE * q)
             io = e * b * s * hd * (2 * (3 * hq + 2 * hkv) - hq)  # q k v o do in, dq dk dv out
             return [Kernel("flash_bwd", max(t, io / c.rates.hbm_Bps), 2 * fwd_flops)]
-        t = fwd_flops / (c.attn_rates.gemm_flops * FLASH_FWD_RATE * q)
+        t = work / (c.attn_rates.gemm_flops * FLASH_FWD_RATE * q)
         io = e * b * s * hd * (2 * hq + 2 * hkv) + FP32_BYTES * b * hq * s
         return [Kernel("flash_fwd", max(t, io / c.rates.hbm_Bps), fwd_flops)]
     # Unfused core: the s x s scores of every head are materialized (causal masking does not
@@ -305,26 +320,36 @@ def embedding_kernels(c: Ctx, bwd: bool) -> list[Kernel]:
 
 
 def head_kernels(c: Ctx, bwd: bool) -> list[Kernel]:
-    """Final norm, logits GEMM [T, h] x [h, V / tp] and the vocab-parallel cross-entropy.
+    """Final norm, logits GEMM [T, h] x [h, V / tp] and Megatron-Core's vocab-parallel
+    cross-entropy, unfused (``megatron/core/tensor_parallel/cross_entropy.py``, the default
+    without ``cross_entropy_loss_fusion``): the logits cast to fp32, then max, subtract, exp,
+    sum and divide passes over the fp32 copy (the softmax kept for backward); backward scales
+    the softmax in place and casts the gradient back to 16 bits for the logits GEMMs.
 
-    The loss reads the logits and keeps fp32 exponentials (write, read back); its backward reads
-    them and writes the logits gradient. With fp8 training the head stays 16-bit: Megatron's
-    output layer is its own ColumnParallelLinear, not a Transformer Engine module.
+    With fp8 training the head stays 16-bit: Megatron's output layer is its own
+    ColumnParallelLinear, not a Transformer Engine module.
     """
     if c.training.precision == "fp8":
         c = replace(c, training=replace(c.training, precision="bf16"), rates=c.attn_rates,
                     gemm_in_bytes=c.act_bytes)
     t, h = c.tokens, c.model.hidden
     v = c.model.vocab / c.tp
-    e = c.act_bytes
+    n = t * v  # logits per rank
+    e, f = c.act_bytes, FP32_BYTES
+    cast = e != f  # .float() copies 16-bit logits; fp32 logits are used in place
     if not bwd:
+        ce = [_mem("ce_max", n * f, c), _mem("ce_sub", n * 2 * f, c),
+              _mem("ce_exp", n * 2 * f, c), _mem("ce_sum", n * f, c),
+              _mem("ce_div", n * 2 * f, c)]
         return [
             _norm(c, False),
             *_linear_fwd("logits", t, int(v), h, c),
-            _mem("cross_entropy", t * v * (e + 2 * FP32_BYTES), c),
+            *([_mem("ce_cast", n * (e + f), c)] if cast else []),
+            *ce,
         ]
     return [
-        _mem("cross_entropy_bwd", t * v * (FP32_BYTES + e), c),
+        _mem("ce_grad", n * 2 * f, c),
+        *([_mem("ce_grad_cast", n * (f + e), c)] if cast else []),
         *_linear_bwd("logits", t, int(v), h, c),
         _norm(c, True),
     ]
