@@ -38,7 +38,6 @@ from .passes import (
 )
 from .selection import Choice
 
-
 # SMs that Transformer Engine's TP communication takes from the GEMM it overlaps, per block
 # and pass as (first GEMM, last GEMM) of the unit in run order; the median of the H100
 # userbuffer configs shipped with NeMo-Framework-Launcher (f932a6ee, launcher_scripts/conf/
