@@ -41,6 +41,14 @@ def simulate(plan: dict[str, Any]) -> Simulated:
                      len(trace.ops))
 
 
+def dp_channels(tp: int, nics_per_server: int = 8) -> int:
+    """NCCL channels for a plan whose DP rings run through every NIC of a server: a server's
+    ``nics_per_server / tp`` DP ranks of one ring each leave through their own NIC (NCCL builds
+    one ring per NIC; docs/collectives.md). TP rings stay inside the server, so the channels do
+    not change them. (Branch nccl makes this the default as ``channels: auto``.)"""
+    return max(1, nics_per_server // tp)
+
+
 def read_rows(path: Path) -> list[dict[str, str]]:
     """The rows of a data CSV (comment lines starting with ``#`` are provenance, skipped)."""
     with open(path, newline="") as fh:
@@ -98,4 +106,5 @@ def uniform_plan(
     return d
 
 
-__all__ = ["Simulated", "megatron_flops", "read_rows", "simulate", "uniform_plan"]
+__all__ = ["Simulated", "dp_channels", "megatron_flops", "read_rows", "simulate",
+           "uniform_plan"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from validation._plans import megatron_flops, read_rows, simulate, uniform_plan
+from validation._plans import dp_channels, megatron_flops, read_rows, simulate, uniform_plan
 from validation.framework import DATA, Case
 
 SOURCE = "megatron-core-h100"
@@ -66,8 +66,10 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
         "overlap": {"tp_comm": tp > 1, "dp_grad_reduce": True, "param_gather": True},
     }
     network = {"scale_out": {"topology": "fat_tree", "link_gbps": 400, "latency_us": 1.0}}
-    return uniform_plan(f"megatron-h100-{row['params']}", model, training, DEVICE, gpus, tp, pp,
-                        network=network)
+    d = uniform_plan(f"megatron-h100-{row['params']}", model, training, DEVICE, gpus, tp, pp,
+                     network=network)
+    d["collectives"] = {"channels": dp_channels(tp)}  # DP rings over every NIC of a server
+    return d
 
 
 def predict_iteration_s(row: dict[str, Any]) -> float:

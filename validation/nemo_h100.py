@@ -6,11 +6,13 @@ VP, and the model and training settings of the NeMo-Framework-Launcher config of
 and release (data file header): model shape, sequence parallelism, TP communication overlap
 (``ub_tp_comm_overlap``), activation recompute, gradient reduce dtype (``grad_sync_dtype``),
 dropout. Common to every row: FP8 GEMMs (Transformer Engine, hybrid E4M3/E5M2, ``fp8=true``),
-BF16 parameters, Megatron's distributed optimizer with overlapped grad reduce and param gather
-(``overlap_grad_sync`` / ``overlap_param_sync``), fused attention (``NVTE_FUSED_ATTN=1``), DGX
-H100 servers (8 GPUs on NVSwitch, one 400 Gb/s NIC per GPU).
+BF16 parameters, NeMo's ``distributed_fused_adam`` (Apex DistributedFusedAdam: optimizer state
+and gradients sharded over the data-parallel ranks, ZeRO-2 here) with overlapped grad reduce and
+param gather (``overlap_grad_sync`` / ``overlap_param_sync``), fused attention
+(``NVTE_FUSED_ATTN=1``), DGX H100 servers (8 GPUs on NVSwitch, one 400 Gb/s NIC per GPU).
 
-Assumptions, global to the source (docs/validation.md): a non-blocking fat tree; Nemotron's
+Assumptions, global to the source (docs/validation.md): a non-blocking fat tree; NCCL's DP
+rings through every NIC of a server (:func:`validation._plans.dp_channels`); Nemotron's
 squared-ReLU MLP as a non-gated MLP (its rotary embedding and LayerNorm1p as the GPT kernels);
 the vocabulary padded to a multiple of 128 only (not also to a multiple of TP).
 
@@ -22,7 +24,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from validation._plans import read_rows, simulate, uniform_plan
+from validation._plans import dp_channels, read_rows, simulate, uniform_plan
 from validation.framework import DATA, Case
 
 SOURCE = "nemo-h100"
@@ -65,7 +67,7 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
     training: dict[str, Any] = {
         "global_batch": row["global_batch"],
         "micro_batch": row["micro_batch"],
-        "zero_stage": 1,
+        "zero_stage": 2,  # Apex DistributedFusedAdam: optimizer state and gradients sharded
         "sequence_parallel": bool(row["seq_par"]),
         "recompute": row["recompute"],
         "precision": "fp8",
@@ -80,8 +82,10 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
         training["schedule"] = "1f1b"
     network = {"scale_out": {"topology": "fat_tree", "link_gbps": 400, "latency_us": 1.0}}
     name = f"nemo-h100-{row['model'].lower()}-{row['gpus']}"
-    return uniform_plan(name, model, training, DEVICE, row["gpus"], row["tp"], row["pp"],
-                        network=network, cp=row["cp"])
+    d = uniform_plan(name, model, training, DEVICE, row["gpus"], row["tp"], row["pp"],
+                     network=network, cp=row["cp"])
+    d["collectives"] = {"channels": dp_channels(row["tp"])}  # DP rings over every NIC
+    return d
 
 
 def predict_iteration_s(row: dict[str, Any]) -> float:
