@@ -49,6 +49,21 @@ def dp_channels(tp: int, nics_per_server: int = 8) -> int:
     return max(1, nics_per_server // tp)
 
 
+def lighter_edge_stages(layers: int, pp: int) -> list[tuple[int, int]]:
+    """Layer ranges of ``pp`` stages whose first and last stage hold one layer fewer than the
+    others (the embedding and the output layer weigh as one layer each: BLOOM's
+    'type:transformer|embedding' split, Llama 3's balanced stages)."""
+    per = (layers + 2) // pp
+    sizes = [per - 1] + [per] * (pp - 2) + [per - 1]
+    if sum(sizes) != layers:
+        raise ValueError(f"{layers} layers do not split as {per - 1}, {per} x {pp - 2}, {per - 1}")
+    out, a = [], 0
+    for n in sizes:
+        out.append((a, a + n))
+        a += n
+    return out
+
+
 def read_rows(path: Path) -> list[dict[str, str]]:
     """The rows of a data CSV (comment lines starting with ``#`` are provenance, skipped)."""
     with open(path, newline="") as fh:
@@ -106,5 +121,5 @@ def uniform_plan(
     return d
 
 
-__all__ = ["Simulated", "dp_channels", "megatron_flops", "read_rows", "simulate",
-           "uniform_plan"]
+__all__ = ["Simulated", "dp_channels", "lighter_edge_stages", "megatron_flops", "read_rows",
+           "simulate", "uniform_plan"]

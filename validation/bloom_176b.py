@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from validation._plans import read_rows, simulate
+from validation._plans import lighter_edge_stages, read_rows, simulate
 from validation.framework import DATA, Case
 
 SOURCE = "bloom-176b"
@@ -43,14 +43,7 @@ def label(row: dict[str, Any]) -> str:
 def stage_layers(layers: int, pp: int) -> list[tuple[int, int]]:
     """Megatron-DeepSpeed's 'type:transformer|embedding' split: the two embeddings count as
     layers, so the first and the last stage hold one transformer layer fewer."""
-    per = (layers + 2) // pp
-    sizes = [per - 1] + [per] * (pp - 2) + [per - 1]
-    assert sum(sizes) == layers, sizes
-    out, a = [], 0
-    for n in sizes:
-        out.append((a, a + n))
-        a += n
-    return out
+    return lighter_edge_stages(layers, pp)
 
 
 def plan_dict(row: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from validation._plans import megatron_flops, read_rows, simulate
+from validation._plans import lighter_edge_stages, megatron_flops, read_rows, simulate
 from validation.framework import DATA, Case
 
 SOURCE = "llama3-405b"
@@ -43,14 +43,7 @@ def label(row: dict[str, Any]) -> str:
 
 def stage_layers(pp: int) -> list[tuple[int, int]]:
     """Layers per stage: one fewer on the first and the last stage (section 3.3.2)."""
-    inner = (LAYERS + 2) // pp  # 8 for 16 stages
-    sizes = [inner - 1] + [inner] * (pp - 2) + [inner - 1]
-    assert sum(sizes) == LAYERS, sizes
-    out, a = [], 0
-    for n in sizes:
-        out.append((a, a + n))
-        a += n
-    return out
+    return lighter_edge_stages(LAYERS, pp)
 
 
 def measured_iteration_s(row: dict[str, Any]) -> float:
