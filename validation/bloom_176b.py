@@ -10,7 +10,7 @@ order (pipeline outermost, then data, then tensor parallelism), 8 A100-80GB per 
 100 Gb/s Omni-Path NIC per GPU pair.
 
 Assumptions, global to the source (docs/validation.md): HGX A100 servers (NVSwitch); a
-non-blocking fat tree; DeepSpeed's bf16 optimizer as ZeRO-1 (fp32 gradients reduce-scattered,
+non-blocking leaf-spine; DeepSpeed's bf16 optimizer as ZeRO-1 (fp32 gradients reduce-scattered,
 bf16 parameters all-gathered) with both collectives after the pipeline schedule (no overlap);
 Megatron's 2022 unfused attention core with dropout (ALiBi's bias add and the embedding
 LayerNorm not modelled); no gradient accumulation fusion; plain 1F1B (DeepSpeed's pipeline
@@ -71,7 +71,7 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
         "device_groups": {"a100": {"type": DEVICE, "nodes": row["gpus"] // 8,
                                    "gpus_per_node": 8, "nic_gbps": NIC_GBPS,
                                    "server": {"nics": "per_pair"}}},
-        "network": {"scale_out": {"topology": "fat_tree", "link_gbps": NIC_GBPS,
+        "network": {"scale_out": {"topology": "leaf_spine", "link_gbps": NIC_GBPS,
                                   "latency_us": 1.0}},
         "replicas": replicas,
     }

@@ -7,7 +7,9 @@ distributed optimizer (ZeRO-1) with ``--overlap-grad-reduce --overlap-param-gath
 communication overlap (``--tp-comm-overlap``, which needs sequence parallelism), H100-80GB in
 DGX H100 servers (8 GPUs, NVSwitch, one 400 Gb/s NIC per GPU). Assumptions, global to the
 source (docs/validation.md): micro-batch 1, plain 1F1B, no activation recompute, FlashAttention
-(Transformer Engine's fused attention), a non-blocking fat tree.
+(Transformer Engine's fused attention), a non-blocking rail-optimized leaf-spine (the DGX
+SuperPOD's rail-optimized fabric; ``coarsen: auto`` simulates one replica of a leaf-spine plan
+with every DP ring kept), NCCL's DP rings through every NIC of a server.
 
 Metric: the iteration time the row implies, ``F / (GPUs x TFLOP/s per GPU)`` with F Megatron's
 own FLOP count (:func:`validation._plans.megatron_flops`).
@@ -65,7 +67,8 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
         "precision": "bf16",
         "overlap": {"tp_comm": tp > 1, "dp_grad_reduce": True, "param_gather": True},
     }
-    network = {"scale_out": {"topology": "fat_tree", "link_gbps": 400, "latency_us": 1.0}}
+    network = {"scale_out": {"topology": "leaf_spine", "rail_optimized": True, "link_gbps": 400,
+                             "latency_us": 1.0}}
     d = uniform_plan(f"megatron-h100-{row['params']}", model, training, DEVICE, gpus, tp, pp,
                      network=network)
     d["collectives"] = {"channels": dp_channels(tp)}  # DP rings over every NIC of a server

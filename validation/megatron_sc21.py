@@ -115,8 +115,8 @@ def plan_dict(row: dict[str, Any], replicas: int | None = None) -> dict[str, Any
         "device_groups": {
             "a100": {"type": DEVICE, "nodes": gpus // gpn, "gpus_per_node": gpn}
         },
-        "network": {"scale_out": {"topology": "fat_tree", "link_gbps": NIC_GBPS,
-                                  "latency_us": 1.0}},
+        "network": {"scale_out": {"topology": "leaf_spine", "rail_optimized": True,
+                                  "link_gbps": NIC_GBPS, "latency_us": 1.0}},
         "device_types": {DEVICE: {"nic_gbps": NIC_GBPS}},
         "replicas": {"uniform": {"group": "a100", "tp": tp, "pp": pp, "dp": n}},
         # NCCL spreads each DP ring over all of a server's NICs (docs/collectives.md)

@@ -11,7 +11,9 @@ and gradients sharded over the data-parallel ranks, ZeRO-2 here) with overlapped
 param gather (``overlap_grad_sync`` / ``overlap_param_sync``), fused attention
 (``NVTE_FUSED_ATTN=1``), DGX H100 servers (8 GPUs on NVSwitch, one 400 Gb/s NIC per GPU).
 
-Assumptions, global to the source (docs/validation.md): a non-blocking fat tree; NCCL's DP
+Assumptions, global to the source (docs/validation.md): a non-blocking rail-optimized
+leaf-spine (the DGX SuperPOD's rail-optimized fabric; ``coarsen: auto`` simulates one replica
+of a leaf-spine plan with every DP ring kept); NCCL's DP
 rings through every NIC of a server (:func:`validation._plans.dp_channels`); Nemotron's
 squared-ReLU MLP as a non-gated MLP (its rotary embedding and LayerNorm1p as the GPT kernels);
 the vocabulary padded to a multiple of 128 only (not also to a multiple of TP).
@@ -80,7 +82,8 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
         training.update(schedule="interleaved", virtual_stages=row["vp"])
     else:
         training["schedule"] = "1f1b"
-    network = {"scale_out": {"topology": "fat_tree", "link_gbps": 400, "latency_us": 1.0}}
+    network = {"scale_out": {"topology": "leaf_spine", "rail_optimized": True, "link_gbps": 400,
+                             "latency_us": 1.0}}
     name = f"nemo-h100-{row['model'].lower()}-{row['gpus']}"
     d = uniform_plan(name, model, training, DEVICE, row["gpus"], row["tp"], row["pp"],
                      network=network, cp=row["cp"])
