@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from math import ceil
 
@@ -295,3 +296,36 @@ def test_head_runs_megatrons_unfused_cross_entropy() -> None:
     # fp32 training: the logits are fp32 already, no cast passes
     c32 = make_ctx(llama, replace(TR, precision="fp32"), device_presets()["H100-80GB"], 2)
     assert "ce_cast" not in [k.name for k in head_kernels(c32, False)]
+
+
+def test_hopper_attention_follows_the_measured_cudnn_curves() -> None:
+    """Hopper (compute capability 90): the causal forward runs at the measured cuDNN causal rate
+    on the causal half (518 TFLOP/s at 4k on the H100 SXM of the FA3 paper), the backward at the
+    non-causal backward rate times the forward's causal / non-causal ratio; both scale with the
+    part's best GEMM rate relative to the H100 SXM MAMF, between the measured lengths in log2."""
+    from xsim_adapters.workload.gemm import tiled_quantization
+    from xsim_adapters.workload.kernels import (
+        HOPPER_ATTN_REF_BLOCKS,
+        HOPPER_ATTN_REF_TFLOPS,
+        HOPPER_BWD_TFLOPS,
+        HOPPER_FWD_CAUSAL_TFLOPS,
+        HOPPER_FWD_TFLOPS,
+        _curve,
+    )
+
+    assert _curve(4096, HOPPER_FWD_CAUSAL_TFLOPS) == 518.0
+    assert _curve(3000, HOPPER_FWD_CAUSAL_TFLOPS) == pytest.approx(
+        484 + (518 - 484) * (math.log2(3000) - 11), rel=1e-12)
+    assert _curve(100, HOPPER_FWD_TFLOPS) == 497.0 and _curve(1 << 20, HOPPER_BWD_TFLOPS) == 516
+    h100 = device_presets()["H100-80GB"]
+    assert h100.compute_capability == 90
+    llama = ModelSpec("l", 2, 4096, 14336, 32, 8, 4096, 32000)
+    c = make_ctx(llama, TR, h100, 1)
+    full = 4.0 * 4096 * 4096 * 128 * 32
+    scale = c.attn_rates.gemm_flops / (HOPPER_ATTN_REF_TFLOPS * 1e12)
+    wave = tiled_quantization(32 * 32, 132) / tiled_quantization(HOPPER_ATTN_REF_BLOCKS, 132)
+    (f,) = [k for k in attention_kernels(c, False) if k.name == "flash_fwd"]
+    assert f.flops == full
+    assert f.seconds == pytest.approx(0.5 * full / (518e12 * scale * wave))
+    (bk,) = [k for k in attention_kernels(c, True) if k.name == "flash_bwd"]
+    assert bk.seconds == pytest.approx(2.5 * 0.5 * full / (499e12 * 518 / 609 * scale * wave))

@@ -27,6 +27,7 @@ of many tiny kernels is bound by the host, not the GPU).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from math import log2
 
 from ..plan.model import DeviceType, ModelSpec, TrainingSpec
 from .gemm import Rates, gemm_seconds, tiled_quantization
@@ -47,6 +48,17 @@ FLASH_FWD_RATE = 0.84
 FLASH_BWD_RATE = 0.725
 FLASH_BWD_WORK = 2.5  # backward FLOPs / forward FLOPs (FA2, FA3 §4.1: recomputes S and P)
 FLASH_BLOCK_Q = 128  # query rows per thread block (FA2), for wave quantization
+# Hopper (compute capability 90): the fused attention Transformer Engine runs there (cuDNN) as
+# measured on H100 SXM5, head dim 128, batch x sequence = 16k tokens, 16 heads (FlashAttention-3
+# paper, Shah et al. 2024, Figs. 5 and 6, cuDNN bars; TFLOP/s with FLOPs counted causally for the
+# causal forward). Used relative to the H100 SXM MAMF (HOPPER_ATTN_REF_TFLOPS), so a Hopper part
+# scales them by its own best GEMM rate; interpolated in log2(sequence), clamped at the ends.
+HOPPER_ATTN_SEQ = (512, 1024, 2048, 4096, 8192, 16384)
+HOPPER_FWD_TFLOPS = (497.0, 574.0, 617.0, 609.0, 600.0, 595.0)  # non-causal forward
+HOPPER_FWD_CAUSAL_TFLOPS = (315.0, 410.0, 484.0, 518.0, 529.0, 539.0)  # causal forward
+HOPPER_BWD_TFLOPS = (305.0, 408.0, 465.0, 499.0, 518.0, 516.0)  # non-causal backward
+HOPPER_ATTN_REF_TFLOPS = 794.5  # H100 SXM bf16 MAMF (the device the curves were measured on)
+HOPPER_ATTN_REF_BLOCKS = 16 * 16384 // FLASH_BLOCK_Q  # thread blocks of the measured shape
 DROPOUT_MASK_BYTES = 1  # one byte per element (PyTorch bool / uint8 mask)
 FP32_BYTES = 4
 FP8_BYTES = 1
@@ -73,6 +85,7 @@ class Ctx:
     act_bytes: int  # bytes per activation element (2 mixed precision, 4 fp32/tf32)
     gemm_in_bytes: float  # bytes per GEMM operand element (1 for fp8)
     grad_bytes: int = 2  # bytes per element of the gradient buffer (training.grad_reduce_bytes)
+    compute_capability: int = 0  # the device's (x 10): 90 picks the Hopper attention curves
 
     @property
     def tokens(self) -> int:
@@ -114,7 +127,7 @@ def make_ctx(model: ModelSpec, training: TrainingSpec, device: DeviceType, tp: i
     gemm, attn = device_rates(device, training)
     act = FP32_BYTES if training.precision in ("fp32", "tf32") else 2
     return Ctx(model, training, tp, gemm, attn, act, 1 if training.precision == "fp8" else act,
-               training.grad_reduce_bytes(model.dtype_bytes))
+               training.grad_reduce_bytes(model.dtype_bytes), device.compute_capability)
 
 
 # ---------------------------------------------------------------- building blocks
@@ -206,6 +219,35 @@ def causal_work_fraction(s: int) -> float:
     return (nb + 1) / (2 * nb)
 
 
+def _curve(seq: int, values: tuple[float, ...]) -> float:
+    """``values`` at ``seq`` on :data:`HOPPER_ATTN_SEQ`, linear in log2(seq), clamped."""
+    x = log2(max(HOPPER_ATTN_SEQ[0], min(seq, HOPPER_ATTN_SEQ[-1])))
+    xs = [log2(v) for v in HOPPER_ATTN_SEQ]
+    k = min(len(xs) - 2, max(0, next((i for i in range(len(xs) - 1) if x <= xs[i + 1]), 0)))
+    f = (x - xs[k]) / (xs[k + 1] - xs[k])
+    return values[k] + f * (values[k + 1] - values[k])
+
+
+def _hopper_flash(c: Ctx, bwd: bool, full: float, fwd_flops: float, q: float, b: int, s: int,
+                  hd: int, hq: int, hkv: int) -> Kernel:
+    """Causal fused attention on Hopper from the measured cuDNN curves: the forward at the causal
+    rate on the causal half of the square; the backward (2.5x the work) at the non-causal
+    backward rate scaled by the forward's causal / non-causal ratio at the same length."""
+    scale = c.attn_rates.gemm_flops / (HOPPER_ATTN_REF_TFLOPS * 1e12)
+    q_ref = tiled_quantization(HOPPER_ATTN_REF_BLOCKS, c.attn_rates.sm_count)
+    wave = q / q_ref if q_ref > 0 else 1.0
+    fwd_causal = _curve(s, HOPPER_FWD_CAUSAL_TFLOPS) * 1e12 * scale * wave
+    e = c.act_bytes
+    if bwd:
+        ratio = _curve(s, HOPPER_FWD_CAUSAL_TFLOPS) / _curve(s, HOPPER_FWD_TFLOPS)
+        rate = _curve(s, HOPPER_BWD_TFLOPS) * ratio * 1e12 * scale * wave
+        t = FLASH_BWD_WORK * 0.5 * full / rate
+        io = e * b * s * hd * (2 * (3 * hq + 2 * hkv) - hq)
+        return Kernel("flash_bwd", max(t, io / c.rates.hbm_Bps), 2 * fwd_flops)
+    io = e * b * s * hd * (2 * hq + 2 * hkv) + FP32_BYTES * b * hq * s
+    return Kernel("flash_fwd", max(0.5 * full / fwd_causal, io / c.rates.hbm_Bps), fwd_flops)
+
+
 def _attention_core(c: Ctx, bwd: bool) -> list[Kernel]:
     """The attention core of one micro-batch: a flash kernel, or Megatron's unfused core.
 
@@ -219,9 +261,11 @@ def _attention_core(c: Ctx, bwd: bool) -> list[Kernel]:
     if c.training.flash_attention:
         full = 4.0 * b * s * s * hd * hq
         fwd_flops = full * causal
-        work = full * causal_work_fraction(s)
         blocks = b * hq * -(-s // FLASH_BLOCK_Q)
         q = tiled_quantization(blocks, c.attn_rates.sm_count)
+        if c.compute_capability == 90:
+            return [_hopper_flash(c, bwd, full, fwd_flops, q, b, s, hd, hq, hkv)]
+        work = full * causal_work_fraction(s)
         if bwd:
             t = FLASH_BWD_WORK * work / (c.attn_rates.gemm_flops * FLASH_BWD_RATE * q)
             io = e * b * s * hd * (2 * (3 * hq + 2 * hkv) - hq)  # q k v o do in, dq dk dv out
