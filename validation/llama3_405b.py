@@ -12,9 +12,10 @@ Assumptions, global to the source (docs/validation.md): micro-batch 1; Megatron'
 schedule with the smallest depth, 2 chunks per stage (the paper's own interleaved variant with
 tunable micro-batch groups has no counterpart here); no activation recompute; sequence
 parallelism without TP overlap; the DP reduce-scatter overlapped with the backward and the
-parameter all-gather with the forward (FSDP-style prefetch); a non-blocking rail-optimized leaf-spine standing in for Meta's RoCE Clos; the
-paper's TFLOP/s counted as Megatron counts model FLOPs (:func:`validation._plans.megatron_flops`),
-from which the metric, the iteration time, is derived.
+parameter all-gather with the forward (FSDP-style prefetch); a non-blocking rail-optimized
+leaf-spine standing in for Meta's RoCE Clos; the paper's TFLOP/s counted as Megatron counts
+model FLOPs (:func:`validation._plans.megatron_flops`), from which the metric, the iteration
+time, is derived.
 """
 
 from __future__ import annotations
