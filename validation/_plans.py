@@ -10,6 +10,8 @@ shipped defaults. Nothing here is fitted.
 from __future__ import annotations
 
 import csv
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,24 @@ def lighter_edge_stages(layers: int, pp: int) -> list[tuple[int, int]]:
         out.append((a, a + n))
         a += n
     return out
+
+
+def predict_iteration_s(plan_dict: Callable[[Any], dict[str, Any]], row: Any) -> float:
+    """The simulated iteration (s) of the whole plan ``plan_dict(row)``."""
+    return simulate(plan_dict(row)).iteration_s
+
+
+def iteration_cases(source: str, rows: Sequence[Any], label: Callable[[Any], str],
+                    measured: Callable[[Any], float], plan_dict: Callable[[Any], dict[str, Any]],
+                    notes: str, fast: Callable[[Any], bool] = lambda r: False,
+                    heavy: Callable[[Any], bool] = lambda r: False) -> list[Any]:
+    """One ``iteration_time_s`` case per row: measured from ``measured``, predicted by simulating
+    ``plan_dict(row)``."""
+    from validation.framework import Case
+
+    return [Case(source, label(r), "iteration_time_s", measured(r),
+                 functools.partial(predict_iteration_s, plan_dict, r), fast=fast(r),
+                 heavy=heavy(r), notes=notes) for r in rows]
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
@@ -121,5 +141,5 @@ def uniform_plan(
     return d
 
 
-__all__ = ["Simulated", "dp_channels", "lighter_edge_stages", "megatron_flops", "read_rows",
-           "simulate", "uniform_plan"]
+__all__ = ["Simulated", "dp_channels", "iteration_cases", "lighter_edge_stages",
+           "megatron_flops", "predict_iteration_s", "read_rows", "simulate", "uniform_plan"]

@@ -18,10 +18,15 @@ own FLOP count (:func:`validation._plans.megatron_flops`).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-from validation._plans import dp_channels, megatron_flops, read_rows, simulate, uniform_plan
+from validation._plans import (
+    dp_channels,
+    iteration_cases,
+    megatron_flops,
+    read_rows,
+    uniform_plan,
+)
 from validation.framework import DATA, Case
 
 SOURCE = "megatron-core-h100"
@@ -88,14 +93,8 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-def predict_iteration_s(row: dict[str, Any]) -> float:
-    return simulate(plan_dict(row)).iteration_s
-
-
 def cases() -> list[Case]:
-    return [
-        Case(SOURCE, label(r), "iteration_time_s", measured_iteration_s(r),
-             functools.partial(predict_iteration_s, r), fast=r["gpus"] <= FAST_GPUS,
-             heavy=r["gpus"] >= HEAVY_GPUS, notes="whole plan, DP simulated; mbs 1")
-        for r in rows()
-    ]
+    return iteration_cases(SOURCE, rows(), label, measured_iteration_s, plan_dict,
+                           "whole plan, DP simulated; mbs 1",
+                           fast=lambda r: r["gpus"] <= FAST_GPUS,
+                           heavy=lambda r: r["gpus"] >= HEAVY_GPUS)

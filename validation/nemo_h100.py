@@ -23,10 +23,9 @@ Metric: the iteration time the row implies, ``global batch x sequence / (GPUs x 
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-from validation._plans import dp_channels, read_rows, simulate, uniform_plan
+from validation._plans import dp_channels, iteration_cases, read_rows, uniform_plan
 from validation.framework import DATA, Case
 
 SOURCE = "nemo-h100"
@@ -91,14 +90,7 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-def predict_iteration_s(row: dict[str, Any]) -> float:
-    return simulate(plan_dict(row)).iteration_s
-
-
 def cases() -> list[Case]:
-    return [
-        Case(SOURCE, label(r), "iteration_time_s", measured_iteration_s(r),
-             functools.partial(predict_iteration_s, r), fast=r["gpus"] <= FAST_GPUS,
-             notes="whole plan, DP simulated; fp8; launcher config")
-        for r in rows()
-    ]
+    return iteration_cases(SOURCE, rows(), label, measured_iteration_s, plan_dict,
+                           "whole plan, DP simulated; fp8; launcher config",
+                           fast=lambda r: r["gpus"] <= FAST_GPUS)
