@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from math import ceil
 
@@ -81,11 +82,18 @@ def test_kernel_lists_are_gqa_and_swiglu_aware() -> None:
     assert qkv.flops == 2 * 2048 * 4096 * (16 + 2 * 4) * 128  # 16 q heads + 2x4 kv heads / rank
     up = next(k for k in mlp_kernels(c, False) if k.name == "up")
     assert up.flops == 2 * 2048 * 4096 * 2 * 14336 // 2  # gate and up fused, / tp
+    # gradient accumulation fusion (the default): the wgrad GEMMs accumulate into the buffer
     names = [k.name for k in mlp_kernels(c, True)]
+    assert names == ["residual_bwd", "down_dgrad", "down_wgrad", "act_bwd", "up_dgrad",
+                     "up_wgrad", "norm_bwd"]  # fmt: skip
+    # unfused (PyTorch AccumulateGrad): a separate add of the 16-bit wgrad output into the fp32
+    # buffer (TrainingSpec's bf16 default: fp32 gradients): read 2 + 4, write 4 bytes
+    cu = make_ctx(llama, replace(TR, grad_accumulation_fusion=False), H100, 2)
+    names = [k.name for k in mlp_kernels(cu, True)]
     assert names == ["residual_bwd", "down_dgrad", "down_wgrad", "down_grad_accum", "act_bwd",
                      "up_dgrad", "up_wgrad", "up_grad_accum", "norm_bwd"]  # fmt: skip
-    acc = next(k for k in mlp_kernels(c, True) if k.name == "down_grad_accum")
-    assert acc.seconds == pytest.approx(3 * 4096 * 7168 * 2 / c.rates.hbm_Bps)  # read 2, write 1
+    acc = next(k for k in mlp_kernels(cu, True) if k.name == "down_grad_accum")
+    assert acc.seconds == pytest.approx((2 + 2 * 4) * 4096 * 7168 / c.rates.hbm_Bps)
     # GEMM model FLOPs of the kernels add up to the trace's layer FLOPs (less the attention core)
     fl = layer_flops(llama, TR, 2)
     gemm = sum(k.flops for k in mlp_kernels(c, False))
@@ -117,10 +125,17 @@ def test_precision_picks_the_peak() -> None:
     rates = {p: device_rates(h100, replace(TR, precision=p))[0].gemm_flops for p in
              ("bf16", "fp16", "fp8", "tf32", "fp32")}  # fmt: skip
     eff = h100.efficiency * 1e12
+    # fp8 at its own measured best-shape fraction (MAMF H100 SXM fp8 1402.6 of 1979)
+    assert h100.fp8_efficiency == pytest.approx(1402.6 / 1979, abs=5e-4)
     assert rates == pytest.approx(
-        {"bf16": 989 * eff, "fp16": 989 * eff, "fp8": 1979 * eff, "tf32": 494.5 * eff,
-         "fp32": 67 * eff}  # fmt: skip
+        {"bf16": 989 * eff, "fp16": 989 * eff, "fp8": 1979 * h100.fp8_efficiency * 1e12,
+         "tf32": 494.5 * eff, "fp32": 67 * eff}  # fmt: skip
     )
+    # an fp8 part without an fp8 measurement runs fp8 at its bf16 fraction
+    l40s = device_presets()["L40S"]
+    assert l40s.fp8_efficiency == 0
+    got = device_rates(l40s, replace(TR, precision="fp8"))[0].gemm_flops
+    assert got == pytest.approx(733e12 * l40s.efficiency)
     # fp32 makes the layer GEMM-bound at the fp32 rate: far slower than bf16
     llama = ModelSpec("l", 2, 4096, 14336, 32, 8, 2048, 32000)
     fp32 = layer_costs(llama, replace(TR, precision="fp32"), h100, 1).mlp_fwd_ns
@@ -217,3 +232,100 @@ def test_every_preset_generates_a_plan(device: str) -> None:
         h100 = generate(plan_from_dict(_plan("H100-80GB", "bf16") | {"model": d["model"]}))
         ch = h100.ops[h100.ops["kind"] == 0]
         assert total > 10 * int(ch["duration_ns"].sum())
+
+
+def test_fp8_kernels_follow_transformer_engine() -> None:
+    """fp8: LayerNormLinear GEMMs get the fp8 copy from the norm and only transpose it (read 1,
+    write 1); Linear GEMMs cast-transpose their input (read 2, write 1 + 1); every backward
+    cast-transposes the output gradient; the output layer stays bf16 at the 16-bit peak."""
+    from xsim_adapters.workload.kernels import head_kernels
+
+    llama = ModelSpec("l", 2, 4096, 14336, 32, 8, 2048, 32000)
+    tr8 = replace(TR, precision="fp8")
+    h100 = device_presets()["H100-80GB"]
+    c = make_ctx(llama, tr8, h100, 1)
+    fwd = {k.name: k for k in mlp_kernels(c, False)}
+    t, h, f = 2048, 4096, 14336
+    assert fwd["norm"].seconds == pytest.approx(t * h * (2 + 1) / c.rates.hbm_Bps)
+    assert fwd["up_cast"].seconds == pytest.approx(t * h * 2 / c.rates.hbm_Bps)
+    assert fwd["down_cast"].seconds == pytest.approx(t * f * 4 / c.rates.hbm_Bps)
+    bwd = {k.name: k for k in mlp_kernels(c, True)}
+    assert bwd["down_dy_cast"].seconds == pytest.approx(t * h * 4 / c.rates.hbm_Bps)
+    assert bwd["up_dy_cast"].seconds == pytest.approx(t * 2 * f * 4 / c.rates.hbm_Bps)
+    # the head: the same kernels and times as a bf16 run (no fp8 cast, 16-bit peak)
+    c16 = make_ctx(llama, TR, h100, 1)
+    for bwd_pass in (False, True):
+        h8, h16 = head_kernels(c, bwd_pass), head_kernels(c16, bwd_pass)
+        assert [k.name for k in h8] == [k.name for k in h16]
+        assert [k.seconds for k in h8] == pytest.approx([k.seconds for k in h16])
+
+
+
+def test_causal_flash_kernel_computes_the_lower_triangle_of_blocks() -> None:
+    """FA2 skips key blocks above the diagonal: (nb + 1) / (2 nb) of the square with nb blocks
+    of 128; the trace still records model FLOPs (the full square)."""
+    from xsim_adapters.workload.kernels import FLASH_FWD_RATE, causal_work_fraction
+
+    assert causal_work_fraction(4096) == pytest.approx(33 / 64)
+    assert causal_work_fraction(128) == 1.0
+    assert causal_work_fraction(1 << 20) == pytest.approx(0.5, abs=1e-4)
+    llama = ModelSpec("l", 2, 4096, 14336, 32, 8, 4096, 32000)
+    c = make_ctx(llama, TR, H100, 1)  # sm_count 0: no wave quantization
+    (k,) = [k for k in attention_kernels(c, False) if k.name == "flash_fwd"]
+    full = 4.0 * 4096 * 4096 * 128 * 32
+    assert k.flops == full
+    assert k.seconds == pytest.approx(full * 33 / 64 / (c.attn_rates.gemm_flops * FLASH_FWD_RATE))
+
+
+def test_head_runs_megatrons_unfused_cross_entropy() -> None:
+    """Megatron-Core's vocab-parallel cross-entropy: fp32 cast, max, subtract, exp, sum and
+    divide passes (38 bytes per logit), backward scale and cast back (14 bytes per logit)."""
+    from xsim_adapters.workload.kernels import head_kernels
+
+    llama = ModelSpec("l", 2, 4096, 14336, 32, 8, 4096, 128256)
+    c = make_ctx(llama, TR, H100, 2)
+    fwd, bwd = head_kernels(c, False), head_kernels(c, True)
+    assert [k.name for k in fwd] == ["norm", "logits", "ce_cast", "ce_max", "ce_sub", "ce_exp",
+                                     "ce_sum", "ce_div"]  # fmt: skip
+    assert [k.name for k in bwd][:2] == ["ce_grad", "ce_grad_cast"]
+    n = 4096 * 128256 / 2  # logits per rank (TP 2)
+    ce_fwd = sum(k.seconds for k in fwd if k.name.startswith("ce_"))
+    ce_bwd = sum(k.seconds for k in bwd if k.name.startswith("ce_"))
+    assert ce_fwd == pytest.approx(n * 38 / c.rates.hbm_Bps)
+    assert ce_bwd == pytest.approx(n * 14 / c.rates.hbm_Bps)
+    # fp32 training: the logits are fp32 already, no cast passes
+    c32 = make_ctx(llama, replace(TR, precision="fp32"), device_presets()["H100-80GB"], 2)
+    assert "ce_cast" not in [k.name for k in head_kernels(c32, False)]
+
+
+def test_hopper_attention_follows_the_measured_cudnn_curves() -> None:
+    """Hopper (compute capability 90): the causal forward runs at the measured cuDNN causal rate
+    on the causal half (518 TFLOP/s at 4k on the H100 SXM of the FA3 paper), the backward at the
+    non-causal backward rate times the forward's causal / non-causal ratio; both scale with the
+    part's best GEMM rate relative to the H100 SXM MAMF, between the measured lengths in log2."""
+    from xsim_adapters.workload.gemm import tiled_quantization
+    from xsim_adapters.workload.kernels import (
+        HOPPER_ATTN_REF_BLOCKS,
+        HOPPER_ATTN_REF_TFLOPS,
+        HOPPER_BWD_TFLOPS,
+        HOPPER_FWD_CAUSAL_TFLOPS,
+        HOPPER_FWD_TFLOPS,
+        _curve,
+    )
+
+    assert _curve(4096, HOPPER_FWD_CAUSAL_TFLOPS) == 518.0
+    assert _curve(3000, HOPPER_FWD_CAUSAL_TFLOPS) == pytest.approx(
+        484 + (518 - 484) * (math.log2(3000) - 11), rel=1e-12)
+    assert _curve(100, HOPPER_FWD_TFLOPS) == 497.0 and _curve(1 << 20, HOPPER_BWD_TFLOPS) == 516
+    h100 = device_presets()["H100-80GB"]
+    assert h100.compute_capability == 90
+    llama = ModelSpec("l", 2, 4096, 14336, 32, 8, 4096, 32000)
+    c = make_ctx(llama, TR, h100, 1)
+    full = 4.0 * 4096 * 4096 * 128 * 32
+    scale = c.attn_rates.gemm_flops / (HOPPER_ATTN_REF_TFLOPS * 1e12)
+    wave = tiled_quantization(32 * 32, 132) / tiled_quantization(HOPPER_ATTN_REF_BLOCKS, 132)
+    (f,) = [k for k in attention_kernels(c, False) if k.name == "flash_fwd"]
+    assert f.flops == full
+    assert f.seconds == pytest.approx(0.5 * full / (518e12 * scale * wave))
+    (bk,) = [k for k in attention_kernels(c, True) if k.name == "flash_bwd"]
+    assert bk.seconds == pytest.approx(2.5 * 0.5 * full / (499e12 * 518 / 609 * scale * wave))

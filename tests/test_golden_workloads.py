@@ -48,18 +48,21 @@ BF16_BYTES = 2
 # routed experts; Qwen1.5-MoE-A2.7B: 14,315,587,584 (published "14.3B"; 24 x 60 x 3 x 2048 x 1408
 # = 12,457,082,880 routed), Llama 3 8B: 8,030,261,248. Under EP the dense part syncs over all
 # replicas and the routed experts over the expert-data-parallel group (edp ranks per ring; every
-# expert in exactly one ring per EP position): 2 (dp - 1) dense + 2 (edp - 1) routed, x 2 bytes.
+# expert in exactly one ring per EP position). Both MoE plans run ZeRO-1: the dense part's
+# reduce-scatter moves (dp - 1) x fp32 gradients and its all-gather (dp - 1) x bf16 parameters;
+# the expert-DP rings (workload/alltoall.py) move bf16 both ways: 2 (edp - 1) routed x 2 bytes.
 MIXTRAL_8X7B_PARAMS, MIXTRAL_8X7B_ROUTED = 46_702_792_704, 45_097_156_608
 QWEN_MOE_PARAMS, QWEN_MOE_ROUTED = 14_315_587_584, 12_457_082_880
 LLAMA3_8B_PARAMS = 8_030_261_248
+FP32_BYTES = 4  # gradients of bf16 parameters (training.grad_reduce_dtype auto, Megatron-LM)
 HAND = {
     "moe-mixtral-8x7b-64xh100-ep8": {
         "params": 0, "dp": 8,
-        "dp_bytes": (2 * 7 * (MIXTRAL_8X7B_PARAMS - MIXTRAL_8X7B_ROUTED)
-                     + 2 * 1 * MIXTRAL_8X7B_ROUTED) * BF16_BYTES},
+        "dp_bytes": 7 * (MIXTRAL_8X7B_PARAMS - MIXTRAL_8X7B_ROUTED) * (FP32_BYTES + BF16_BYTES)
+        + 2 * 1 * MIXTRAL_8X7B_ROUTED * BF16_BYTES},
     "moe-hetero-h100-a100-by-speed": {  # one EP group of all 16 replicas: no expert DP ring
         "params": 0, "dp": 16,
-        "dp_bytes": 2 * 15 * (QWEN_MOE_PARAMS - QWEN_MOE_ROUTED) * BF16_BYTES},
+        "dp_bytes": 15 * (QWEN_MOE_PARAMS - QWEN_MOE_ROUTED) * (FP32_BYTES + BF16_BYTES)},
     "long-context-128k-cp4": {"params": LLAMA3_8B_PARAMS, "dp": 4},
     "hetero-dp-h100-a100": {"params": LLAMA2_7B_PARAMS, "dp": 2},
     "homogeneous-h100": {"params": LLAMA2_7B_PARAMS, "dp": 2},
@@ -126,10 +129,14 @@ def _independent_checks(name: str, golden: dict, trace, plan) -> None:
     flows = ops[ops["kind"] == KIND_FLOW]
     comp = ops[ops["kind"] == KIND_COMPUTE]
     hand = HAND[name]
-    # closed form: a ring all-reduce (or ZeRO's reduce-scatter + all-gather) over n replicas
-    # moves 2 (n - 1) / n of the gradient bytes per member: 2 (n - 1) x all gradient bytes
+    # closed form: a ring all-reduce over n replicas moves 2 (n - 1) / n of the gradient bytes
+    # per member, 2 (n - 1) x all gradient bytes in the gradient format (4 bytes for the bf16
+    # plans, Megatron-LM's fp32 gradients; 2 for fp16); ZeRO's reduce-scatter (n - 1) x the
+    # gradient bytes and its all-gather (n - 1) x the parameter bytes (2)
     dp = flows[flows["phase"] == PHASE_INDEX["dp"]]
-    exact = hand.get("dp_bytes", 2 * (hand["dp"] - 1) * hand["params"] * BF16_BYTES)
+    g = FP32_BYTES if plan.training.precision in ("bf16", "fp8") else BF16_BYTES
+    per_param = g + BF16_BYTES if plan.training.zero_stage >= 1 else 2 * g
+    exact = hand.get("dp_bytes", (hand["dp"] - 1) * hand["params"] * per_param)
     if plan.collectives.granularity == "step":
         assert int(dp["bytes"].sum()) == exact
     else:  # chunked: every rank sends floor(S (n-1) / n) per ring, < 1 byte short per flow

@@ -78,7 +78,18 @@ CASES = [
         _set(["training", "shedule"], "1f1b"),
         "training.shedule: unknown key; expected one of global_batch, micro_batch, schedule, "
         "optimizer, zero_stage, recompute, sequence_parallel, causal_attention_halving, "
-        "flash_attention, virtual_stages, overlap, precision, dropout",
+        "flash_attention, virtual_stages, overlap, precision, dropout, grad_reduce_dtype, "
+        "grad_accumulation_fusion",
+    ),
+    (
+        "unknown gradient format",
+        _set(["training", "grad_reduce_dtype"], "fp8"),
+        "training.grad_reduce_dtype: expected one of auto, fp32, bf16, fp16 (got 'fp8')",
+    ),
+    (
+        "fp8 efficiency above 1",
+        _set(["device_types"], {"H100-80GB": {"fp8_efficiency": 1.5}}),
+        "device_types.H100-80GB.fp8_efficiency: expected a number in [0, 1] (got 1.5)",
     ),
     (
         "unknown key in a stage",

@@ -70,17 +70,18 @@ def test_hand_computed_stage_memory():
     s0, s1 = stage_memory(plan, 0, 0), stage_memory(plan, 0, 1)
     p0 = (2 * LAYER + EMBED) / 2
     assert s0.params_per_device == p0 == 29_504_512
-    assert (s0.weights, s0.gradients, s0.optimizer) == (2 * p0, 2 * p0, 12 * p0)
+    # bf16 weights, fp32 gradients (Megatron's main_grad: grad_reduce_dtype auto), Adam 12 B
+    assert (s0.weights, s0.gradients, s0.optimizer) == (2 * p0, 4 * p0, 12 * p0)
     assert s0.in_flight == 2  # 1F1B: min(pp - 0, m) = min(2, 4)
     assert s0.activations == 2 * 2 * PER_LAYER == 520_093_696
-    assert s0.total == 992_165_888
+    assert s0.total == 992_165_888 + 2 * p0 == 1_051_174_912  # 18 B/param + activations
 
     p1 = (2 * LAYER + HEAD) / 2
     assert s1.params_per_device == p1
     assert s1.in_flight == 1
     head_acts = 4 * 1024 * 2 * (1024 + 32_000) / 2
     assert s1.activations == 2 * PER_LAYER + head_acts == 395_313_152
-    assert s1.total == 859_013_120
+    assert s1.total == 859_013_120 + 2 * p1 == 916_975_616
 
 
 def test_options_change_activations_as_the_paper_says():
@@ -104,19 +105,19 @@ def test_zero_shards_over_replicas(zero):
     sm = stage_memory(plan_from_dict(d), 1, 0)
     p = (2 * LAYER + EMBED) / 2
     assert sm.optimizer == 12 * p / (2 if zero >= 1 else 1)
-    assert sm.gradients == 2 * p / (2 if zero >= 2 else 1)
+    assert sm.gradients == 4 * p / (2 if zero >= 2 else 1)  # fp32 gradients
     assert sm.weights == 2 * p / (2 if zero >= 3 else 1)
 
 
 def test_infeasible_message_has_the_numbers():
     d = tiny()
-    d["device_types"] = {"A100-40GB": {"hbm_GB": 0.9}}
+    d["device_types"] = {"A100-40GB": {"hbm_GB": 1.0}}
     with pytest.raises(InfeasiblePlanError) as info:
         plan_from_dict(d)
-    # stage 0: 992,165,888 bytes; stage 1 (859,013,120) fits in 0.9 GB
+    # stage 0: 1,051,174,912 bytes; stage 1 (916,975,616) fits in 1.0 GB
     assert str(info.value) == (
-        "replicas[0].stages[0]: needs 1.0 GB per device (weights 0.1, gradients 0.1, "
-        "optimizer 0.4, activations 0.5) but A100-40GB has 0.9 GB"
+        "replicas[0].stages[0]: needs 1.1 GB per device (weights 0.1, gradients 0.1, "
+        "optimizer 0.4, activations 0.5) but A100-40GB has 1.0 GB"
     )
     d["device_types"] = {"A100-40GB": {"hbm_GB": 0.8}}
     with pytest.raises(InfeasiblePlanError) as info:
@@ -138,7 +139,7 @@ def test_example_without_flash_attention_does_not_fit_on_a100_40gb():
     msg = str(info.value)
     assert re.fullmatch(
         r"replicas\[1\]\.stages\[0\]: needs (\d+\.\d) GB per device \(weights 1\.9, gradients "
-        r"1\.9, optimizer 11\.3, activations (\d+\.\d)\) but A100-40GB has 40\.0 GB",
+        r"3\.8, optimizer 11\.3, activations (\d+\.\d)\) but A100-40GB has 40\.0 GB",
         msg,
     ), msg
     # s=4096, b=1, h=4096, a=32, t=4: per layer sbh*(10 + 6) + 5*a*s^2/4; 18 layers x 2 in flight

@@ -35,10 +35,15 @@ def test_fast_subset_error_stays_within_limits(tmp_path) -> None:
 
 def test_sc21_plans_follow_the_paper() -> None:
     row = sc21.rows()[4]  # 39.1B: tp 8, pp 2, dp 32, batch 1536
-    d = sc21.plan_dict(row)
-    assert d["training"]["global_batch"] == 1536 // 32
+    d = sc21.plan_dict(row)  # the whole plan: every replica, the DP all-reduce simulated
+    assert d["training"]["global_batch"] == 1536
+    assert d["replicas"]["uniform"] == {"group": "a100", "tp": 8, "pp": 2, "dp": 32}
     assert d["model"]["hidden"] == 8192 and d["model"]["ffn_hidden"] == 4 * 8192
-    assert d["device_groups"]["a100"] == {"type": "A100-80GB", "nodes": 2, "gpus_per_node": 8}
+    assert d["device_groups"]["a100"] == {"type": "A100-80GB", "nodes": 64, "gpus_per_node": 8}
+    assert d["training"]["overlap"] == {"dp_grad_reduce": False}  # 2021 local DDP
+    one = sc21.plan_dict(row, replicas=1)  # one replica with its share of the batch
+    assert one["training"]["global_batch"] == 1536 // 32
+    assert one["device_groups"]["a100"]["nodes"] == 2
     # the measured iteration time is the paper's Eq. 3 FLOPs / (GPUs x TFLOP/s per GPU)
     b, s, layers, h, v = 1536, 2048, 48, 8192, 51200
     f = 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
@@ -73,3 +78,74 @@ def test_results_csv_round_trips(tmp_path) -> None:
     assert [(r.label, r.measured, r.predicted, r.notes) for r in back] == [
         ("a", 2.0, 2.5, "n1"), ("b", 4.0, 3.0, "")]  # fmt: skip
     assert fw.summary(back)["s"]["median_abs_error"] == pytest.approx((0.25 + 0.25) / 2)
+
+
+# ---------------------------------------------------------------- training-throughput sources
+
+
+def test_training_plans_follow_their_sources() -> None:
+    """Plan writers: the published configurations, and the metrics derived from them by hand."""
+    from validation import amp_hetero, bloom_176b, llama3_405b, megascale_megatron
+    from validation import megatron_core_h100 as mc
+    from validation import nemo_h100 as nemo
+
+    # Megatron-LM README, 1.7B row: 16 heads, h 2048, 24 layers, 48 GPUs, batch 192, 408.8 TF
+    r = mc.rows()[0]
+    s, v, h, layers = 4096, 131072, 2048, 24
+    f = 12 * 192 * s * layers * h * h * ((1 + 1 + s / h) + 4 + v / (2 * layers * h))
+    assert mc.measured_iteration_s(r) == pytest.approx(f / (48 * 408.8e12))
+    d = mc.plan_dict(mc.rows()[4])  # 70B: TP 8, PP 2, DP 48, batch 384
+    assert d["replicas"]["uniform"] == {"group": "g", "tp": 8, "pp": 2, "dp": 48}
+    assert d["training"]["overlap"]["tp_comm"] and d["training"]["sequence_parallel"]
+    assert d["collectives"] == {"channels": 1}  # a TP 8 DP ring has one GPU (one NIC) a server
+    assert mc.plan_dict(r)["collectives"] == {"channels": 8}
+    # NeMo Llama 2 7B: 128 x 4096 tokens over 8 GPUs at 16934 tokens/s/GPU
+    n = next(x for x in nemo.rows() if x["model"] == "LLAMA2-7B")
+    assert nemo.measured_iteration_s(n) == pytest.approx(128 * 4096 / (8 * 16934))
+    d = nemo.plan_dict(next(x for x in nemo.rows() if x["model"] == "LLAMA3-70B"))
+    assert d["replicas"]["uniform"] == {"group": "g", "tp": 4, "pp": 4, "dp": 4, "cp": 2}
+    assert d["training"]["schedule"] == "interleaved" and d["training"]["virtual_stages"] == 5
+    assert d["training"]["precision"] == "fp8" and d["training"]["grad_reduce_dtype"] == "bf16"
+    # Llama 3 and BLOOM: one layer fewer on the first and the last stage
+    sizes = [b - a for a, b in llama3_405b.stage_layers(16)]
+    assert sizes == [7] + [8] * 14 + [7]
+    sizes = [b - a for a, b in bloom_176b.stage_layers(70, 12)]
+    assert sizes == [5] + [6] * 10 + [5]
+    d = bloom_176b.plan_dict(bloom_176b.rows()[0])  # Megatron-DeepSpeed order: pipe, data, model
+    assert d["replicas"][1]["stages"][2]["devices"] == [2 * 8 * 4 + 1 * 4, 2 * 8 * 4 + 8]
+    assert megascale_megatron.rows()[0] == {"batch": 768, "gpus": 256, "iteration_s": 40.0}
+    # AMP: DeepSpeed's 30-entry layer list and rank order; every replica the same micro-batches
+    assert amp_hetero.stage_layers([0, 7, 14, 20, 30]) == [(0, 5), (5, 12), (12, 18), (18, 24)]
+    assert amp_hetero.stage_layers([0, 1, 2, 30]) is None  # a stage without a layer
+    row = {"cluster": "v100x12+t4x4", "micro_batch": 2, "tp": 2, "dp": 2, "pp": 4,
+           "layers": [(0, 6), (6, 12), (12, 18), (18, 24)]}
+    d = amp_hetero.plan_dict(row)
+    last = d["replicas"][1]["stages"][3]  # rank 3 * 2 * 2 + 1 * 2 = 14: the T4 server
+    assert (last["group"], last["devices"]) == ("t4", [2, 4])
+    assert [rep["micro_batches"] for rep in d["replicas"]] == [8, 8]  # 32 / (2 x 2)
+
+
+# Bounds on the fast subsets of the training sources: about 1.2x the median and worst |error|
+# they measure on this branch (docs/validation.md has the numbers), so a change that moves them
+# much further from the measurements fails. All three are under-predicted today: the H100 rows
+# by 15-30% (the compute model's GEMMs run at 95-97% of the MAMF on shapes where the real runs
+# reach less), AMP's 2020-21 DeepSpeed stack by 15-55% (its host-side costs).
+FAST_BOUNDS = {  # source: (median |error|, worst |error|)
+    "nemo-h100": (0.26, 0.26),  # measured 21.1%, 21.5% (Llama 2 7B, Llama 3 8B, 8 GPUs)
+    "megatron-core-h100": (0.28, 0.35),  # measured 23.5%, 29.0% (1.7B, 7.1B)
+    "amp-hetero": (0.43, 0.64),  # measured 35.8%, 53.0% (12 trials)
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", sorted(FAST_BOUNDS))
+def test_training_source_fast_subset_within_bounds(source: str) -> None:
+    cases = fw.select(fw.discover(), [source], fast_only=True)
+    assert cases, source
+    results = fw.run_cases(cases, log=lambda s: None)
+    s = fw.summary(results)[source]
+    median, worst = FAST_BOUNDS[source]
+    assert s["median_abs_error"] <= median, fw.markdown_table(results)
+    assert abs(s["worst_error"]) <= worst, fw.markdown_table(results)
+    # every prediction is a positive, finite iteration time from a whole simulated plan
+    assert all(0 < r.predicted < 100 * r.measured for r in results)

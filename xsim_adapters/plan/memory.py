@@ -1,7 +1,9 @@
 """Per-device memory of every stage, and the feasibility check built on it.
 
 Model (bytes per device of a stage's TP group, P = the stage's parameters / tp):
-- weights ``P * dtype_bytes``; gradients ``P * dtype_bytes``; Adam optimizer state ``12 P``
+- weights ``P * dtype_bytes``; gradients ``P * g`` with g the gradient format's bytes
+  (``training.grad_reduce_bytes``: 4 for bf16 parameters, Megatron's fp32 ``main_grad``
+  buffer; 2 for fp16); Adam optimizer state ``12 P``
   (fp32 master copy, m and v). ZeRO-1 divides the optimizer state by the number of replicas
   owning the layers (every replica owns every layer once, so by ``dp``), ZeRO-2 also the
   gradients, ZeRO-3 also the weights.
@@ -263,11 +265,12 @@ def stage_memory(plan: Plan, replica: int, stage: int) -> StageMemory:
     if experts:  # EP: the routed experts are not TP-split; their state shards over the EDP group
         params -= routed_expert_params(model, st.layers)
     p = params / st.tp
+    gb = tr.grad_reduce_bytes(model.dtype_bytes)
     weights = p * model.dtype_bytes / (dp if z >= 3 else 1)
-    grads = p * model.dtype_bytes / (dp if z >= 2 else 1)
+    grads = p * gb / (dp if z >= 2 else 1)
     optim = p * OPTIMIZER_BYTES_PER_PARAM / (dp if z >= 1 else 1)
     weights += experts * model.dtype_bytes / (edp if z >= 3 else 1)
-    grads += experts * model.dtype_bytes / (edp if z >= 2 else 1)
+    grads += experts * gb / (edp if z >= 2 else 1)
     optim += experts * OPTIMIZER_BYTES_PER_PARAM / (edp if z >= 1 else 1)
     p += experts
 

@@ -25,6 +25,9 @@ Recompute = Literal["none", "selective", "full"]
 # precision with fp32 master weights (16-bit tensor-core peak); fp8: fp8 GEMMs (Transformer
 # Engine), bf16 elsewhere; tf32: fp32 storage, tf32 tensor-core GEMMs; fp32: no tensor cores.
 Precision = Literal["bf16", "fp16", "fp8", "tf32", "fp32"]
+# Number format of the gradients the data-parallel sync reduces; "auto" is Megatron-LM's rule
+# (see TrainingSpec.grad_reduce_bytes).
+GradDtype = Literal["auto", "fp32", "bf16", "fp16"]
 Resharding = Literal["lcm", "gather_p2p_scatter", "direct"]
 Granularity = Literal["step", "chunked"]
 RingOrder = Literal["hetero_aware", "natural"]
@@ -170,6 +173,15 @@ class TrainingSpec:
     # Dropout on the attention probabilities and the hidden states (GPT-style training): adds the
     # dropout kernels and their mask traffic to the compute model. Llama-style training has none.
     dropout: bool = False
+    # Gradient format of the DP reduce (and of the gradient buffer the backward accumulates
+    # into): "auto" follows Megatron-LM (megatron/training/arguments.py: "bfloat16 requires
+    # gradient accumulation and all-reduce to be done in fp32"): fp32 for bf16 parameters (bf16
+    # and fp8 training), the parameter format otherwise. NeMo's grad_sync_dtype=bf16: "bf16".
+    grad_reduce_dtype: GradDtype = "auto"
+    # Megatron's gradient_accumulation_fusion (on by default in Megatron-LM and NeMo): the
+    # weight-gradient GEMM accumulates into the gradient buffer itself (no separate
+    # AccumulateGrad kernel). False: PyTorch's AccumulateGrad add after every wgrad GEMM.
+    grad_accumulation_fusion: bool = True
 
     def __post_init__(self) -> None:
         # Older plans and callers say recompute: true / false; they mean full / none.
@@ -179,6 +191,16 @@ class TrainingSpec:
     @property
     def total_micro_batches(self) -> int:
         return self.global_batch // self.micro_batch
+
+    def grad_reduce_bytes(self, model_dtype_bytes: int) -> int:
+        """Bytes per gradient element in the DP reduce and the gradient buffer.
+
+        ``auto``: 4 for bf16 parameters (``precision`` bf16 or fp8) and for fp32/tf32 training,
+        the model dtype's bytes for fp16 (Megatron-LM's fp16 path reduces fp16 gradients).
+        """
+        if self.grad_reduce_dtype != "auto":
+            return DTYPE_BYTES[self.grad_reduce_dtype]
+        return model_dtype_bytes if self.precision == "fp16" else 4
 
 
 @dataclass(frozen=True)
@@ -237,6 +259,8 @@ class DeviceType:
     fp32_tflops: float = 0.0  # dense fp32 (non-tensor) peak; 0: unknown
     tf32_tflops: float = 0.0  # dense tf32 tensor peak; 0: none (tf32 runs at the fp32 rate)
     fp8_tflops: float = 0.0  # dense fp8 tensor peak; 0: none (precision fp8 is an error)
+    # best-shape fp8 GEMM fraction of fp8_tflops (fp8 MAMF / spec); 0: unmeasured, `efficiency`
+    fp8_efficiency: float = 0.0
     bf16: bool = True  # False: no bf16 tensor cores (V100, T4, RTX 20); bf16 runs as fp16
     sm_count: int = 0  # SMs (NVIDIA) or CUs (AMD) a GEMM spreads over; 0: no wave model
     hbm_efficiency: float = 0.8  # achieved fraction of hbm_GBps (median of measured copies)

@@ -28,6 +28,7 @@ from .model import (
     CollectivesSpec,
     DeviceType,
     ExplicitLink,
+    GradDtype,
     Granularity,
     LinkEvent,
     LinkEventKind,
@@ -61,6 +62,7 @@ DEVICE_KEYS = (
     *DEVICE_PEAK_KEYS,
     "efficiency",
     "hbm_efficiency",
+    "fp8_efficiency",
     "bf16",
     "sm_count",
     "compute_capability",
@@ -183,6 +185,10 @@ def parse_training(value: Any, path: str) -> TrainingSpec:
         overlap=_parse_overlap(m.get("overlap", {}), f.join(path, "overlap")),
         precision=f.get_enum(m, "precision", path, get_args(Precision), d.precision),  # type: ignore[arg-type]
         dropout=f.get_bool(m, "dropout", path, d.dropout),
+        grad_reduce_dtype=f.get_enum(  # type: ignore[arg-type]
+            m, "grad_reduce_dtype", path, get_args(GradDtype), d.grad_reduce_dtype),
+        grad_accumulation_fusion=f.get_bool(
+            m, "grad_accumulation_fusion", path, d.grad_accumulation_fusion),
     )
     if spec.global_batch % spec.micro_batch:
         raise PlanError(
@@ -267,6 +273,9 @@ def parse_device_type(
     for key in ("efficiency", "hbm_efficiency"):
         if key in m:
             values[key] = f.get_number(m, key, path, at_most=1.0)
+    if "fp8_efficiency" in m:  # 0: not measured, fp8 GEMMs at `efficiency`
+        values["fp8_efficiency"] = f.get_number(m, "fp8_efficiency", path, positive=False,
+                                                at_most=1.0)
     if "bf16" in m:
         values["bf16"] = f.get_bool(m, "bf16", path)
     if "sm_count" in m:

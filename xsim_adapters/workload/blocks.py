@@ -39,6 +39,22 @@ from .passes import (
 )
 from .selection import Choice
 
+# SMs that Transformer Engine's TP communication takes from the GEMM it overlaps, per block
+# and pass as (first GEMM, last GEMM) of the unit in run order; the median of the H100
+# userbuffer configs shipped with NeMo-Framework-Launcher (f932a6ee, launcher_scripts/conf/
+# training/tp_overlap/ub_cfg_h100_*.yaml). Forward: the all-gather feeding QKV / MLP-up runs
+# as ring_exchange on copy engines (0 SMs); the reduce-scatter after the out-projection
+# (proj_fprop, pipeline, num_sm 24) and after MLP-down (fc2_fprop, 16) keeps its SMs from the
+# GEMM (set_sm_margin). Backward: proj / fc2 dgrad overlap a ring_exchange all-gather (0); the
+# QKV and MLP-up dgrad + wgrad overlap bulk collectives (qkv 4 and 20 SMs: 12 over the pair,
+# fc1 2 and 4: 3).
+TP_OVERLAP_SMS: dict[str, tuple[int, int]] = {
+    "attention_fwd": (0, 24),
+    "mlp_fwd": (0, 16),
+    "attention_bwd": (0, 12),
+    "mlp_bwd": (0, 3),
+}
+
 
 @dataclass(frozen=True)
 class Unit:
@@ -57,6 +73,8 @@ class Unit:
     # sequence-parallel all-gather ahead of an MLA attention block, its reduce-scatter in the
     # backward); lowered with ``RingSpec.latent``.
     latent: str | None = None
+    # SMs the TP communication overlapped with the (first, last) GEMM occupies (TP overlap)
+    comm_sms: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -143,13 +161,13 @@ def stage_units(
         else:
             fwd.append(
                 Unit("fwd", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk,
-                     ("fwd", layer), k.ga)
+                     ("fwd", layer), k.ga, comm_sms=TP_OVERLAP_SMS["attention_fwd"])
             )
         if moe is not None and layer in moe.layers:
             fwd.extend(_moe_units(moe, layer, "fwd", tpk, nxt))
             continue
         fwd.append(Unit("fwd", layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk, None,
-                        k.gm, nxt))
+                        k.gm, nxt, TP_OVERLAP_SMS["mlp_fwd"]))
     if last:
         ns, fl = head_cost(model, training, device, n)
         fwd.append(Unit("fwd", model.layers, model.layers + 1, ns, fl, ()))
@@ -164,14 +182,14 @@ def stage_units(
             else:
                 bwd.append(
                     Unit("recompute", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk,
-                         None, k.ga)
+                         None, k.ga, comm_sms=TP_OVERLAP_SMS["attention_fwd"])
                 )
             if moe is not None and layer in moe.layers:
                 bwd.extend(_moe_units(moe, layer, "recompute", tpk, nxt))
                 continue
             bwd.append(
                 Unit("recompute", layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk,
-                     None, k.gm, nxt)
+                     None, k.gm, nxt, TP_OVERLAP_SMS["mlp_fwd"])
             )
     if last:
         ns, fl = head_cost(model, training, device, n, bwd=True)  # fl: backward (2x) FLOPs
@@ -191,7 +209,7 @@ def stage_units(
                 bwd.extend(_moe_units(moe, layer, "bwd", tpk))
             else:
                 bwd.append(Unit("bwd", layer, layer + 1, k.mlp_b, costs.mlp_flops, tpk, None,
-                                k.rm))
+                                k.rm, comm_sms=TP_OVERLAP_SMS["mlp_bwd"]))
             if training.recompute == "selective":
                 bwd.append(Unit("recompute", layer, layer + 1, k.sel_ns, k.core, ()))
             if cpc is not None:  # B: the ring's input gradients; the local GEMMs' W deferred
@@ -200,7 +218,7 @@ def stage_units(
             else:
                 bwd.append(
                     Unit("bwd", layer, layer + 1, k.attn_b, costs.attn_flops + k.core, tpk, None,
-                         k.ra, scatter)
+                         k.ra, scatter, TP_OVERLAP_SMS["attention_bwd"])
                 )
             mw, mfl = (0, 0.0) if is_moe else (k.mlp_w, costs.mlp_flops)
             wgr.append(
@@ -212,7 +230,7 @@ def stage_units(
         else:
             bwd.append(
                 Unit("bwd", layer, layer + 1, costs.mlp_bwd_ns, 2 * costs.mlp_flops, tpk, None,
-                     k.rm)
+                     k.rm, comm_sms=TP_OVERLAP_SMS["mlp_bwd"])
             )
         if training.recompute == "selective":
             bwd.append(Unit("recompute", layer, layer + 1, k.sel_ns, k.core, ()))
@@ -222,7 +240,7 @@ def stage_units(
             continue
         bwd.append(
             Unit("bwd", layer, layer + 1, costs.attn_bwd_ns, 2 * costs.attn_flops, tpk, layer,
-                 k.ra, scatter)
+                 k.ra, scatter, TP_OVERLAP_SMS["attention_bwd"])
         )
     if first:
         ns, fl = embedding_cost(model, training, device, bwd=True)
@@ -320,18 +338,27 @@ def _moe_units(moe: StageMoE, layer: int, phase: str, tpk: tuple[str, ...],
     return [post, exp, pre] if bwd else [pre, exp, post]
 
 
-def _pieces(u: Unit, split: bool) -> list[tuple[Any, Any]]:
+def _pieces(u: Unit, split: bool, sm_count: int = 0) -> list[tuple[Any, Any]]:
     """(ns, FLOPs) of the compute ops of ``u``: one, or with ``split`` its first GEMM, the middle
-    and its last GEMM (durations by the unit's GEMM shares; they add up to the unit's)."""
+    and its last GEMM (durations by the unit's GEMM shares; they add up to the unit's). A split
+    GEMM runs on the SMs its overlapped TP communication leaves (``u.comm_sms`` of
+    ``sm_count``), so it takes ``sm_count / (sm_count - comm SMs)`` times longer."""
     if not split or u.gemms is None:
         return [(u.duration_ns, u.flops)]
     assert isinstance(u.duration_ns, int) and isinstance(u.flops, float | int)
     a, z = u.gemms
-    d1, d3 = int(round(u.duration_ns * a)), int(round(u.duration_ns * z))
+    d1 = int(round(u.duration_ns * a))
+    # the two roundings may overshoot by 1 ns when the GEMMs are the whole unit (a + z = 1)
+    d3 = min(int(round(u.duration_ns * z)), u.duration_ns - d1)
+    mid = u.duration_ns - d1 - d3
+
+    def slowed(ns: int, sms: int) -> int:
+        return int(round(ns * sm_count / (sm_count - sms))) if 0 < sms < sm_count else ns
+
     return [
-        (d1, u.flops * a),
-        (u.duration_ns - d1 - d3, u.flops * (1.0 - a - z)),
-        (d3, u.flops * z),
+        (slowed(d1, u.comm_sms[0]), u.flops * a),
+        (mid, u.flops * (1.0 - a - z)),
+        (slowed(d3, u.comm_sms[1]), u.flops * z),
     ]
 
 
@@ -343,6 +370,7 @@ def build_block(
     granularity: str,
     chunks: int,
     overlap_tp: bool = False,
+    sm_count: int = 0,
 ) -> Block:
     """Lower ``units`` on a TP group of ``n`` local ranks into a block template.
 
@@ -352,6 +380,8 @@ def build_block(
     the all-gather that follows runs beside the next unit's first GEMM, which waits only for
     the reduce-scatter; the next unit's middle waits for the all-gather (Megatron-Core's
     GEMM + reduce-scatter and all-gather + GEMM overlap, the chunk pipelining not resolved).
+    The overlapped GEMMs lose the SMs the communication kernels take (:data:`TP_OVERLAP_SMS`
+    of the device's ``sm_count``).
     """
     tb = BulkBuilder()
     local = np.arange(n, dtype=np.int64)
@@ -365,7 +395,7 @@ def build_block(
     for u in units:
         split = overlap_tp and n > 1 and u.gemms is not None and bool(u.kinds)
         pieces: list[np.ndarray] = []
-        for ns, flops in _pieces(u, split):
+        for ns, flops in _pieces(u, split, sm_count):
             ids = tb.add_ops(
                 n,
                 kind=KIND_COMPUTE,

@@ -8,7 +8,9 @@ owning stage is the same in every replica is one *sync group*. A segment is cut 
 tens of MB to GB of gradients, already at or above the 25-40 MB buckets of PyTorch DDP /
 Megatron, and per-layer buckets let the sync of late layers overlap the backward of early
 ones). A bucket carries its layers' gradient bytes (+ the embedding in the bucket starting at
-layer 0, + the head in the bucket ending at ``model.layers``) in the model dtype.
+layer 0, + the head in the bucket ending at ``model.layers``) in the gradient format
+(``training.grad_reduce_bytes``: fp32 for bf16 parameters, as Megatron-LM reduces them) and,
+for ZeRO's all-gather of the updated parameters, its parameter bytes in the model dtype.
 
 Multi-ring: with the owners' TP degrees t_r, a bucket is cut into L = lcm(t_r) equal chunks
 (integer cut points); chunk c is held in replica r by stage rank c * t_r // L, and all-reduced
@@ -71,12 +73,14 @@ class Bucket:
     nbytes: int  # gradient bytes of the whole bucket (all TP shards)
     has_embedding: bool
     has_head: bool
+    param_nbytes: int = 0  # parameter bytes of the bucket (model dtype): ZeRO's all-gather
 
 
 def buckets(plan: Plan, segments: list[Segment]) -> list[Bucket]:
     """Cut every segment into buckets of ``collectives.dp_bucket_layers`` layers."""
     model = plan.model
     per = max(1, plan.collectives.dp_bucket_layers)
+    grad_bytes = plan.training.grad_reduce_bytes(model.dtype_bytes)
     out = []
     for si, seg in enumerate(segments):
         for lo in range(seg.start, seg.stop, per):
@@ -85,7 +89,8 @@ def buckets(plan: Plan, segments: list[Segment]) -> list[Bucket]:
             params = dp_synced_params(plan, (lo, hi))
             params += embedding_params(model) if emb else 0
             params += head_params(model) if head else 0
-            out.append(Bucket(si, lo, hi, params * model.dtype_bytes, emb, head))
+            out.append(Bucket(si, lo, hi, params * grad_bytes, emb, head,
+                              params * model.dtype_bytes))
     return out
 
 
@@ -96,9 +101,10 @@ class ChunkRing:
     bucket: int
     chunk: int
     num_chunks: int
-    nbytes: int
+    nbytes: int  # gradient bytes of this chunk
     members: tuple[int, ...]  # global ranks, one per replica, in replica order
     member_local: tuple[int, ...]  # TP index of each member within its stage
+    param_nbytes: int = 0  # parameter bytes of this chunk (ZeRO's all-gather)
 
 
 def chunk_rings(plan: Plan, segments: list[Segment], bucket_list: list[Bucket]) -> list[ChunkRing]:
@@ -109,8 +115,10 @@ def chunk_rings(plan: Plan, segments: list[Segment], bucket_list: list[Bucket]) 
         stages = [plan.replicas[r].stages[s] for r, s in seg.owners]
         big_l = math.lcm(*(st.tp for st in stages))
         cuts = [bk.nbytes * c // big_l for c in range(big_l + 1)]
+        pcuts = [bk.param_nbytes * c // big_l for c in range(big_l + 1)]
         for c in range(big_l):
             local = tuple(c * st.tp // big_l for st in stages)
             members = tuple(plan.stage_ranks(st)[k] for st, k in zip(stages, local, strict=True))
-            out.append(ChunkRing(bi, c, big_l, cuts[c + 1] - cuts[c], members, local))
+            out.append(ChunkRing(bi, c, big_l, cuts[c + 1] - cuts[c], members, local,
+                                 pcuts[c + 1] - pcuts[c]))
     return out

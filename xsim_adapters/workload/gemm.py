@@ -72,15 +72,17 @@ def gemm_quantization(m: int, n: int, k: int, batch: int, sm_count: int) -> tupl
     return max(_options(m, n, k, batch, sm_count), key=lambda o: (o[0], -o[1]))
 
 
-def gemm_seconds(m: int, n: int, k: int, batch: int, elem_bytes: float, rates: Rates) -> float:
+def gemm_seconds(m: int, n: int, k: int, batch: int, elem_bytes: float, rates: Rates,
+                 extra_bytes: float = 0.0) -> float:
     """Roofline time (s) of ``batch`` GEMMs C[M,N] = A[M,K] @ B[K,N], without launch overhead.
 
     FLOPs ``2*M*N*K*batch`` at the shape's achieved rate; bytes: each operand read once and C
-    written once, ``elem_bytes`` each, plus fp32 split-K partials written and read back. The
-    tile and split with the least time win (as a GEMM library's heuristic would choose).
+    written once, ``elem_bytes`` each, plus ``extra_bytes`` (e.g. an accumulated C read back),
+    plus fp32 split-K partials written and read back. The tile and split with the least time
+    win (as a GEMM library's heuristic would choose).
     """
     flops = 2.0 * m * n * k * batch
-    nbytes = elem_bytes * batch * (m * k + k * n + m * n)
+    nbytes = elem_bytes * batch * (m * k + k * n + m * n) + extra_bytes
     best = float("inf")
     for q, split in _options(m, n, k, batch, rates.sm_count):
         extra = 2 * FP32_PARTIAL_BYTES * batch * m * n * split if split > 1 else 0

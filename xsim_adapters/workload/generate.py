@@ -70,7 +70,8 @@ def plan_digest(plan: Plan) -> str:
     """sha256 (hex) of the canonical JSON form of the validated plan.
 
     Fields added later are left out at their defaults (no ``perturb`` section, no ``moe``,
-    ``ep`` = ``cp`` = 1), so plans without them keep the digest (and trace) they had before.
+    ``ep`` = ``cp`` = 1, ``grad_reduce_dtype: auto``, ``grad_accumulation_fusion: true``), so
+    plans without them keep the digest they had before.
     """
     data = _digest_form(asdict(plan))
     if not plan.perturb.active:  # plans without a perturb section keep their earlier digests
@@ -82,6 +83,9 @@ def plan_digest(plan: Plan) -> str:
 def _digest_form(d: dict[str, Any]) -> dict[str, Any]:
     if d["model"].get("moe") is None:
         d["model"].pop("moe", None)
+    for key, default in (("grad_reduce_dtype", "auto"), ("grad_accumulation_fusion", True)):
+        if d["training"].get(key) == default:
+            d["training"].pop(key)
     for rep in d["replicas"]:
         for st in rep["stages"]:
             for key in ("ep", "cp"):
@@ -188,7 +192,8 @@ class _Generator:
             )
             self.blocks[key] = tuple(
                 build_block(
-                    u, stage.tp, ring, self.act_bytes, c.granularity, c.chunks, t.overlap.tp_comm
+                    u, stage.tp, ring, self.act_bytes, c.granularity, c.chunks, t.overlap.tp_comm,
+                    dev.sm_count,
                 )
                 for u in units
             )
@@ -461,11 +466,11 @@ class _Generator:
         if not rings:
             return None
         members = np.array([cr.members for cr in rings], dtype=np.int64)  # (I, n)
-        perms, sizes, labels = [], [], []
+        perms, sizes, gsizes, labels = [], [], [], []
         dp_kinds = ("all_reduce", "reduce_scatter", "all_gather")
         delays: dict[str, list[int]] = {k: [] for k in dp_kinds}
         choices: dict[str, list[Choice]] = {k: [] for k in dp_kinds}
-        seen: dict[tuple, tuple[int, ...]] = {}
+        seen: dict[tuple, int] = {}
         picked: dict[tuple, Choice] = {}
         info = self.info
         # ``channels: auto`` may open more rings for some DP rings than for others; the
@@ -474,30 +479,40 @@ class _Generator:
         ring_orders = [self._ring(list(cr.members), cr.nbytes) for cr in rings]
         width = max(len(o) for o, _ in ring_orders)
         for cr, (orders, sz) in zip(rings, ring_orders, strict=True):
+            bott: list[float] = []
             if len(orders) < width:
                 orders = [orders[i % len(orders)] for i in range(width)]
-                sz = split_bytes(cr.nbytes, [ring_bottleneck_GBps(info, o) for o in orders])
+                bott = [ring_bottleneck_GBps(info, o) for o in orders]
+                sz = split_bytes(cr.nbytes, bott)
+            # gradients (all-reduce, reduce-scatter) in the gradient format; ZeRO's all-gather
+            # of the updated parameters in the model dtype, on the same rings
+            if cr.param_nbytes == cr.nbytes:
+                gsz = sz
+            elif bott:
+                gsz = split_bytes(cr.param_nbytes, bott)
+            else:
+                gsz = self._ring(list(cr.members), cr.param_nbytes)[1]
             pos = {rk: k for k, rk in enumerate(cr.members)}
             perms.append([[pos[rk] for rk in o] for o in orders])
             sizes.append(sz)
+            gsizes.append(gsz)
             labels.append(",".join(map(str, orders[0])))
             mem = np.asarray(cr.members, dtype=np.int64)
             shape = (tuple(info.group[mem]), tuple(np.unique(info.server[mem],
                                                              return_inverse=True)[1]),
-                     tuple(info.local[mem]), cr.nbytes)
+                     tuple(info.local[mem]))
             for kd in dp_kinds:
-                if (kd, *shape) not in picked:
-                    picked[(kd, *shape)] = choose_algorithm(plan, info, list(cr.members), kd,
-                                                            cr.nbytes)
-                choices[kd].append(picked[(kd, *shape)])
-            if plan.collectives.nccl_cost:
-                key = (tuple(map(tuple, orders)), tuple(sz))
-                if key not in seen:
-                    seen[key] = tuple(ring_delay_ns(self.info, kd, orders, sz)
-                                      for kd in dp_kinds)
-                for kd, d in zip(dp_kinds, seen[key], strict=True):
-                    ch = choices[kd][-1]
-                    delays[kd].append(d if ch.algorithm == "ring" else ch.delay_ns)
+                nb, ksz = (cr.param_nbytes, gsz) if kd == "all_gather" else (cr.nbytes, sz)
+                if (kd, *shape, nb) not in picked:
+                    picked[(kd, *shape, nb)] = choose_algorithm(plan, info, list(cr.members),
+                                                                kd, nb)
+                ch = picked[(kd, *shape, nb)]
+                choices[kd].append(ch)
+                if plan.collectives.nccl_cost:
+                    key = (kd, tuple(map(tuple, orders)), tuple(ksz))
+                    if key not in seen:
+                        seen[key] = ring_delay_ns(self.info, kd, orders, ksz)
+                    delays[kd].append(seen[key] if ch.algorithm == "ring" else ch.delay_ns)
         grad_kind = WGRAD if plan.training.schedule == "zb_h1" else BWD
         last_op: dict[tuple[int, int], np.ndarray] = {}  # (r, s) -> last compute ids (n,)
         last_grad: dict[tuple[int, int, int], int] = {}  # (r, s, chunk) -> last grad micro-batch
@@ -529,6 +544,8 @@ class _Generator:
             "members": members,
             "perm": np.array(perms, dtype=np.int64),
             "sizes": np.array(sizes, dtype=np.int64),
+            "gather_sizes": np.array(gsizes, dtype=np.int64),
+            "gather_nbytes": np.array([cr.param_nbytes for cr in rings], dtype=np.int64),
             "delays": {k: np.array(v, dtype=np.int64) for k, v in delays.items() if v},
             "choices": choices,
             "labels": np.array(labels, dtype=object),
@@ -558,14 +575,18 @@ class _Generator:
         first flows (I, C, n), or with an NCCL delay the delay barriers (I, 1, n)."""
         tb = self.tb
         c = self.plan.collectives
+        # ZeRO's parameter all-gather moves model-dtype bytes (when the setup says so)
+        gather = kind == "all_gather" and "gather_sizes" in dp
+        sizes = dp["gather_sizes"] if gather else dp["sizes"]
+        nbytes = dp["gather_nbytes"] if gather else dp["nbytes"]
         rf, algos, chans = lower_instances(
-            dp["members"], dp["perm"], dp["sizes"], dp["nbytes"], dp["choices"][kind], kind,
+            dp["members"], dp["perm"], sizes, nbytes, dp["choices"][kind], kind,
             c.granularity, c.chunks, self.algorithm, int(dp["perm"].shape[1]))
         coll = tb.add_collectives(
             len(dp["members"]),
             kind=kind,
             phase=PHASE_INDEX["dp"],
-            bytes=dp["nbytes"],
+            bytes=nbytes,
             ranks=dp["labels"],
             algorithm=algos,
             channels=chans,

@@ -27,7 +27,8 @@ of many tiny kernels is bound by the host, not the GPU).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from math import log2
 
 from ..plan.model import DeviceType, ModelSpec, TrainingSpec
 from .gemm import Rates, gemm_seconds, tiled_quantization
@@ -48,8 +49,20 @@ FLASH_FWD_RATE = 0.84
 FLASH_BWD_RATE = 0.725
 FLASH_BWD_WORK = 2.5  # backward FLOPs / forward FLOPs (FA2, FA3 §4.1: recomputes S and P)
 FLASH_BLOCK_Q = 128  # query rows per thread block (FA2), for wave quantization
+# Hopper (compute capability 90): the fused attention Transformer Engine runs there (cuDNN) as
+# measured on H100 SXM5, head dim 128, batch x sequence = 16k tokens, 16 heads (FlashAttention-3
+# paper, Shah et al. 2024, Figs. 5 and 6, cuDNN bars; TFLOP/s with FLOPs counted causally for the
+# causal forward). Used relative to the H100 SXM MAMF (HOPPER_ATTN_REF_TFLOPS), so a Hopper part
+# scales them by its own best GEMM rate; interpolated in log2(sequence), clamped at the ends.
+HOPPER_ATTN_SEQ = (512, 1024, 2048, 4096, 8192, 16384)
+HOPPER_FWD_TFLOPS = (497.0, 574.0, 617.0, 609.0, 600.0, 595.0)  # non-causal forward
+HOPPER_FWD_CAUSAL_TFLOPS = (315.0, 410.0, 484.0, 518.0, 529.0, 539.0)  # causal forward
+HOPPER_BWD_TFLOPS = (305.0, 408.0, 465.0, 499.0, 518.0, 516.0)  # non-causal backward
+HOPPER_ATTN_REF_TFLOPS = 794.5  # H100 SXM bf16 MAMF (the device the curves were measured on)
+HOPPER_ATTN_REF_BLOCKS = 16 * 16384 // FLASH_BLOCK_Q  # thread blocks of the measured shape
 DROPOUT_MASK_BYTES = 1  # one byte per element (PyTorch bool / uint8 mask)
 FP32_BYTES = 4
+FP8_BYTES = 1
 
 
 @dataclass(frozen=True)
@@ -73,6 +86,8 @@ class Ctx:
     act_bytes: int  # bytes per activation element (2 mixed precision, 4 fp32/tf32)
     gemm_in_bytes: float  # bytes per GEMM operand element (1 for fp8)
     kv_len: int = 0  # keys per query at the attention core; 0: the sequence (a window: fewer)
+    grad_bytes: int = 2  # bytes per element of the gradient buffer (training.grad_reduce_bytes)
+    compute_capability: int = 0  # the device's (x 10): 90 picks the Hopper attention curves
 
     @property
     def tokens(self) -> int:
@@ -88,7 +103,8 @@ def device_rates(device: DeviceType, training: TrainingSpec) -> tuple[Rates, Rat
     """(GEMM rates, attention-core rates) of ``device`` at ``training.precision``.
 
     bf16/fp16 use ``peak_tflops`` (parts without bf16 run bf16 plans as fp16 mixed precision);
-    fp8 uses ``fp8_tflops`` for GEMMs and the 16-bit peak for attention; tf32 uses
+    fp8 uses ``fp8_tflops`` x ``fp8_efficiency`` (``efficiency`` where unmeasured) for the
+    GEMMs and the 16-bit peak for attention (and the bf16 output layer); tf32 uses
     ``tf32_tflops`` (or ``fp32_tflops`` where 0); fp32 uses ``fp32_tflops``.
     """
     p = training.precision
@@ -102,7 +118,8 @@ def device_rates(device: DeviceType, training: TrainingSpec) -> tuple[Rates, Rat
     if peak <= 0:  # only reachable for plans built without the loader's precision check
         raise ValueError(f"device type {device.name} has no {p} peak")
     hbm = device.hbm_GBps * 1e9 * device.hbm_efficiency
-    gemm = Rates(peak * 1e12 * device.efficiency, hbm, device.sm_count)
+    eff = (device.fp8_efficiency or device.efficiency) if p == "fp8" else device.efficiency
+    gemm = Rates(peak * 1e12 * eff, hbm, device.sm_count)
     attn_peak = device.peak_tflops if p == "fp8" else peak
     return gemm, Rates(attn_peak * 1e12 * device.efficiency, hbm, device.sm_count)
 
@@ -115,7 +132,7 @@ def make_ctx(model: ModelSpec, training: TrainingSpec, device: DeviceType, tp: i
     act = FP32_BYTES if training.precision in ("fp32", "tf32") else 2
     kv = kv_len if 0 < kv_len < model.seq_len else 0
     return Ctx(model, training, tp, gemm, attn, act, 1 if training.precision == "fp8" else act,
-               kv)
+               kv, training.grad_reduce_bytes(model.dtype_bytes), device.compute_capability)
 
 
 # ---------------------------------------------------------------- building blocks
@@ -126,35 +143,63 @@ def _mem(name: str, nbytes: float, c: Ctx) -> Kernel:
 
 
 def _gemm(
-    name: str, m: int, n: int, k: int, c: Ctx, batch: int = 1, rates: Rates | None = None
+    name: str, m: int, n: int, k: int, c: Ctx, batch: int = 1, rates: Rates | None = None,
+    extra_bytes: float = 0.0,
 ) -> Kernel:
     r = rates or c.rates
     e = c.gemm_in_bytes if rates is None else c.act_bytes
-    return Kernel(name, gemm_seconds(m, n, k, batch, e, r), 2.0 * m * n * k * batch)
+    return Kernel(name, gemm_seconds(m, n, k, batch, e, r, extra_bytes), 2.0 * m * n * k * batch)
 
 
-def _linear_fwd(name: str, m: int, n: int, k: int, c: Ctx) -> list[Kernel]:
-    """A linear layer's forward; with fp8 GEMMs also the cast of its input (read 2, write 1)."""
+def _linear_fwd(name: str, m: int, n: int, k: int, c: Ctx, norm_fused: bool = False
+                ) -> list[Kernel]:
+    """A linear layer's forward; with fp8 GEMMs also the FP8 cast of its input.
+
+    Transformer Engine (transformer_engine/pytorch/module/{linear,layernorm_linear}.py): a
+    ``Linear`` casts its input with ``fp8_cast_transpose_fused`` (read 2 bytes, write the fp8
+    copy and its transpose for the weight gradient: 4 bytes per element); a
+    ``LayerNormLinear`` (``norm_fused``: the QKV and MLP-up GEMMs) gets the fp8 copy from the
+    norm kernel itself (:func:`_norm`) and only transposes it (read 1, write 1).
+    """
     out = [_gemm(name, m, n, k, c)]
     if c.training.precision == "fp8":
-        out.append(_mem(name + "_cast", m * k * (c.act_bytes + 1), c))
+        per = 2 * FP8_BYTES if norm_fused else c.act_bytes + 2 * FP8_BYTES
+        out.append(_mem(name + "_cast", m * k * per, c))
     return out
 
 
 def _linear_bwd(name: str, m: int, n: int, k: int, c: Ctx) -> list[Kernel]:
-    """Input gradient [m, n] x [n, k], weight gradient [k, m] x [m, n], and the accumulation
-    of the weight gradient into the parameter's gradient across micro-batches (PyTorch's
-    AccumulateGrad: read both, write one; Megatron-Core can fuse it into the wgrad GEMM)."""
-    return [
-        _gemm(name + "_dgrad", m, k, n, c),
+    """Input gradient [m, n] x [n, k] (with fp8: after the FP8 cast-transpose of the output
+    gradient, read 2 bytes, write 1 + 1), weight gradient [k, m] x [m, n], and the accumulation
+    of the weight gradient into the parameter's gradient buffer (g bytes per element, the
+    gradient format) across micro-batches.
+
+    With ``training.grad_accumulation_fusion`` (Megatron's default) the wgrad GEMM accumulates
+    into the buffer itself (its output read and written in the gradient format: 2 g bytes per
+    element instead of the 16-bit write); otherwise PyTorch's AccumulateGrad adds the GEMM's
+    16-bit output into the buffer in a separate kernel (read both, write the buffer)."""
+    g = c.grad_bytes
+    out = []
+    if c.training.precision == "fp8":  # TE: the output gradient cast to fp8 and transposed
+        out.append(_mem(name + "_dy_cast", m * n * (c.act_bytes + 2 * FP8_BYTES), c))
+    out.append(_gemm(name + "_dgrad", m, k, n, c))
+    if c.training.grad_accumulation_fusion:
+        out.append(_gemm(name + "_wgrad", k, n, m, c, extra_bytes=k * n * (2 * g - c.act_bytes)))
+        return out
+    return out + [
         _gemm(name + "_wgrad", k, n, m, c),
-        _mem(name + "_grad_accum", 3 * k * n * c.act_bytes, c),
+        _mem(name + "_grad_accum", k * n * (c.act_bytes + 2 * g), c),
     ]
 
 
 def _norm(c: Ctx, bwd: bool) -> Kernel:
+    """Norm forward (read x, write y; with fp8 GEMMs y is written in fp8 for the next
+    LayerNormLinear GEMM) or backward (x, dy -> dx)."""
     h, e = c.model.hidden, c.act_bytes
-    return _mem("norm_bwd" if bwd else "norm", c.tokens_norm * h * e * (3 if bwd else 2), c)
+    if bwd:
+        return _mem("norm_bwd", c.tokens_norm * h * e * 3, c)
+    out_bytes = FP8_BYTES if c.training.precision == "fp8" else e
+    return _mem("norm", c.tokens_norm * h * (e + out_bytes), c)
 
 
 def _residual(c: Ctx, bwd: bool) -> Kernel:
@@ -180,7 +225,58 @@ def _core_dims(c: Ctx) -> tuple[int, int, int, int]:
     return hq, hkv, hd, hd
 
 
+def causal_work_fraction(s: int) -> float:
+    """Share of the s x s score blocks a causal flash kernel computes: FlashAttention skips the
+    key blocks entirely above the diagonal (FA2 §3.1, "Causal masking"), so with ``nb`` blocks
+    of :data:`FLASH_BLOCK_Q` per side it computes nb (nb + 1) / 2 of the nb^2 blocks."""
+    nb = -(-s // FLASH_BLOCK_Q)
+    return (nb + 1) / (2 * nb)
+
+
+def _curve(seq: int, values: tuple[float, ...]) -> float:
+    """``values`` at ``seq`` on :data:`HOPPER_ATTN_SEQ`, linear in log2(seq), clamped."""
+    x = log2(max(HOPPER_ATTN_SEQ[0], min(seq, HOPPER_ATTN_SEQ[-1])))
+    xs = [log2(v) for v in HOPPER_ATTN_SEQ]
+    k = min(len(xs) - 2, max(0, next((i for i in range(len(xs) - 1) if x <= xs[i + 1]), 0)))
+    f = (x - xs[k]) / (xs[k + 1] - xs[k])
+    return values[k] + f * (values[k + 1] - values[k])
+
+
+def _hopper_flash(c: Ctx, bwd: bool, full: float, fwd_flops: float, q: float, b: int, s: int,
+                  dims: tuple[int, int, int, int]) -> Kernel:
+    """Causal fused attention on Hopper from the measured cuDNN curves: the forward at the causal
+    rate on the causal half of the square; the backward (2.5x the work) at the non-causal
+    backward rate scaled by the forward's causal / non-causal ratio at the same length."""
+    scale = c.attn_rates.gemm_flops / (HOPPER_ATTN_REF_TFLOPS * 1e12)
+    q_ref = tiled_quantization(HOPPER_ATTN_REF_BLOCKS, c.attn_rates.sm_count)
+    wave = q / q_ref if q_ref > 0 else 1.0
+    fwd_causal = _curve(s, HOPPER_FWD_CAUSAL_TFLOPS) * 1e12 * scale * wave
+    if bwd:
+        ratio = _curve(s, HOPPER_FWD_CAUSAL_TFLOPS) / _curve(s, HOPPER_FWD_TFLOPS)
+        rate = _curve(s, HOPPER_BWD_TFLOPS) * ratio * 1e12 * scale * wave
+        t = FLASH_BWD_WORK * 0.5 * full / rate
+        return Kernel("flash_bwd", max(t, _flash_io(c, True, b, s, dims) / c.rates.hbm_Bps),
+                      2 * fwd_flops)
+    return Kernel("flash_fwd", max(0.5 * full / fwd_causal,
+                                   _flash_io(c, False, b, s, dims) / c.rates.hbm_Bps), fwd_flops)
+
+
+def _flash_io(c: Ctx, bwd: bool, b: int, s: int, dims: tuple[int, int, int, int]) -> float:
+    """HBM bytes of a flash kernel: forward q k v in, o out (and the fp32 softmax row
+    statistics); backward q k v o do in, dq dk dv out, and o, do once more for the row sums."""
+    hq, hkv, dqk, dv = dims
+    e = c.act_bytes
+    if bwd:
+        return e * b * s * (2 * (hq + hkv) * dqk + 2 * hkv * dv + 3 * hq * dv)
+    return e * b * s * ((hq + hkv) * dqk + (hkv + hq) * dv) + FP32_BYTES * b * hq * s
+
+
 def _attention_core(c: Ctx, bwd: bool) -> list[Kernel]:
+    """The attention core of one micro-batch: a flash kernel, or Megatron's unfused core.
+
+    The trace's FLOPs are model FLOPs (4 b s^2 hd hq, halved only with
+    ``causal_attention_halving``); the flash kernel's *time* follows the blocks it computes
+    for a causal (decoder) model, :func:`causal_work_fraction` of the full square."""
     b, s = c.training.micro_batch, c.model.seq_len
     hq, hkv, dqk, dv = _core_dims(c)
     sk = c.kv_len or s  # keys per query: the sequence, or a sliding window
@@ -188,16 +284,23 @@ def _attention_core(c: Ctx, bwd: bool) -> list[Kernel]:
     e = c.act_bytes
     causal = 0.5 if c.training.causal_attention_halving and not c.kv_len else 1.0
     if c.training.flash_attention:
-        fwd_flops = 4.0 * b * s * sk * d * hq * causal
+        full = 4.0 * b * s * sk * d * hq  # every score block (a window: s x sk of them)
+        fwd_flops = full * causal
         blocks = b * hq * -(-s // FLASH_BLOCK_Q)
         q = tiled_quantization(blocks, c.attn_rates.sm_count)
+        dims = (hq, hkv, dqk, dv)
+        if c.kv_len:  # a sliding window: the kernel computes the band of s x window blocks
+            work = full
+        elif c.compute_capability == 90:  # causal, from the measured Hopper curves
+            return [_hopper_flash(c, bwd, full, fwd_flops, q, b, s, dims)]
+        else:
+            work = full * causal_work_fraction(s)
         if bwd:
-            t = FLASH_BWD_WORK * fwd_flops / (c.attn_rates.gemm_flops * FLASH_BWD_RATE * q)
-            # q k v o do in, dq dk dv out (and o, do once more for the softmax row sums)
-            io = e * b * s * (2 * (hq + hkv) * dqk + 2 * hkv * dv + 3 * hq * dv)
-            return [Kernel("flash_bwd", max(t, io / c.rates.hbm_Bps), 2 * fwd_flops)]
-        t = fwd_flops / (c.attn_rates.gemm_flops * FLASH_FWD_RATE * q)
-        io = e * b * s * ((hq + hkv) * dqk + (hkv + hq) * dv) + FP32_BYTES * b * hq * s
+            t = FLASH_BWD_WORK * work / (c.attn_rates.gemm_flops * FLASH_BWD_RATE * q)
+            return [Kernel("flash_bwd", max(t, _flash_io(c, True, b, s, dims) / c.rates.hbm_Bps),
+                           2 * fwd_flops)]
+        t = work / (c.attn_rates.gemm_flops * FLASH_FWD_RATE * q)
+        io = _flash_io(c, False, b, s, dims)
         return [Kernel("flash_fwd", max(t, io / c.rates.hbm_Bps), fwd_flops)]
     # Unfused core: the s x s scores of every head are materialized (causal masking does not
     # save work here: the fused softmax masks after QK^T).
@@ -276,7 +379,7 @@ def attention_kernels(c: Ctx, bwd: bool) -> list[Kernel]:
     if not bwd:
         return [
             _norm(c, False),
-            *_linear_fwd("qkv", t, qkv_n, h, c),
+            *_linear_fwd("qkv", t, qkv_n, h, c, norm_fused=True),
             *rotary,
             *_attention_core(c, False),
             *_linear_fwd("proj", t, h, hq * hd, c),
@@ -305,7 +408,7 @@ def mlp_kernels(c: Ctx, bwd: bool) -> list[Kernel]:
     if not bwd:
         return [
             _norm(c, False),
-            *_linear_fwd("up", t, up_n, h, c),
+            *_linear_fwd("up", t, up_n, h, c, norm_fused=True),
             act,
             *_linear_fwd("down", t, h, f, c),
             _residual(c, False),
@@ -335,22 +438,36 @@ def embedding_kernels(c: Ctx, bwd: bool) -> list[Kernel]:
 
 
 def head_kernels(c: Ctx, bwd: bool) -> list[Kernel]:
-    """Final norm, logits GEMM [T, h] x [h, V / tp] and the vocab-parallel cross-entropy.
+    """Final norm, logits GEMM [T, h] x [h, V / tp] and Megatron-Core's vocab-parallel
+    cross-entropy, unfused (``megatron/core/tensor_parallel/cross_entropy.py``, the default
+    without ``cross_entropy_loss_fusion``): the logits cast to fp32, then max, subtract, exp,
+    sum and divide passes over the fp32 copy (the softmax kept for backward); backward scales
+    the softmax in place and casts the gradient back to 16 bits for the logits GEMMs.
 
-    The loss reads the logits and keeps fp32 exponentials (write, read back); its backward reads
-    them and writes the logits gradient.
+    With fp8 training the head stays 16-bit: Megatron's output layer is its own
+    ColumnParallelLinear, not a Transformer Engine module.
     """
+    if c.training.precision == "fp8":
+        c = replace(c, training=replace(c.training, precision="bf16"), rates=c.attn_rates,
+                    gemm_in_bytes=c.act_bytes)
     t, h = c.tokens, c.model.hidden
     v = c.model.vocab / c.tp
-    e = c.act_bytes
+    n = t * v  # logits per rank
+    e, f = c.act_bytes, FP32_BYTES
+    cast = e != f  # .float() copies 16-bit logits; fp32 logits are used in place
     if not bwd:
+        ce = [_mem("ce_max", n * f, c), _mem("ce_sub", n * 2 * f, c),
+              _mem("ce_exp", n * 2 * f, c), _mem("ce_sum", n * f, c),
+              _mem("ce_div", n * 2 * f, c)]
         return [
             _norm(c, False),
             *_linear_fwd("logits", t, int(v), h, c),
-            _mem("cross_entropy", t * v * (e + 2 * FP32_BYTES), c),
+            *([_mem("ce_cast", n * (e + f), c)] if cast else []),
+            *ce,
         ]
     return [
-        _mem("cross_entropy_bwd", t * v * (FP32_BYTES + e), c),
+        _mem("ce_grad", n * 2 * f, c),
+        *([_mem("ce_grad_cast", n * (f + e), c)] if cast else []),
         *_linear_bwd("logits", t, int(v), h, c),
         _norm(c, True),
     ]
