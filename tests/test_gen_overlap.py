@@ -107,13 +107,13 @@ def test_overlapped_gemms_lose_the_sms_of_the_communication() -> None:
     from xsim_adapters.workload.blocks import TP_OVERLAP_SMS, Unit, _pieces
 
     u = Unit("fwd", 0, 1, 1_000_000, 10.0, ("reduce_scatter", "all_gather"), None, (0.5, 0.2),
-             TP_OVERLAP_SMS["attention_fwd"])
+             comm_sms=TP_OVERLAP_SMS["attention_fwd"])
     (d1, f1), (d2, f2), (d3, f3) = _pieces(u, True, 132)
     assert (d1, d2) == (500_000, 300_000)  # the all-gather runs on copy engines: no margin
     assert d3 == round(200_000 * 132 / (132 - 24))
     assert (f1, f2, f3) == pytest.approx((5.0, 3.0, 2.0))  # FLOPs are not inflated
     mlp = Unit("fwd", 0, 1, 1_000_000, 10.0, ("reduce_scatter",), None, (0.5, 0.2),
-               TP_OVERLAP_SMS["mlp_fwd"])
+               comm_sms=TP_OVERLAP_SMS["mlp_fwd"])
     assert _pieces(mlp, True, 132)[2][0] == round(200_000 * 132 / 116)
     assert _pieces(u, True, 0) == [(500_000, 5.0), (300_000, 3.0), (200_000, 2.0)]  # no SMs
     assert _pieces(u, False, 132) == [(1_000_000, 10.0)]  # not overlapped: one op as before
