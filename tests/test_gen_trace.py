@@ -168,7 +168,22 @@ def test_read_trace_rejects_unknown_schema_version(tmp_path: Path) -> None:
         read_trace(d)
     msg = str(e.value)
     assert "schema_version 999 is not supported" in msg
-    assert "this xsim reads schema_version 1" in msg
+    assert "this xsim reads schema_version 2" in msg
+    assert "Regenerate the trace with `xsim trace PLAN -o" in msg
+
+
+def test_read_trace_rejects_a_version_1_trace_saying_why(tmp_path: Path) -> None:
+    # version 1 put NCCL's delay into timed barriers; reading it as version 2 would silently
+    # drop the flows' start latency, so it is refused with what changed and what to do
+    d = write_trace(generate(_hetero()), tmp_path / "t")
+    m = json.loads((d / "manifest.json").read_text())
+    m["schema_version"] = 1
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(TraceError) as e:
+        read_trace(d)
+    msg = str(e.value)
+    assert "schema_version 1 is not supported (version 1 carried NCCL's per-member latency" in msg
+    assert "this xsim reads schema_version 2. Regenerate the trace" in msg
     assert "xsim trace PLAN -o" in msg and "upgrade" in msg
 
 

@@ -35,7 +35,7 @@ from test_htsim_helpers import (
     ring_allreduce,
     star,
 )
-from xsim_htsim import HtsimBackend
+from xsim_htsim import HtsimBackend, write_input
 
 from xsim_adapters.errors import BackendError
 
@@ -141,8 +141,8 @@ def test_driver_reproduces_golden_times(driver: str, protocol: str, tmp_path: Pa
     trace, topo = golden_case()
     run(trace, topo, driver, protocol=protocol, work_dir=str(tmp_path))
     # byte-identical: the driver is deterministic and the golden file came from it
-    golden = (DATA / f"golden_times_{protocol}.csv").read_bytes()
-    assert (tmp_path / "times.csv").read_bytes() == golden
+    golden = (DATA / f"golden_times_{protocol}.bin").read_bytes()
+    assert (tmp_path / "times.bin").read_bytes() == golden
 
 
 def test_heterogeneous_nics_bound_the_ring(driver: str) -> None:
@@ -153,27 +153,50 @@ def test_heterogeneous_nics_bound_the_ring(driver: str) -> None:
 
 
 def test_stuck_dag_is_reported_by_the_driver(driver: str, tmp_path: Path) -> None:
-    (tmp_path / "in.txt").write_text(
-        "xsim-htsim 3\nnodes 1\nlinks 0\nevents 0\nroutes 0\nops 3\nC 5\nB\nB\n"
-        "succ 2\n0\n1 2\n1 1\nend\n"
-    )
-    proc = subprocess.run([driver, str(tmp_path / "in.txt"), "--out", str(tmp_path / "t.csv"),
+    tb = TraceBuilder(1)
+    tb.compute(0, 5)
+    b1, b2 = tb.barrier(), tb.barrier()
+    tb.dep(b1, b2)
+    tb.dep(b2, b1)  # a cycle: neither can start
+    write_input(tb.build(), star(1, 100.0), tmp_path / "in.bin")
+    proc = subprocess.run([driver, str(tmp_path / "in.bin"), "--out", str(tmp_path / "t.bin"),
                            "--summary", str(tmp_path / "s.json")],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 4
-    assert proc.stderr == ("xsim-htsim: simulation ran out of events at t=5 ps with 2 of 3 ops "
-                           "unfinished (a flow never delivered all its bytes or the dependency "
-                           "graph has a cycle) (first: 1 2)\n")
-    assert not (tmp_path / "t.csv").exists()
+    assert proc.stderr == ("xsim-htsim: simulation ran out of events at t=5000 ps with 2 of 3 "
+                           "ops unfinished (a flow never delivered all its bytes or the "
+                           "dependency graph has a cycle) (first: 1 2)\n")
+    assert not (tmp_path / "t.bin").exists()
 
 
-def test_malformed_input_names_the_line(driver: str, tmp_path: Path) -> None:
-    (tmp_path / "in.txt").write_text("xsim-htsim 3\nnodes 2\nlinks 1\n0 7 100 5 1\n")
-    proc = subprocess.run([driver, str(tmp_path / "in.txt"), "--out", str(tmp_path / "t.csv"),
-                           "--summary", str(tmp_path / "s.json")],
-                          capture_output=True, text=True, check=False)
+def test_malformed_input_names_the_entry(driver: str, tmp_path: Path) -> None:
+    tb = TraceBuilder(2)
+    tb.compute(0, 5)
+    write_input(tb.build(), star(2, 100.0), tmp_path / "in.bin")
+    raw = bytearray((tmp_path / "in.bin").read_bytes())
+    raw[72:76] = (7).to_bytes(4, "little")  # link 0's source node: only 3 nodes exist
+    (tmp_path / "bad.bin").write_bytes(bytes(raw))
+
+    def drive(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run([driver, str(tmp_path / name), "--out", str(tmp_path / "t.bin"),
+                               "--summary", str(tmp_path / "s.json")],
+                              capture_output=True, text=True, check=False)
+
+    proc = drive("bad.bin")
     assert proc.returncode == 2
-    assert proc.stderr.endswith("line 4: link 0: node id out of range\n")
+    assert proc.stderr.endswith("bad.bin: link 0: node id out of range\n")
+    (tmp_path / "cut.bin").write_bytes(bytes(raw[:-12]))
+    proc = drive("cut.bin")
+    assert proc.returncode == 2 and "(truncated or damaged)" in proc.stderr
+    raw[8] = 9
+    (tmp_path / "v9.bin").write_bytes(bytes(raw))
+    proc = drive("v9.bin")
+    assert proc.returncode == 2
+    assert "input format version 9 is not supported by this driver (it reads version 4)" in (
+        proc.stderr)
+    (tmp_path / "v3.txt").write_text("xsim-htsim 3\nnodes 1\n")
+    proc = drive("v3.txt")
+    assert proc.returncode == 2 and "is the older format 3" in proc.stderr
 
 
 def test_unbuildable_queue_is_a_backend_error(driver: str) -> None:

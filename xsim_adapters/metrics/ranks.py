@@ -35,24 +35,26 @@ def _comm_arrays(tf: pd.DataFrame, kind: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(rank, start, end, phase) of every communication interval of a rank.
 
-    Every flow counts twice, once for its sender and once for its receiver; a timed barrier of
-    a communication phase (the NCCL latency and protocol cost a ring member pays before its
-    first send, ``workload/nccl.py``) counts once, for the member that owns it. Built from
+    Every flow counts twice: for its sender from its start (its start latency, the NCCL
+    latency and protocol cost a ring member pays before its first send, ``workload/nccl.py``,
+    is the sender's), for its receiver from its first byte (start + ``duration_ns``). A timed
+    barrier of a communication phase counts once, for the rank that owns it. Built from
     column arrays and masks (no copy of the frame: the metrics stay a few bytes per op).
     """
     rank = tf["rank"].to_numpy()
     phase = tf["phase"].to_numpy()
     start = tf["start_ns"].to_numpy()
     end = tf["end_ns"].to_numpy()
+    dur = tf["duration_ns"].to_numpy()
     fm = kind == KIND_FLOW
     comm_phase = np.isin(phase, [PHASE_INDEX[p] for p in COMM_PHASES])
-    tm = ((kind == KIND_BARRIER) & (rank >= 0) & (tf["duration_ns"].to_numpy() > 0)
-          & comm_phase)
+    tm = (kind == KIND_BARRIER) & (rank >= 0) & (dur > 0) & comm_phase
     src = rank[fm].astype(np.int64)
     dst = tf["dst"].to_numpy()[fm].astype(np.int64)
     s, e, ph = start[fm], end[fm], phase[fm]
+    first_byte = np.minimum(s + dur[fm], e)  # a flow ends no earlier than its latency
     return (np.concatenate([src, dst, rank[tm].astype(np.int64)]),
-            np.concatenate([s, s, start[tm]]), np.concatenate([e, e, end[tm]]),
+            np.concatenate([s, first_byte, start[tm]]), np.concatenate([e, e, end[tm]]),
             np.concatenate([ph, ph, phase[tm]]))
 
 
@@ -67,8 +69,9 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     - ``iteration_time_ns``: end of the rank's last op (ops it owns and flows it receives);
       the iteration starts at 0.
     - ``compute_ns``: length of the union of its compute intervals.
-    - ``comm_ns`` / ``comm_<phase>_ns``: union of the intervals of flows it sends or receives
-      and of its timed communication barriers (the NCCL latency before a ring's first send).
+    - ``comm_ns`` / ``comm_<phase>_ns``: union of the intervals of flows it sends (from their
+      start, the NCCL latency before a ring's first send included) or receives (from their
+      first byte), and of its timed communication barriers.
     - ``exposed_comm_ns``: communication time not overlapped by its own compute.
     - ``bubble_ns``: inside [first fwd start, last bwd or wgrad end], time it neither computes
       nor takes part in a ``tp``, ``ep`` or ``cp`` flow; ``bubble_fraction`` = bubble_ns /

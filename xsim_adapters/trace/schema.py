@@ -12,7 +12,9 @@ kind            int8     ``KIND_COMPUTE`` (0), ``KIND_FLOW`` (1), ``KIND_BARRIER
 rank            int32    owner: compute rank, flow source, barrier owner (-1 if none)
 dst             int32    flow destination rank; -1 for other kinds
 bytes           int64    flow payload bytes; 0 for other kinds
-duration_ns     int64    compute duration; a barrier's delay (collective latency; else 0)
+duration_ns     int64    compute duration; a barrier's delay (else 0); a flow's start latency:
+                         the time from its last predecessor's end to its first byte (NCCL's
+                         per-call latency and protocol cost, 0 for plain transfers)
 flops           float64  model FLOPs the compute op performs on its rank (0 for other kinds)
 phase           int8     index into ``PHASES``
 replica         int16    data-parallel replica (-1: none, e.g. a DP sync barrier)
@@ -59,7 +61,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-SCHEMA_VERSION = 1
+# 2: a flow's ``duration_ns`` is its start latency (NCCL's per-member cost, which version 1
+# traces carried as one timed barrier per member before its first send).
+SCHEMA_VERSION = 2
 
 KIND_COMPUTE = 0
 KIND_FLOW = 1

@@ -114,6 +114,16 @@ class BulkBuilder:
             self._pred.append(p.reshape(-1).copy())
             self._succ.append(s.reshape(-1).copy())
 
+    def add_edges_valid(self, pred: Any, succ: Any) -> None:
+        """As :meth:`add_edges`, skipping the pairs where either id is negative (padding)."""
+        p, s = np.broadcast_arrays(
+            np.asarray(pred, dtype=np.int64), np.asarray(succ, dtype=np.int64)
+        )
+        keep = (p >= 0) & (s >= 0)
+        if keep.any():
+            self._pred.append(p[keep])
+            self._succ.append(s[keep])
+
     def add_collectives(self, n: int, **cols: Any) -> np.ndarray:
         """Append ``n`` collective rows; returns their ids."""
         for c, v in _take(cols, _COLL_COLS, _COLL_DEFAULTS, "add_collectives"):

@@ -48,6 +48,7 @@ from .coarsen import Coarsening, decide, full
 from .compute import ADAM_BYTES_PER_PARAM, optimizer_time_ns, stage_params
 from .context import emit_cp
 from .dpsync import buckets, chunk_rings, sweep_segments
+from .latency import gate_latency, latency_members
 from .moe_units import StageMoE
 from .perturb import apply_perturbations
 from .reshard import DEST, SOURCE, algorithm_label, reshard_transfers
@@ -432,7 +433,7 @@ class _Generator:
         ii, jj = np.nonzero(prev >= 0)
         if len(ii):
             pred = tails[prev[ii, jj], :, jj, :].reshape(len(ii), 1, -1)
-            self.tb.add_edges(pred, starts[ii, :, jj][:, :, None])
+            self.tb.add_edges_valid(pred, starts[ii, :, jj][:, :, None])
         need = dp["first_fwd"]  # (I, n)
         self.tb.add_edges(tails.transpose(0, 2, 1, 3).reshape(*need.shape, -1), need[:, :, None])
 
@@ -537,12 +538,16 @@ class _Generator:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Emit one ``kind`` collective per DP ring; member j of ring i starts after
         ``start_after[i, j]`` (None: no predecessor). Returns the global tails (I, C, n, 2) and
-        first flows (I, C, n), or with an NCCL delay the delay barriers (I, 1, n)."""
+        gate flows (I, C, n) (a member whose delay stays a timed barrier has that barrier at
+        channel 0 and -1 elsewhere: add edges into them with ``add_edges_valid``)."""
         tb = self.tb
         c = self.plan.collectives
         rf, algos, chans = lower_instances(
             dp["members"], dp["perm"], dp["sizes"], dp["nbytes"], dp["choices"][kind], kind,
             c.granularity, c.chunks, self.algorithm, max(1, c.channels))
+        delay = dp.get("delays", {}).get(kind)
+        timed = delay is not None and rf.size > 0 and bool((delay > 0).any())
+        folded = latency_members(rf) if timed else None
         coll = tb.add_collectives(
             len(dp["members"]),
             kind=kind,
@@ -562,6 +567,8 @@ class _Generator:
             rank=rf.src,
             dst=rf.dst,
             bytes=rf.nbytes,
+            # NCCL latency and protocol cost: a start latency on each member's gate flows
+            duration_ns=gate_latency(rf, delay, folded) if folded is not None else 0,
             phase=PHASE_INDEX["dp"],
             replica=self.rank_replica[rf.src],
             stage=self.rank_stage[rf.src],
@@ -574,26 +581,29 @@ class _Generator:
         base = int(ids[0]) if len(ids) else 0
         tb.add_edges(rf.pred + base, rf.succ + base)
         starts = rf.start + base
-        delay = dp.get("delays", {}).get(kind)
-        if delay is not None and len(ids) and (delay > 0).any():
-            # NCCL latency and protocol cost: a timed barrier per member before its first send
-            num_i, n = dp["members"].shape
+        if folded is not None and not folded.all():
+            # gate flows that wait inside the collective (a tree's inner members) keep a timed
+            # barrier from the member's readiness (workload/latency.py)
+            ii, mm = np.nonzero(~folded)
+            mem = dp["members"][ii, mm]
             dl = tb.add_ops(
-                num_i * n,
+                len(ii),
                 kind=KIND_BARRIER,
-                rank=dp["members"].reshape(-1),
-                duration_ns=np.repeat(delay, n),
+                rank=mem,
+                duration_ns=delay[ii],
                 phase=PHASE_INDEX["dp"],
-                replica=self.rank_replica[dp["members"].reshape(-1)],
-                stage=self.rank_stage[dp["members"].reshape(-1)],
-                layer_start=np.repeat(dp["layer_start"], n),
-                layer_stop=np.repeat(dp["layer_stop"], n),
-                collective=np.repeat(coll, n),
-            ).reshape(num_i, 1, n)
-            tb.add_edges(dl, starts)
-            starts = dl  # (I, 1, n): what waits before the ring waits before the delay
+                replica=self.rank_replica[mem],
+                stage=self.rank_stage[mem],
+                layer_start=dp["layer_start"][ii],
+                layer_stop=dp["layer_stop"][ii],
+                collective=coll[ii],
+            )
+            tb.add_edges(dl[:, None], starts[ii, :, mm])
+            starts = starts.copy()
+            starts[ii, :, mm] = -1  # what waits before the ring waits before the barrier
+            starts[ii, 0, mm] = dl
         if start_after is not None:
-            tb.add_edges(start_after[:, None, :], starts)
+            tb.add_edges_valid(start_after[:, None, :], starts)
         return rf.tails + base, starts
 
     # ---- output -------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-// The driver's input (format version 3): a small text format written by xsim_htsim.input (see docs/htsim.md).
-// Everything is in integers: bits per second, picoseconds, bytes, dense ids.
+// The driver's input (format version 4): a binary file written by xsim_htsim._input from the
+// trace's columns (layout in that module's docstring and docs/htsim.md). Everything is in
+// integers: bits per second, picoseconds, bytes, dense ids.
 #ifndef XSIM_HTSIM_INPUT_H
 #define XSIM_HTSIM_INPUT_H
 
@@ -9,6 +10,10 @@
 
 namespace xsim {
 
+inline constexpr uint32_t INPUT_FORMAT_VERSION = 4;
+
+// OP_COMPUTE: a timer of `value` ps (a compute op or a barrier with a delay); OP_FLOW: a flow;
+// OP_BARRIER: a join that takes no time.
 enum OpKind : uint8_t { OP_COMPUTE = 0, OP_FLOW = 1, OP_BARRIER = 2 };
 
 struct LinkSpec {
@@ -27,10 +32,11 @@ struct EventSpec {
 
 struct OpSpec {
     OpKind kind;
+    bool scale_up;        // flows only: the whole forward path is scale-up (intra-server) links
     uint64_t value;       // compute: duration in ps; flow: payload bytes; barrier: 0
+    uint64_t latency_ps;  // flows only: start latency (first byte this long after the start)
     int32_t src_rank, dst_rank;  // flows only (-1 otherwise)
     int32_t fwd_route, rev_route;  // flows only: route ids (-1: a local flow, no network)
-    bool scale_up;        // flows only: the whole forward path is scale-up (intra-server) links
 };
 
 struct Input {
@@ -43,7 +49,8 @@ struct Input {
     std::vector<uint32_t> succ;
 };
 
-// Parse the input file; on a malformed file set `error` (naming the line) and return false.
+// Read the input file; on a malformed file set `error` (naming the section and the entry) and
+// return false.
 bool read_input(const std::string& path, Input& in, std::string& error);
 
 }  // namespace xsim

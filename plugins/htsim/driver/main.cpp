@@ -1,10 +1,11 @@
 // xsim-htsim: replay an xsim-adapters trace on htsim.
 //
-//   xsim-htsim INPUT --out TIMES.csv --summary SUMMARY.json
+//   xsim-htsim INPUT --out TIMES.bin --summary SUMMARY.json
 //              [--protocol roce|ndp|eqds] [--mtu BYTES] [--queue-bytes BYTES] [--cwnd-pkts N] [--seed N]
 //              [--scale-up fluid|packet] [--progress-s SECONDS]
 //
-// Writes TIMES.csv (op_id,start_ps,end_ps; one line per op, in op order) and SUMMARY.json only
+// Writes TIMES.bin (start and end of every op in ps, in op order; binary, see below) and
+// SUMMARY.json only
 // when every op has ended; otherwise prints why on stderr and exits non-zero, so a partial
 // result can never be mistaken for a complete one. Exit codes: 2 bad usage or input,
 // 3 network cannot be built, 4 some ops never completed, 5 cannot write the output.
@@ -38,7 +39,7 @@ namespace {
 }
 
 const char* USAGE =
-    "usage: xsim-htsim INPUT --out TIMES.csv --summary SUMMARY.json [--protocol roce|ndp|eqds]"
+    "usage: xsim-htsim INPUT --out TIMES.bin --summary SUMMARY.json [--protocol roce|ndp|eqds]"
     " [--mtu BYTES] [--queue-bytes BYTES] [--cwnd-pkts N] [--seed N]"
     " [--scale-up fluid|packet] [--progress-s SECONDS]";
 
@@ -170,16 +171,19 @@ int main(int argc, char** argv) {
                     " graph has a cycle)" + first);
     }
 
-    std::string csv;
-    csv.reserve(n * 28 + 32);
-    csv += "op_id,start_ps,end_ps\n";
+    // TIMES: binary, little-endian: b"XSIMHTO\0", u32 version 1, u32 0, u64 n, then
+    // start_ps u64[n] and end_ps u64[n] in op order (xsim_htsim._output.read_times).
+    std::string times;
+    times.reserve(24 + 16 * n);
+    times.append("XSIMHTO\0", 8);
+    const uint32_t head[2] = {1, 0};
+    const uint64_t count = n;
+    times.append(reinterpret_cast<const char*>(head), sizeof head);
+    times.append(reinterpret_cast<const char*>(&count), sizeof count);
+    static_assert(sizeof(simtime_picosec) == 8, "times are written as 64-bit picoseconds");
+    times.append(reinterpret_cast<const char*>(rep.start_ps().data()), 8 * n);
+    times.append(reinterpret_cast<const char*>(rep.end_ps().data()), 8 * n);
     char buf[96];
-    for (size_t i = 0; i < n; i++) {
-        int k = std::snprintf(buf, sizeof buf, "%zu,%llu,%llu\n", i,
-                              (unsigned long long)rep.start_ps()[i],
-                              (unsigned long long)rep.end_ps()[i]);
-        csv.append(buf, k);
-    }
     double wall = std::chrono::duration<double>(t2 - t0).count();
     double sim_wall = std::chrono::duration<double>(t2 - t1).count();
     std::snprintf(buf, sizeof buf, "%.6f", wall);
@@ -198,7 +202,7 @@ int main(int argc, char** argv) {
     std::snprintf(buf, sizeof buf, "%.6f", sim_wall);
     summary += std::string(", \"sim_wall_s\": ") + buf + ", \"mtu\": " + std::to_string(opt.mtu) +
                "}\n";
-    if (!write_atomic(out_path, csv)) fail(5, "cannot write " + out_path);
+    if (!write_atomic(out_path, times)) fail(5, "cannot write " + out_path);
     if (!write_atomic(summary_path, summary)) fail(5, "cannot write " + summary_path);
     return 0;
 }

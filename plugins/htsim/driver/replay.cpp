@@ -490,7 +490,12 @@ void Replayer::drain() {
         _ready.pop_back();
         _start[op] = eventlist().now();
         const OpSpec& o = _in.ops[op];
-        if (o.kind == OP_FLOW) {
+        if (o.kind == OP_FLOW && o.latency_ps > 0) {
+            // its start latency first (trace schema 2: NCCL's per-call cost), then the flow
+            simtime_picosec t = eventlist().now() + o.latency_ps;
+            _timers.push(Timer(t, op | BEGIN_FLOW));
+            eventlist().sourceIsPending(*this, t);
+        } else if (o.kind == OP_FLOW) {
             start_flow(op);
         } else if (o.kind == OP_COMPUTE && o.value > 0) {
             simtime_picosec t = eventlist().now() + o.value;
@@ -506,8 +511,12 @@ void Replayer::drain() {
 void Replayer::doNextEvent() {
     simtime_picosec now = eventlist().now();
     while (!_timers.empty() && _timers.top().first <= now) {
-        _finished.push_back(_timers.top().second);
+        uint32_t id = _timers.top().second;
         _timers.pop();
+        if (id & BEGIN_FLOW)
+            start_flow(id & ~BEGIN_FLOW);  // its start latency is over: the first byte leaves
+        else
+            _finished.push_back(id);
     }
     drain();
 }

@@ -190,6 +190,9 @@ private:
     bool _draining = false;
     uint64_t _done_count = 0;
     uint64_t _flows_started = 0;
+    // A timer ends op `id`, or with BEGIN_FLOW set ends flow (id & ~BEGIN_FLOW)'s start latency
+    // (ops are fewer than 2^31: the reader checks).
+    static constexpr uint32_t BEGIN_FLOW = 0x80000000u;
     typedef std::pair<simtime_picosec, uint32_t> Timer;
     std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> _timers;
     std::map<uint32_t, NdpPullPacer*> _pacers;  // NDP: one pull pacer per receiving link

@@ -86,16 +86,16 @@ class HtsimBackend(Backend):
         with owned_tempdir("xsim-htsim-") as tmp:
             d = Path(work) if work else Path(tmp)
             d.mkdir(parents=True, exist_ok=True)
-            info = write_input(trace, topology, d / "input.txt")
+            info = write_input(trace, topology, d / "input.bin")
             t1 = time.perf_counter()
-            argv = [str(driver), str(d / "input.txt"), "--out", str(d / "times.csv"),
+            argv = [str(driver), str(d / "input.bin"), "--out", str(d / "times.bin"),
                     "--summary", str(d / "summary.json"), *argv_opts]
             argv += ["--progress-s", str(PROGRESS_INTERVAL_S)]
             rp = ReplayProgress(opts["progress"], trace.num_ops)
             replay_started = run_driver(argv, wall_limit,
                                         lambda done, _n, sim_ns: rp.update(done, sim_ns))
             t2 = time.perf_counter()
-            frame = read_times(d / "times.csv", trace.num_ops)
+            frame = read_times(d / "times.bin", trace.num_ops)
             summary = read_summary(d / "summary.json")
         sim_wall = float(summary.get("sim_wall_s", 0.0))
         rp.finish(int(summary.get("sim_ps", 0)) / 1000.0)

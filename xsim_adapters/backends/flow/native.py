@@ -17,7 +17,7 @@ from ...errors import BackendError
 from .executor import FlowProblem, FlowResult, Progress, check_deps, stuck_message
 
 #: The ``xsim_flowcore.INTERFACE_VERSION`` this adapter speaks.
-INTERFACE_VERSION = 1
+INTERFACE_VERSION = 2  # 2: a flow's duration_ns is its start latency (trace schema 2)
 INSTALL_HINT = "python -m pip install ./plugins/flowcore (from the xsim-adapters checkout)"
 
 
