@@ -156,12 +156,13 @@ def check_size(plan: Plan) -> None:
     _check_magnitudes(plan)
     ops = estimate_ops(plan)
     if ops > MAX_TRACE_OPS or ops * BYTES_PER_OP > memory_budget_bytes():
-        # identical replicas may be coarsened (workload/coarsen.py): bound what is generated then
+        # identical replicas and steady micro-batches may be coarsened (workload/coarsen.py):
+        # bound what is generated then
         from ..workload.coarsen import decide
 
         co = decide(plan, "auto", ops)
-        if co.used:
-            ops = estimate_ops(plan, set(co.representative))
+        if co.any_used:
+            ops = estimate_ops(co.simulated_plan(plan), set(co.representative))
     check_ops(ops)
 
 

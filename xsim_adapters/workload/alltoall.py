@@ -385,9 +385,9 @@ class MoEPlanner:
             gate = start[:, p] if start[0, p] >= 0 else src_ops[:, p]
             into = np.nonzero(first & (ex.dst == p))[0]
             if self.plan.collectives.nccl_cost:
-                lat = (RING_BASE_LATENCY_US[SIMPLE] + RING_STEP_LATENCY_US["net"][SIMPLE]) * 1e3
+                fwd_us = RING_BASE_LATENCY_US[SIMPLE] + RING_STEP_LATENCY_US["net"][SIMPLE]
                 b2 = tb.add_ops(m, kind=KIND_BARRIER, rank=int(ranks[p]),
-                                duration_ns=int(round(lat)), phase=phase,
+                                duration_ns=int(round(fwd_us * 1e3)), phase=phase,
                                 replica=int(gen.rank_replica[ranks[p]]), stage=gr.stage,
                                 microbatch=np.arange(m), layer_start=layer,
                                 layer_stop=layer + 1, collective=coll)

@@ -109,8 +109,11 @@ class _StageOps:
 
 class _Generator:
     def __init__(self, plan: Plan, coarsening: Coarsening | None = None) -> None:
-        self.plan = plan
+        self.full_plan = plan  # what the manifest describes
         self.coarsening = coarsening or full(plan)
+        # what is built: fewer micro-batches when steady-state ones are merged
+        plan = self.coarsening.simulated_plan(plan)
+        self.plan = plan
         # replica -> the replica whose ops stand for it (itself unless coarsened away)
         self.rep = self.coarsening.representative
         self.tb = BulkBuilder()
@@ -610,7 +613,7 @@ class _Generator:
     def manifest(
         self, ops_kind: np.ndarray, ops_phase: np.ndarray, num_deps: int
     ) -> dict[str, Any]:
-        plan = self.plan
+        plan = self.full_plan  # the plan asked for (a coarsened trace stands for all of it)
         ranks = []
         for rank in range(plan.num_ranks):
             g, d, node = plan.rank_info(rank)
@@ -691,16 +694,17 @@ class _Generator:
         }
 
 
-def generate(plan: Plan, coarsen: str = "auto") -> Trace:
+def generate(plan: Plan, coarsen: str | Coarsening = "auto") -> Trace:
     """The trace of one training iteration of ``plan`` (pure: same plan and ``coarsen``,
     identical frames).
 
     ``coarsen``: ``auto`` (default), ``on`` or ``off``: simulate one representative of each
-    class of identical replicas (:func:`.coarsen.decide`, docs/scale.md); the manifest's
+    class of identical replicas and merge steady-state micro-batches (:func:`.coarsen.decide`,
+    docs/scale.md), or a :class:`.coarsen.Coarsening` chosen by the caller; the manifest's
     ``coarsening`` says what was done. Raises PlanError if the chosen trace is too large.
     """
-    co = decide(plan, coarsen)
-    check_ops(estimate_ops(plan, set(co.representative)))
+    co = coarsen if isinstance(coarsen, Coarsening) else decide(plan, coarsen)
+    check_ops(estimate_ops(co.simulated_plan(plan), set(co.representative)))
     gen = _Generator(plan, co)
     gen.add_stages()
     if gen.moe is not None:
