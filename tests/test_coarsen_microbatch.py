@@ -23,14 +23,14 @@ FABRIC = {"topology": "leaf_spine", "rail_optimized": True, "link_gbps": 400,
           "latency_us": 1.0, "oversubscription": 1.0}
 
 
-def _plan(pp=4, dp=2, m=24, schedule="1f1b", **training):
+def _plan(pp=4, dp=2, m=24, schedule="1f1b", fabric=None, **training):
     return xs.load_plan(yaml.safe_dump({
         "name": "steady-test",
         "model": {"preset": "tiny-gpt"},
         "training": {"global_batch": dp * m, "micro_batch": 1, "schedule": schedule,
                      **training},
         "device_groups": {"h100": {"type": "H100-80GB", "nodes": dp, "gpus_per_node": 8}},
-        "network": {"scale_out": FABRIC},
+        "network": {"scale_out": fabric or FABRIC},
         "replicas": {"uniform": {"group": "h100", "tp": 2, "pp": pp, "dp": dp}},
     }))
 
@@ -138,3 +138,17 @@ def test_the_trace_directory_round_trips(tmp_path) -> None:
     assert again.manifest["coarsening"]["microbatches"]["simulated"] == 12
     tl = xs.run(again, "flow", xs.build_topology(stored))
     assert xs.metrics(again, tl).summary["coarsening"]["microbatches"]["periods_added"] == 12
+
+
+def test_routes_that_depend_on_op_ids_keep_every_microbatch() -> None:
+    # one server per leaf and two spines: the DP ring between the servers has two equal-cost
+    # paths, picked per flow by a hash of its op id; merged micro-batches shift the sync's op
+    # ids, so the sync would meet other collisions than in the full run: not merged
+    fabric = dict(FABRIC, rail_optimized=False, nodes_per_leaf=1, spines=2)
+    plan = _plan(fabric=fabric)
+    assert decide(plan, "on").microbatches == 12  # allowed by the plan alone
+    trace = xs.generate(plan, "on")
+    rec = trace.manifest["coarsening"]["microbatches"]
+    assert not rec["used"] and rec["simulated"] is None
+    assert "several equal-cost paths (ECMP hashes each flow's op id)" in rec["reason"]
+    assert set(trace.ops.loc[trace.ops["microbatch"] >= 0, "microbatch"]) == set(range(24))

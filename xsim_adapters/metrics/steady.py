@@ -27,6 +27,7 @@ import pandas as pd
 
 from ..errors import XsimError
 from ..trace.schema import KIND_COMPUTE, PHASE_INDEX, Trace
+from .coarse import rank_sources
 from .intervals import clip, union_length
 from .ranks import _comm_arrays
 from .straggler import straggler_by_rank
@@ -183,6 +184,11 @@ def steady_of(trace: Trace, tf: pd.DataFrame, start_ns: np.ndarray,
             " rerun with --coarsen off")
     lo1 = np.where(has, f[0], np.nan)
     lo2 = np.where(has, f[1], np.nan)
+    # a mirrored rank (coarsened replicas) runs no forwards of its own but keeps flows (its
+    # DP ring, a CP ring with its representative): by symmetry, its representative's window
+    src = rank_sources(trace)
+    lo1 = np.where(has, lo1, lo1[src])
+    lo2 = np.where(has, lo2, lo2[src])
     inc1 = window_increments(trace, tf, stragglers, lo1, period, i1)
     inc2 = window_increments(trace, tf, stragglers, lo2, period, i2)
     diff = (inc1 - inc2).drop(columns=["flop_count"]).abs().to_numpy().max(axis=1)

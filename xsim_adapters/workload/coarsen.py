@@ -134,9 +134,11 @@ def steady_microbatches(pp: int) -> list[int]:
 def microbatch_plan_reason(plan: Plan, mode: str) -> tuple[int | None, str]:
     """(micro-batches to simulate, why) for merging steady-state micro-batches of ``plan``,
     or (None, why not): the schedule must be 1F1B, every replica must have the same pipeline
-    depth p and micro-batch count m > p + STEADY_EXTRA, and nothing may change over time
-    (no ``perturb:``, no ``network.events``); ``auto`` also needs the replicas to be one class
-    (:func:`replica_classes`: the same pipeline everywhere, so one period is every rank's)."""
+    depth p and micro-batch count m > p + STEADY_EXTRA, and nothing may change over time (no
+    ``perturb:``, no ``network.events``); ``auto`` also needs the replicas to be one class
+    (:func:`replica_classes`: the same pipeline everywhere, so one period is every rank's).
+    The generator then also checks that no route depends on op ids (:func:`ecmp_choice`) and
+    otherwise simulates every micro-batch."""
     t = plan.training
     if t.schedule != "1f1b":
         return None, f"training.schedule: {t.schedule} (steady-state micro-batches: 1f1b only)"
@@ -206,6 +208,29 @@ def fabric_asymmetry(plan: Plan) -> str | None:
     if so.oversubscription > 1.0:
         return (f"network.scale_out.oversubscription: {so.oversubscription} > 1, replicas "
                 "would contend on leaf uplinks")
+    return None
+
+
+def ecmp_choice(plan: Plan, src: Any, dst: Any) -> str | None:
+    """Why a trace's micro-batches would not repeat on this fabric, or None: its flows go from
+    ranks ``src[i]`` to ``dst[i]``; a pair with several equal-cost paths gets a path per flow
+    from the hash of the flow's op id, so each micro-batch (and the sync after them, whose op
+    ids depend on how many came before) meets its own collisions. With one shortest path for
+    every pair, no route depends on op ids."""
+    import numpy as np
+
+    from ..topology import build_topology
+
+    n = plan.num_ranks
+    # by destination: the router computes one destination's distances once for all sources
+    key = np.unique(np.asarray(dst, dtype=np.int64) * n + np.asarray(src, dtype=np.int64))
+    topo = build_topology(plan)
+    for k in key.tolist():
+        b, a = divmod(k, n)
+        if a != b and not topo.single_path(a, b):
+            return (f"ranks {a} -> {b} exchange traffic over several equal-cost paths (ECMP"
+                    " hashes each flow's op id): merged micro-batches would meet other"
+                    " collisions than the full run")
     return None
 
 

@@ -19,6 +19,7 @@ Dependencies a backend sees (no implicit ones):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import asdict
@@ -44,7 +45,7 @@ from ..trace.schema import (
 from .alltoall import MoEPlanner
 from .blocks import Block, RingSpec, build_block, stage_units, tp_kinds
 from .builder import BulkBuilder
-from .coarsen import Coarsening, decide, full
+from .coarsen import Coarsening, decide, ecmp_choice, full
 from .compute import ADAM_BYTES_PER_PARAM, optimizer_time_ns, stage_params
 from .context import emit_cp
 from .dpsync import buckets, chunk_rings, sweep_segments
@@ -704,6 +705,19 @@ def generate(plan: Plan, coarsen: str | Coarsening = "auto") -> Trace:
     ``coarsening`` says what was done. Raises PlanError if the chosen trace is too large.
     """
     co = coarsen if isinstance(coarsen, Coarsening) else decide(plan, coarsen)
+    if co.microbatches is not None:
+        trace = _build(plan, co)
+        fl = trace.ops["kind"].to_numpy() == KIND_FLOW
+        why = ecmp_choice(plan, trace.ops["rank"].to_numpy()[fl], trace.ops["dst"].to_numpy()[fl])
+        if why is None:
+            return trace
+        # a route that depends on op ids: the merged micro-batches would not be the full run's
+        co = dataclasses.replace(co, microbatches=None, microbatch_reason=why)
+    return _build(plan, co)
+
+
+def _build(plan: Plan, co: Coarsening) -> Trace:
+    """The trace of ``plan`` under coarsening ``co`` (see :func:`generate`)."""
     check_ops(estimate_ops(co.simulated_plan(plan), set(co.representative)))
     gen = _Generator(plan, co)
     gen.add_stages()
