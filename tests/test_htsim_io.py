@@ -279,12 +279,15 @@ def test_wall_limit_stops_the_driver(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("opts", "msg"), [
     ({"protocol": "tcp"}, "htsim: option protocol: must be one of roce, ndp, eqds (got 'tcp')"),
-    ({"mtu": 100}, "htsim: option mtu: expected an integer >= 256 and <= 65535 (got 100)"),
+    ({"mtu": 100}, "htsim: option mtu: expected an integer >= 256 and <= 65471 (got 100)"),
+    ({"mtu": 65535}, "htsim: option mtu: expected an integer >= 256 and <= 65471 (got 65535)"),
+    ({"protocol": "ndp", "ack_every": 4},
+     "htsim: option ack_every applies to protocol roce only (got protocol ndp)"),
     ({"scale_up": "nvlink"},
      "htsim: option scale_up: must be one of fluid, packet (got 'nvlink')"),
     ({"wall_limit_s": 0}, "htsim: option wall_limit_s: expected a number > 0 (got 0)"),
     ({"protcol": "ndp"}, "unknown option 'protcol' for backend htsim; did you mean 'protocol'?"
-     " allowed: cwnd_pkts, driver, mtu, progress, protocol, queue_bytes, scale_up, seed,"
+     " allowed: ack_every, cwnd_pkts, driver, mtu, progress, protocol, queue_bytes, scale_up, seed,"
      " wall_limit_s, work_dir"),
     ({"seed": True}, "htsim: option seed: expected an integer >= 0 and <= 2147483647"
      " (got True)"),

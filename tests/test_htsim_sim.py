@@ -114,6 +114,37 @@ def test_timed_link_event_matches_closed_form_and_flow_backend(driver: str, kind
     assert abs(tl.makespan_ns - closed) <= (1e-6 if scale_up == "fluid" else 0.02) * closed
 
 
+def test_coarser_acks_and_packets_keep_a_lone_flow_exact(driver: str) -> None:
+    # the opt-in trades (docs/htsim.md "Faster packets"): a flow alone on its path is paced at
+    # its NIC rate whatever ACKs come back, so ack_every changes nothing but the event count;
+    # a bigger MTU only removes per-packet headers (closed form within 1%)
+    tb = TraceBuilder(2)
+    tb.flow(0, 1, 8 << 20)
+    trace = tb.build()
+    topo = star(2, 200.0, latency_ns=700.0)
+    base = run(trace, topo, driver, scale_up="packet")
+    fewer = run(trace, topo, driver, scale_up="packet", ack_every=8)
+    assert fewer.makespan_ns == base.makespan_ns
+    assert fewer.stats["events"] < base.stats["events"]
+    big = run(trace, topo, driver, scale_up="packet", mtu=65000, ack_every=8)
+    ideal = (8 << 20) * 8 / 200.0 + 2 * 700.0
+    assert ideal <= big.makespan_ns <= ideal * 1.01 + 2 * 65064 * 8 / 200.0
+    assert big.stats["events"] * 5 < base.stats["events"]
+
+
+def test_coarser_acks_on_a_ring_stay_within_a_percent(driver: str) -> None:
+    # in a ring every link carries data one way and ACKs the other: fewer ACKs free a little
+    # reverse capacity, so the ring may finish slightly sooner, never by more than 1%
+    tb = TraceBuilder(4)
+    start, end = ring_allreduce(tb, [0, 1, 2, 3], 16 << 20)
+    topo = star(4, 100.0, latency_ns=500.0, tier="nic")
+    trace = tb.build()
+    base = run(trace, topo, driver)
+    fewer = run(trace, topo, driver, ack_every=16)
+    assert fewer.makespan_ns == pytest.approx(base.makespan_ns, rel=0.01)
+    assert fewer.makespan_ns <= base.makespan_ns
+
+
 def test_compute_gaps_between_flows(driver: str) -> None:
     tb = TraceBuilder(2)
     c1 = tb.compute(0, 40_000)

@@ -2,7 +2,7 @@
 //
 //   xsim-htsim INPUT --out TIMES.bin --summary SUMMARY.json
 //              [--protocol roce|ndp|eqds] [--mtu BYTES] [--queue-bytes BYTES] [--cwnd-pkts N] [--seed N]
-//              [--scale-up fluid|packet] [--progress-s SECONDS]
+//              [--scale-up fluid|packet] [--ack-every N] [--progress-s SECONDS]
 //
 // Writes TIMES.bin (start and end of every op in ps, in op order; binary, see below) and
 // SUMMARY.json only
@@ -41,7 +41,7 @@ namespace {
 const char* USAGE =
     "usage: xsim-htsim INPUT --out TIMES.bin --summary SUMMARY.json [--protocol roce|ndp|eqds]"
     " [--mtu BYTES] [--queue-bytes BYTES] [--cwnd-pkts N] [--seed N]"
-    " [--scale-up fluid|packet] [--progress-s SECONDS]";
+    " [--scale-up fluid|packet] [--ack-every N] [--progress-s SECONDS]";
 
 uint64_t parse_uint(const char* flag, const char* s) {
     char* end = nullptr;
@@ -89,8 +89,16 @@ int main(int argc, char** argv) {
         } else if (a == "--mtu") {
             opt.mtu = (uint32_t)parse_uint("--mtu", argv[++i]);
             if (opt.mtu < 256) fail(2, "--mtu must be at least 256 bytes");
+            // htsim keeps a packet's size in 16 bits; a RoCE packet is the MTU + 64 bytes
+            if (opt.mtu > 65535 - RocePacket::ACKSIZE)
+                fail(2, "--mtu must be at most " + std::to_string(65535 - RocePacket::ACKSIZE) +
+                            " bytes (htsim's 16-bit packet size holds the MTU + the 64-byte"
+                            " RoCE header)");
         } else if (a == "--queue-bytes") {
             opt.queue_bytes = (int64_t)parse_uint("--queue-bytes", argv[++i]);
+        } else if (a == "--ack-every") {
+            opt.ack_every = (uint32_t)parse_uint("--ack-every", argv[++i]);
+            if (opt.ack_every < 1) fail(2, "--ack-every must be at least 1");
         } else if (a == "--cwnd-pkts") {
             opt.cwnd_pkts = (uint32_t)parse_uint("--cwnd-pkts", argv[++i]);
         } else if (a == "--scale-up") {
@@ -115,6 +123,8 @@ int main(int argc, char** argv) {
         }
     }
     if (input_path.empty() || out_path.empty() || summary_path.empty()) fail(2, USAGE);
+    if (opt.ack_every > 1 && opt.protocol != xsim::PROTO_ROCE)
+        fail(2, "--ack-every applies to --protocol roce only (got " + proto_name + ")");
 
     // htsim's sources narrate every start and finish on stdout; a run with a million flows would
     // spend its time formatting text nobody reads.
@@ -201,7 +211,7 @@ int main(int argc, char** argv) {
                           ", \"wall_s\": " + buf;
     std::snprintf(buf, sizeof buf, "%.6f", sim_wall);
     summary += std::string(", \"sim_wall_s\": ") + buf + ", \"mtu\": " + std::to_string(opt.mtu) +
-               "}\n";
+               ", \"ack_every\": " + std::to_string(opt.ack_every) + "}\n";
     if (!write_atomic(out_path, times)) fail(5, "cannot write " + out_path);
     if (!write_atomic(summary_path, summary)) fail(5, "cannot write " + summary_path);
     return 0;

@@ -39,6 +39,7 @@ struct Options {
     uint32_t cwnd_pkts = 0;       // NDP/EQDS initial window; 0: 1.5 x the route's bandwidth-delay
     uint32_t seed = 1;
     bool scale_up_fluid = true;   // flows flagged scale_up are timed by the fluid model
+    uint32_t ack_every = 1;       // RoCE: the sink ACKs every k-th packet (1: htsim's RoceSink)
     double progress_s = 0.0;      // progress lines on stderr at most this often (0: none)
 };
 
