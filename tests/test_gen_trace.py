@@ -195,9 +195,9 @@ def test_read_trace_names_missing_files_and_bad_columns(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match=r"a100.parquet: missing \(ops of group a100\)"):
         read_trace(d)
     d2 = write_trace(generate(_hetero()), tmp_path / "t2")
-    deps = pq.read_table(d2 / "deps.parquet").to_pandas().astype({"pred": "int32"})
+    deps = pq.read_table(d2 / "deps.parquet").to_pandas().astype({"pred": "int64"})
     deps.to_parquet(d2 / "deps.parquet")
-    with pytest.raises(TraceError, match="column pred has dtype int32, expected int64"):
+    with pytest.raises(TraceError, match="column pred has dtype int64, expected int32"):
         read_trace(d2)
 
 

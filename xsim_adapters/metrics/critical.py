@@ -29,24 +29,35 @@ from .timeline import as_frame
 
 CRITICAL_COLUMNS = ("op_id", "kind", "rank", "phase", "start_ns", "end_ns", "gap_ns",
                     "latency_ns")
+# Edges handled at once by _last_pred (its temporaries: ~20 bytes per edge of a chunk).
+EDGE_CHUNK = 1 << 16
 # How many ranks critical_summary lists by name (the rest are summed in the totals).
 TOP_CRITICAL_RANKS = 5
 
 
 def _last_pred(trace: Trace, end: np.ndarray) -> np.ndarray:
-    """Per op, the predecessor that ended last (ties: lowest op id); -1 for ops without one."""
+    """Per op, the predecessor that ended last (ties: lowest op id); -1 for ops without one.
+
+    Two scatter passes over the edges (the latest end per successor, then the lowest
+    predecessor id among the edges that reach it), no sort: a few bytes per edge at peak.
+    """
     n = len(end)
     out = np.full(n, -1, dtype=np.int64)
     if len(trace.deps) == 0:
         return out
-    pred = trace.deps["pred"].to_numpy(dtype=np.int64)
-    succ = trace.deps["succ"].to_numpy(dtype=np.int64)
-    # Sort by (succ, -end, pred): the first edge of each succ is its latest-ending predecessor.
-    order = np.lexsort((pred, -end[pred], succ))
-    s = succ[order]
-    first = np.ones(len(s), dtype=bool)
-    first[1:] = s[1:] != s[:-1]
-    out[s[first]] = pred[order][first]
+    pred = trace.deps["pred"].to_numpy()
+    succ = trace.deps["succ"].to_numpy()
+    latest = np.full(n, -np.inf)
+    for a in range(0, len(pred), EDGE_CHUNK):  # in chunks: temporaries stay small
+        np.maximum.at(latest, succ[a:a + EDGE_CHUNK], end[pred[a:a + EDGE_CHUNK]])
+    none = np.iinfo(np.int64).max
+    low = np.full(n, none, dtype=np.int64)
+    for a in range(0, len(pred), EDGE_CHUNK):
+        p, s = pred[a:a + EDGE_CHUNK], succ[a:a + EDGE_CHUNK]
+        hit = end[p] == latest[s]
+        np.minimum.at(low, s[hit], p[hit])
+    has = low != none
+    out[has] = low[has]
     return out
 
 

@@ -27,9 +27,10 @@ step            int32    ring step within the collective (-1: none)
 channel         int16    ring / channel within the collective (-1: none)
 ==============  =======  ===============================================================
 
-``deps`` (edges, global across groups): ``pred`` int64, ``succ`` int64; an op starts when all of
-its predecessors have ended. There are no implicit dependencies: compute ops of one rank are
-chained by explicit edges in the order the rank runs them, so a backend only executes the DAG.
+``deps`` (edges, global across groups): ``pred`` int32, ``succ`` int32 (schema 2; int64
+before); an op starts when all of its predecessors have ended. There are no implicit
+dependencies: compute ops of one rank are chained by explicit edges in the order the rank runs
+them, so a backend only executes the DAG.
 
 ``collectives`` (one row per collective): ``collective`` int32, ``kind`` (str: all_reduce,
 reduce_scatter, all_gather, reshard, p2p), ``phase`` int8, ``bytes`` int64 (payload S per rank
@@ -99,7 +100,8 @@ OP_COLUMNS: dict[str, Any] = {
     "step": np.int32,
     "channel": np.int16,
 }
-DEP_COLUMNS: dict[str, Any] = {"pred": np.int64, "succ": np.int64}
+# int32: a trace has fewer than 2^31 ops (MAX_TRACE_OPS is 50 M); 8 bytes per edge, not 16
+DEP_COLUMNS: dict[str, Any] = {"pred": np.int32, "succ": np.int32}
 COLLECTIVE_COLUMNS: dict[str, Any] = {
     "collective": np.int32,
     "kind": object,

@@ -42,8 +42,8 @@ class FlowProblem:
     nbytes: np.ndarray  # int64 per op
     rank: np.ndarray  # int32 per op (for error messages)
     phase: np.ndarray  # int8 per op (for error messages)
-    pred: np.ndarray  # int64 per edge
-    succ: np.ndarray  # int64 per edge
+    pred: np.ndarray  # int32 or int64 per edge
+    succ: np.ndarray  # the same dtype as pred
     path_offsets: np.ndarray  # int64 per op + 1: CSR of link ids (empty for non-flows)
     path_links: np.ndarray  # int32
     link_gbps: np.ndarray  # float64 per link, nominal capacity
