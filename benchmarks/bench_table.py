@@ -10,7 +10,7 @@ steadier number), events per wall and per CPU second when the backend reports ev
 iteration time (ms), and memory: the child's peak RSS (VmHWM, MB) and bytes per op =
 (peak RSS - RSS after the imports) / ops.
 Backend options as bench_htsim.py (like for like): htsim ``scale_up=fluid``; ns-3 ``udp``,
-MTU 9000, ``scale_up=fluid``.
+MTU 9000, ``scale_up=fluid``, at most 900 s of wall time per ns-3 replay.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ print(json.dumps({"ops": trace.num_ops, "wall_s": wall, "cpu_s": cpu, "events": 
 """
 
 OPTIONS = {"flow": {}, "htsim": {"scale_up": "fluid"},
-           "ns3": {"transport": "udp", "mtu": 9000, "scale_up": "fluid"},
+           "ns3": {"transport": "udp", "mtu": 9000, "scale_up": "fluid", "wall_limit_s": 900},
            # htsim's opt-in faster packets (docs/htsim.md "Faster packets"): 65000-byte
            # packets, one RoCE ACK per 4 packets
            "htsim-fast": {"scale_up": "fluid", "mtu": 65000, "ack_every": 4}}

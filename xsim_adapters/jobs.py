@@ -249,17 +249,26 @@ def run_jobs(plans: list[Any] | tuple[Any, ...], backend: str = "flow",
     job is also replayed alone on the same servers, so :meth:`JobsResult.table` gives the
     slowdown the other jobs cause (one more backend run per training job). A traffic spec
     without ``duration_ms`` sends for as long as the longest training job takes alone."""
+    import dataclasses
+
     from . import api
     from .metrics.links import link_metrics
     from .topology.build import build_topology
     from .traffic import TrafficSpec, generate_traffic, traffic_summary
+    from .workload.coarsen import decide
+    from .workload.generate import generate
 
     jobs = place_jobs(plans, placement)
     topology = build_topology(jobs.cluster)
     training = [k for k, p in enumerate(jobs.plans) if not isinstance(p, TrafficSpec)]
     traces: list[Trace | None] = [None] * len(jobs.plans)
     for k in training:
-        traces[k] = api.generate(jobs.plans[k])
+        # other jobs share the fabric: a job's micro-batches need not repeat, so they are
+        # never merged here (replicas coarsen as `auto` decides)
+        co = decide(jobs.plans[k], "auto")
+        traces[k] = generate(jobs.plans[k],
+                             dataclasses.replace(co, microbatches=None,
+                                                 microbatch_reason="jobs share the fabric"))
     alone_ns: list[int | None] | None = None
     needs_duration = any(isinstance(p, TrafficSpec) and p.duration_ms is None
                          for p in jobs.plans)
