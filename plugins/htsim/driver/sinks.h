@@ -1,0 +1,133 @@
+// The receivers the replayer gives htsim's transports: each tells the replayer when its flow
+// holds every payload byte (see replay.cpp). Included by replay.cpp only.
+#ifndef XSIM_HTSIM_SINKS_H
+#define XSIM_HTSIM_SINKS_H
+
+#include <cstdint>
+#include <cstdlib>
+#include <utility>
+
+#include "eqds.h"
+#include "ndp.h"
+#include "replay.h"
+#include "roce.h"
+
+namespace xsim {
+
+namespace {
+
+// A sink (RoceSink, NdpSink) that tells the replayer when its cumulative ACK covers the whole
+// flow. The sink's own constructor arguments follow ours.
+template <class Sink>
+class FlowSink : public Sink {
+public:
+    template <class... Args>
+    FlowSink(Replayer* r, uint32_t op, uint64_t bytes, Args&&... args)
+        : Sink(std::forward<Args>(args)...), _r(r), _op(op), _bytes(bytes) {}
+    void receivePacket(Packet& pkt) override {
+        Sink::receivePacket(pkt);
+        if (!_fired && this->_cumulative_ack >= _bytes) {
+            _fired = true;
+            _r->flow_done(_op);
+        }
+    }
+private:
+    Replayer* _r;
+    uint32_t _op;
+    uint64_t _bytes;
+    bool _fired = false;
+};
+using NdpFlowSink = FlowSink<NdpSink>;
+
+// The RoCE sink. With ack_every == 1 it is htsim's RoceSink exactly (one ACK per packet).
+// With ack_every = k > 1 (the opt-in --ack-every: fewer events, at a measured error) it runs
+// the same in-order/NACK logic but acknowledges only every k-th packet and the flow's last
+// one: RoCE without congestion control uses ACKs for go-back-N and completion only, so what
+// changes is the ACK packets' load on the reverse path (64 of every ~9000 bytes per packet).
+class RoceFlowSink : public RoceSink {
+public:
+    RoceFlowSink(Replayer* r, uint32_t op, uint64_t bytes, uint32_t ack_every)
+        : _r(r), _op(op), _bytes(bytes), _ack_every(ack_every) {}
+    void set_back_route(const Route* back) { _back = back; }
+    void receivePacket(Packet& pkt) override {
+        if (_ack_every <= 1) {
+            RoceSink::receivePacket(pkt);
+        } else {
+            coalesced(pkt);
+        }
+        if (!_fired && this->_cumulative_ack >= _bytes) {
+            _fired = true;
+            _r->flow_done(_op);
+        }
+    }
+
+private:
+    void coalesced(Packet& pkt) {
+        if (pkt.type() != ROCE) abort();
+        RocePacket* p = (RocePacket*)(&pkt);
+        RocePacket::seq_t seqno = p->seqno();
+        if (seqno > _cumulative_ack + 1) {  // out of order: NACK at once, as RoceSink does
+            RoceNack* nack = RoceNack::newpkt(_src->_flow, *_back, _cumulative_ack, _srcaddr);
+            nack->set_pathid(0);
+            nack->set_ts(p->ts());
+            nack->sendOn();
+            p->free();
+            return;
+        }
+        uint64_t size = p->size() - RocePacket::ACKSIZE;
+        if (seqno == _cumulative_ack + 1) _cumulative_ack = seqno + size - 1;
+        if (++_unacked >= _ack_every || _cumulative_ack >= _bytes) {
+            _unacked = 0;
+            RoceAck* ack = RoceAck::newpkt(_src->_flow, *_back, _cumulative_ack, _srcaddr);
+            ack->set_pathid(0);
+            ack->sendOn();
+        }
+        p->free();
+    }
+
+    Replayer* _r;
+    uint32_t _op;
+    uint64_t _bytes;
+    uint32_t _ack_every;
+    uint32_t _unacked = 0;
+    const Route* _back = nullptr;
+    bool _fired = false;
+};
+
+// The same for EQDS. EQDS sequence numbers count packets (each carries EqdsSrc::_mss payload
+// bytes, the last one less; an RTS probe after a timeout also takes a number), so the flow is
+// complete once the cumulative ACK covers ceil(bytes / mss) data packets.
+class EqdsFlowSink : public EqdsSink {
+public:
+    EqdsFlowSink(EqdsPullPacer* pacer, EqdsNIC& nic, Replayer* r, uint32_t op, uint64_t bytes)
+        : EqdsSink(nullptr, pacer, nic), _r(r), _op(op), _bytes(bytes) {}
+    void receivePacket(Packet& pkt) override {
+        EqdsSink::receivePacket(pkt);
+        if (_fired) return;
+        uint64_t cum = cumulative_ack();
+        uint64_t rts = getSrc()->_rts_packets_sent;
+        if (cum > rts && (cum - rts) * (uint64_t)EqdsSrc::_mss >= _bytes) {
+            _fired = true;
+            _r->flow_done(_op);
+        }
+    }
+private:
+    Replayer* _r;
+    uint32_t _op;
+    uint64_t _bytes;
+    bool _fired = false;
+};
+
+// htsim's EqdsSrc constructor leaves its flow-event logger pointer uninitialized and
+// dereferences it when non-null; giving every source this no-op logger makes that defined.
+class NullFlowLogger final : public FlowEventLogger {
+public:
+    void logEvent(PacketFlow&, Logged&, FlowEvent, mem_b, uint64_t) override {}
+};
+NullFlowLogger null_flow_logger;
+
+}  // namespace
+
+}  // namespace xsim
+
+#endif
