@@ -1,46 +1,92 @@
-"""Coarsened against full: the same plan generated with ``--coarsen on`` and ``off`` and run on
-the flow backend; ops, seconds, iteration time, MFU and the relative error of the coarsened run.
+"""Coarsened against full: the same plan generated coarsened and not, run on the flow backend;
+ops, CPU seconds, iteration time, MFU and the relative error of the coarsened run.
 
-Usage: python benchmarks/bench_coarsen.py PLAN.yaml [PLAN.yaml ...]
+Usage: python benchmarks/bench_coarsen.py PLAN.yaml [PLAN.yaml ...] [--microbatches]
+       [--set SECTION.KEY=VALUE ...]
+
+Default: ``--coarsen on`` against ``off`` (both axes). ``--microbatches``: the micro-batch axis
+alone: merged steady-state micro-batches against every micro-batch, with the same replica
+coarsening both ways, plus the largest per-rank difference of any ``*_ns`` column. ``--set``
+overrides a plan field for a variant (e.g. ``training.global_batch=384``), applied to every
+plan given.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
+from typing import Any
+
+import numpy as np
+import yaml
 
 import xsim_adapters as xs
+from xsim_adapters.workload.coarsen import decide
 
 
-def compare(path: str) -> dict:
-    """One plan, both modes: {mode: (ops, seconds, iteration ns, mfu, reason)} and the error."""
-    plan = xs.load_plan(path)
+def _load(path: str, sets: list[str]) -> Any:
+    if not sets:
+        return xs.load_plan(path)
+    with open(path) as fh:
+        d = yaml.safe_load(fh)
+    for item in sets:
+        key, value = item.split("=", 1)
+        *parents, leaf = key.split(".")
+        node = d
+        for k in parents:
+            node = node.setdefault(k, {})
+        node[leaf] = yaml.safe_load(value)
+    return xs.load_plan(yaml.safe_dump(d))
+
+
+def compare(path: str, microbatches: bool = False, sets: list[str] | None = None) -> dict:
+    """One plan, both ways: {way: (ops, CPU s, iteration ns, mfu, ranks frame)} and the error."""
+    plan = _load(path, sets or [])
     topo = xs.build_topology(plan)
+    if microbatches:
+        co = decide(plan, "on")
+        if co.microbatches is None:
+            raise SystemExit(f"{path}: no steady-state micro-batches to merge:"
+                             f" {co.microbatch_reason}")
+        ways = {"coarse": co, "full": dataclasses.replace(co, microbatches=None)}
+    else:
+        ways = {"coarse": "on", "full": "off"}
     out: dict = {}
-    for mode in ("on", "off"):
+    for name, how in ways.items():
         t0 = time.process_time()
-        trace = xs.generate(plan, mode)
+        trace = xs.generate(plan, how)
+        rec = trace.manifest["coarsening"].get("microbatches") or {}
+        if microbatches and name == "coarse" and not rec.get("used"):
+            raise SystemExit(f"{path}: micro-batches not merged: {rec.get('reason')}")
         met = xs.metrics(trace, xs.run(trace, "flow", topo))
         s = met.summary
-        out[mode] = (trace.num_ops, time.process_time() - t0, s["iteration_time_ns"], s["mfu"],
-                     s["coarsening"]["reason"])
-    out["error"] = out["on"][2] / out["off"][2] - 1
+        out[name] = (trace.num_ops, time.process_time() - t0, s["iteration_time_ns"], s["mfu"],
+                     met.ranks)
+    out["error"] = out["coarse"][2] / out["full"][2] - 1
+    cols = [c for c in out["full"][4].columns if c.endswith("_ns")]
+    out["rank_diff_ns"] = float(np.abs(out["coarse"][4][cols].to_numpy(dtype=np.float64)
+                                       - out["full"][4][cols].to_numpy(dtype=np.float64)).max())
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("plans", nargs="+")
+    ap.add_argument("--microbatches", action="store_true",
+                    help="the micro-batch axis alone (same replica coarsening both ways)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     a = ap.parse_args(argv)
     print("| plan | ops full | ops coarsened | CPU s full | CPU s coarsened | iteration full ns |"
-          " iteration coarsened ns | error | MFU full / coarsened |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          " iteration coarsened ns | error | largest per-rank diff ns | MFU full / coarsened |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for p in a.plans:
-        r = compare(p)
-        on, off = r["on"], r["off"]
+        r = compare(p, a.microbatches, a.set)
+        on, off = r["coarse"], r["full"]
         print(f"| {p} | {off[0]:,} | {on[0]:,} | {off[1]:.1f} | {on[1]:.1f} | {off[2]:,} | "
-              f"{on[2]:,} | {r['error']:+.5%} | {off[3]:.4f} / {on[3]:.4f} |", flush=True)
+              f"{on[2]:,} | {r['error']:+.6%} | {r['rank_diff_ns']:,.0f} | "
+              f"{off[3]:.4f} / {on[3]:.4f} |", flush=True)
     return 0
 
 

@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     res = {
         "plan": plan.name, "gpus": plan.num_ranks, "ops": trace.num_ops,
         "deps": len(trace.deps), "coarsening": co.get("reason"), "used": co.get("used"),
+        "microbatches": (co.get("microbatches") or {}).get("reason"),
+        "periods_added": (co.get("microbatches") or {}).get("periods_added"),
         "wall_s": round(total, 2), "cpu_s": round(cpu, 2),
         **{f"{k}_s": round(v, 2) for k, v in times.items()},
         "events": tl.stats.get("events"),

@@ -10,7 +10,7 @@ steadier number), events per wall and per CPU second when the backend reports ev
 iteration time (ms), and memory: the child's peak RSS (VmHWM, MB) and bytes per op =
 (peak RSS - RSS after the imports) / ops.
 Backend options as bench_htsim.py (like for like): htsim ``scale_up=fluid``; ns-3 ``udp``,
-MTU 9000, ``scale_up=fluid``.
+MTU 9000, ``scale_up=fluid``, at most 900 s of wall time per ns-3 replay.
 """
 
 from __future__ import annotations
@@ -62,12 +62,16 @@ print(json.dumps({"ops": trace.num_ops, "wall_s": wall, "cpu_s": cpu, "events": 
 """
 
 OPTIONS = {"flow": {}, "htsim": {"scale_up": "fluid"},
-           "ns3": {"transport": "udp", "mtu": 9000, "scale_up": "fluid"}}
+           "ns3": {"transport": "udp", "mtu": 9000, "scale_up": "fluid", "wall_limit_s": 900},
+           # htsim's opt-in faster packets (docs/htsim.md "Faster packets"): 65000-byte
+           # packets, one RoCE ACK per 4 packets
+           "htsim-fast": {"scale_up": "fluid", "mtu": 65000, "ack_every": 4}}
+BACKEND = {"htsim-fast": "htsim"}  # cells that run a backend under another name
 
 
 def cell(plan: Path, backend: str) -> dict:
     """One (plan, backend) measurement in a fresh interpreter."""
-    r = subprocess.run([sys.executable, "-c", CHILD, str(plan), backend,
+    r = subprocess.run([sys.executable, "-c", CHILD, str(plan), BACKEND.get(backend, backend),
                         json.dumps(OPTIONS[backend])], capture_output=True, text=True)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or ["failed"])[-1][:100]}
@@ -89,9 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     print("| plan | backend | ops | wall s | CPU s | events/s | events/CPU s | iteration ms |"
           " peak RSS MB | bytes/op |")
     print("|---|---|---|---|---|---|---|---|---|---|")
+    cells: dict[tuple[str, str], dict] = {}
     for p in plans:
         for b in names:
             c = cell(p, b)
+            cells[(p.stem, b)] = c
             if "error" in c:
                 print(f"| {p.stem} | {b} | | | | | | | | {c['error']} |", flush=True)
                 continue
@@ -103,7 +109,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {p.stem} | {b} | {c['ops']:,} | {c['wall_s']:.2f} | {c['cpu_s']:.2f} | "
                   f"{eps} | {c['iteration_ms']:.3f} | {c['peak_rss_MB']:,.0f} | "
                   f"{c['bytes_per_op']:,.0f} |", flush=True)
+    _ratios(plans, names, cells)
     return 0
+
+
+def _ratios(plans: list[Path], names: list[str], cells: dict[tuple[str, str], dict]) -> None:
+    """The issue's table: per plan the backends' CPU (wall) seconds side by side and ns-3's
+    ratio to each other backend, in CPU seconds (the comparable number on a shared machine)."""
+    if "ns3" not in names or len(names) < 2:
+        return
+    others = [b for b in names if b != "ns3"]
+    print()
+    print("| plan | ops | " + " | ".join(f"{b} CPU s (wall)" for b in names) + " | "
+          + " | ".join(f"ns-3 / {b} (CPU)" for b in others) + " |")
+    print("|---" * (2 + len(names) + len(others)) + "|")
+    for p in plans:
+        row = [cells.get((p.stem, b), {}) for b in names]
+        ops = next((c["ops"] for c in row if "ops" in c), 0)
+        times = [f"{c['cpu_s']:.2f} ({c['wall_s']:.2f})" if "cpu_s" in c else "-" for c in row]
+        ns3 = cells.get((p.stem, "ns3"), {}).get("cpu_s")
+        ratios = []
+        for b in others:
+            t = cells.get((p.stem, b), {}).get("cpu_s")
+            ratios.append(f"{ns3 / t:.1f}x" if ns3 and t else "-")
+        print(f"| {p.stem} | {ops:,} | " + " | ".join(times) + " | " + " | ".join(ratios)
+              + " |", flush=True)
 
 
 if __name__ == "__main__":

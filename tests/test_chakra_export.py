@@ -12,6 +12,7 @@ from collections import defaultdict
 from graphlib import TopologicalSorter
 
 import numpy as np
+import pandas as pd
 import pytest
 from test_gen_helpers import make_plan
 
@@ -101,7 +102,12 @@ def test_compute_and_barriers_are_comp_nodes_with_exact_times(trace, exported):
                 a = _attrs(n)
                 assert a["op_id"] not in seen
                 seen[a["op_id"]] = (r, a["duration_ns"], n.duration_micros, a["num_ops"])
-    comp = o[o["kind"] != KIND_FLOW]
+    # compute ops and barriers keep their ids; each flow's start latency (schema 2) is a
+    # COMP_NODE on its source numbered after the trace's ops, in flow order
+    lat = o[(o["kind"] == KIND_FLOW) & (o["duration_ns"] > 0)]
+    assert len(lat) > 0
+    comp = pd.concat([o[o["kind"] != KIND_FLOW], lat.assign(
+        op_id=np.arange(len(o), len(o) + len(lat)), flops=0.0)])
     assert sorted(seen) == comp["op_id"].tolist()
     for op, rank, dur, flops in comp[["op_id", "rank", "duration_ns", "flops"]].itertuples(
             index=False):
@@ -188,7 +194,7 @@ def test_p2p_mapping_is_the_goal_schedule(trace, tmp_path):
 
 def _trace_critical_path_ns(trace) -> int:
     o = trace.ops
-    dur = np.where(o["kind"].to_numpy() == KIND_FLOW, 0, o["duration_ns"].to_numpy())
+    dur = o["duration_ns"].to_numpy()  # a flow's is its start latency; comm takes no time
     preds = defaultdict(list)
     for p, s in trace.deps[["pred", "succ"]].itertuples(index=False):
         preds[s].append(p)

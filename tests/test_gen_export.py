@@ -70,4 +70,6 @@ def test_goal_export_is_complete_and_consistent(tmp_path) -> None:
     data = {k for k in sends if k[2] < 1 << 40}
     assert len(data) == len(flows)
     assert sum(k[3] for k in data) == int(flows["bytes"].sum())
-    assert calcs == trace.num_ops - len(flows)
+    # every compute op and barrier is a calc, and so is every flow's start latency
+    assert calcs == trace.num_ops - len(flows) + int((flows["duration_ns"] > 0).sum())
+    assert (flows["duration_ns"] > 0).any()  # the plan's rings carry NCCL's delay

@@ -8,7 +8,7 @@ from test_gen_helpers import make_plan
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.bench_collective import bench, bench_plan, lowered_trace
 from xsim_adapters.topology import build_topology
-from xsim_adapters.trace import KIND_BARRIER, TraceBuilder, ring_collective
+from xsim_adapters.trace import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, TraceBuilder, ring_collective
 from xsim_adapters.trace.schema import PHASE_INDEX
 from xsim_adapters.workload import generate
 from xsim_adapters.workload.nccl import (
@@ -66,28 +66,37 @@ def test_the_chosen_protocol_is_the_fastest(size: int) -> None:
         assert c.total_ns <= other + 1e-6
 
 
-def test_delay_barrier_shifts_a_ring_by_exactly_its_length() -> None:
+def test_start_latency_shifts_a_ring_by_exactly_its_length() -> None:
     topo = build_topology(bench_plan("H100-80GB", 1, 8))
     ends = []
     for delay in (0, 12_345):
         tb = TraceBuilder(8)
         last = ring_collective(tb, list(range(8)), 64 << 20, collective=0, delay_ns=delay)
-        timed = [r for r in tb.rows if r["kind"] == KIND_BARRIER and r["duration_ns"] > 0]
-        assert len(timed) == (8 if delay else 0)  # one per rank
+        assert not any(r["kind"] == KIND_BARRIER for r in tb.rows)
+        timed = [r for r in tb.rows if r["kind"] == KIND_FLOW and r["duration_ns"] > 0]
+        assert len(timed) == (8 if delay else 0)  # one per rank: its step-0 send
+        assert all(r["step"] == 0 for r in timed)
         end = tb.barrier(deps=last)
         ends.append(float(FlowBackend().run(tb.build(), topo, {}).frame["end_ns"].iloc[end]))
     assert ends[1] - ends[0] == pytest.approx(12_345.0, abs=1e-6)
 
 
-def test_generator_adds_one_delay_per_member_and_none_when_off() -> None:
+def test_generator_puts_one_delay_per_member_on_its_first_flows_and_none_when_off() -> None:
+    # trace schema 2: NCCL's delay is a start latency on each member's gate flows (one per
+    # channel), not a timed barrier (workload/latency.py)
     plan = make_plan([[("h100", 0, 4, 0, 4)], [("h100", 8, 12, 0, 4)]])
     trace = generate(plan)
     ops = trace.ops
-    timed = ops[(ops["kind"] == KIND_BARRIER) & (ops["duration_ns"] > 0)]
-    per = timed.groupby("collective")["rank"].nunique()
+    assert not ((ops["kind"] == KIND_BARRIER) & (ops["duration_ns"] > 0)).any()
+    timed = ops[(ops["kind"] == KIND_FLOW) & (ops["duration_ns"] > 0)]
     colls = trace.collectives.set_index("collective")
-    for cid, count in per.items():
-        assert count == len(colls.at[cid, "ranks"].split(","))
+    for cid, g in timed.groupby("collective"):
+        members = colls.at[cid, "ranks"].split(",")
+        assert g["rank"].nunique() == len(members)
+        # one gate flow per member and channel, each the first flow it sends
+        assert (g.groupby("rank").size() == int(colls.at[cid, "channels"])).all()
+        first = ops[ops["collective"] == cid].groupby(["rank", "channel"])["op_id"].min()
+        assert set(g["op_id"]) == set(first.to_numpy().tolist())
     dp = timed[timed["phase"] == PHASE_INDEX["dp"]]
     assert len(dp) > 0 and len(timed[timed["phase"] == PHASE_INDEX["tp"]]) > 0
     # the DP delay is the NCCL cost of that ring (2 members on 2 servers)
@@ -99,8 +108,8 @@ def test_generator_adds_one_delay_per_member_and_none_when_off() -> None:
     off = make_plan([[("h100", 0, 4, 0, 4)], [("h100", 8, 12, 0, 4)]],
                     collectives={"nccl_cost": False})
     o = generate(off).ops
-    assert not ((o["kind"] == KIND_BARRIER) & (o["duration_ns"] > 0)).any()
-    assert len(o) == len(ops) - len(timed)
+    assert not (o["duration_ns"].to_numpy()[o["kind"].to_numpy() != KIND_COMPUTE] > 0).any()
+    assert len(o) == len(ops)  # the delay costs no op
 
 
 def test_two_dgx_a100_all_reduce_reaches_the_measured_192_GBps() -> None:

@@ -159,17 +159,23 @@ def test_read_trace_round_trip(tmp_path: Path) -> None:
     assert back.manifest["groups"] == ["h100", "a100"]
 
 
-def test_read_trace_rejects_unknown_schema_version(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("version", "why"), [
+    (999, ""),
+    # version 1 put NCCL's delay into timed barriers: refused with what changed and what to do
+    (1, " (version 1 carried NCCL's per-member latency as timed barriers; version 2 puts it on"
+        " each ring's first flows as a start latency)"),
+])
+def test_read_trace_rejects_other_schema_versions(tmp_path: Path, version: int, why: str) -> None:
     d = write_trace(generate(_hetero()), tmp_path / "t")
     m = json.loads((d / "manifest.json").read_text())
-    m["schema_version"] = 999
+    m["schema_version"] = version
     (d / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(TraceError) as e:
         read_trace(d)
     msg = str(e.value)
-    assert "schema_version 999 is not supported" in msg
-    assert "this xsim reads schema_version 1" in msg
-    assert "xsim trace PLAN -o" in msg and "upgrade" in msg
+    assert f"schema_version {version} is not supported{why}; this xsim reads schema_version 2." \
+        in msg
+    assert "Regenerate the trace with `xsim trace PLAN -o" in msg and "upgrade" in msg
 
 
 def test_read_trace_names_missing_files_and_bad_columns(tmp_path: Path) -> None:
@@ -180,9 +186,9 @@ def test_read_trace_names_missing_files_and_bad_columns(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match=r"a100.parquet: missing \(ops of group a100\)"):
         read_trace(d)
     d2 = write_trace(generate(_hetero()), tmp_path / "t2")
-    deps = pq.read_table(d2 / "deps.parquet").to_pandas().astype({"pred": "int32"})
+    deps = pq.read_table(d2 / "deps.parquet").to_pandas().astype({"pred": "int64"})
     deps.to_parquet(d2 / "deps.parquet")
-    with pytest.raises(TraceError, match="column pred has dtype int32, expected int64"):
+    with pytest.raises(TraceError, match="column pred has dtype int64, expected int32"):
         read_trace(d2)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from test_htsim_helpers import TraceBuilder, driver_path, golden_case, ring_allreduce, star
 from xsim_htsim import HtsimBackend, write_input
+from xsim_htsim._input import read_input
 
 from xsim_adapters.backends.flow import FlowBackend
 
@@ -25,16 +26,14 @@ PS = 1e-3  # one picosecond in ns
 
 def test_writer_flags_flows_whose_whole_path_is_scale_up(tmp_path: Path) -> None:
     trace, topo = golden_case()  # ranks 0, 1 on scale-up links; ranks 2, 3 on NICs
-    info = write_input(trace, topo, tmp_path / "in.txt")
-    lines = (tmp_path / "in.txt").read_text().splitlines()
-    assert lines[0] == "xsim-htsim 3"
-    o0 = lines.index("ops 33")
+    info = write_input(trace, topo, tmp_path / "in.bin")
+    d = read_input(tmp_path / "in.bin")
     flagged = []
     for op in trace.flows().itertuples():
-        fields = lines[o0 + 1 + op.op_id].split()
-        assert len(fields) == 7 and fields[6] in ("0", "1")
-        if fields[6] == "1":
+        assert d["scale_up"][op.op_id] in (0, 1)
+        if d["scale_up"][op.op_id]:
             flagged.append((op.rank, op.dst))
+    assert not d["scale_up"][trace.ops["kind"].to_numpy() != 1].any()
     # only the ring's 0 -> 1 hop (6 steps) is intra scale-up; 1 -> 1 is local, 2 -> 3 is NIC
     assert flagged == [(0, 1)] * 6
     assert info.scale_up_flows == 6
@@ -45,10 +44,8 @@ def test_writer_flag_needs_every_forward_link(tmp_path: Path) -> None:
     tb = TraceBuilder(2)
     tb.flow(0, 1, 1000)
     tb.flow(1, 0, 1000)
-    write_input(tb.build(), star(2, 100.0, tier=["scale_up", "nic"]), tmp_path / "in.txt")
-    lines = (tmp_path / "in.txt").read_text().splitlines()
-    o0 = lines.index("ops 2")
-    assert [ln.split()[-1] for ln in lines[o0 + 1 : o0 + 3]] == ["0", "0"]
+    write_input(tb.build(), star(2, 100.0, tier=["scale_up", "nic"]), tmp_path / "in.bin")
+    assert read_input(tmp_path / "in.bin")["scale_up"].tolist() == [0, 0]
 
 
 # ---- with the real driver --------------------------------------------------------------------

@@ -41,6 +41,21 @@ def ring_allreduce(tb: TraceBuilder, ranks: list[int], size_bytes: int) -> tuple
     return start, end
 
 
+def times_bytes(start_ps: np.ndarray, end_ps: np.ndarray) -> bytes:
+    """A driver times file (binary, version 1: see xsim_htsim._output.read_times)."""
+    return (b"XSIMHTO\0" + np.array([1, 0], "<u4").tobytes()
+            + np.array([len(start_ps)], "<u8").tobytes()
+            + np.asarray(start_ps).astype("<u8").tobytes()
+            + np.asarray(end_ps).astype("<u8").tobytes())
+
+
+def times_arrays(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(start_ps, end_ps) int64 of a driver times file."""
+    n = int(np.frombuffer(data, "<u8", 1, 16)[0])
+    return (np.frombuffer(data, "<u8", n, 24).astype(np.int64),
+            np.frombuffer(data, "<u8", n, 24 + 8 * n).astype(np.int64))
+
+
 def star(n: int, gbps: float | list[float], latency_ns: float = 500.0,
          tier: str | list[str] = "scale_up") -> Topology:
     """``n`` GPUs on one switch; GPU i's cable runs at gbps[i] both ways, tier tier[i]."""

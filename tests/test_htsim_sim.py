@@ -35,7 +35,7 @@ from test_htsim_helpers import (
     ring_allreduce,
     star,
 )
-from xsim_htsim import HtsimBackend
+from xsim_htsim import HtsimBackend, write_input
 
 from xsim_adapters.errors import BackendError
 
@@ -114,6 +114,37 @@ def test_timed_link_event_matches_closed_form_and_flow_backend(driver: str, kind
     assert abs(tl.makespan_ns - closed) <= (1e-6 if scale_up == "fluid" else 0.02) * closed
 
 
+def test_coarser_acks_and_packets_keep_a_lone_flow_exact(driver: str) -> None:
+    # the opt-in trades (docs/htsim.md "Faster packets"): a flow alone on its path is paced at
+    # its NIC rate whatever ACKs come back, so ack_every changes nothing but the event count;
+    # a bigger MTU only removes per-packet headers (closed form within 1%)
+    tb = TraceBuilder(2)
+    tb.flow(0, 1, 8 << 20)
+    trace = tb.build()
+    topo = star(2, 200.0, latency_ns=700.0)
+    base = run(trace, topo, driver, scale_up="packet")
+    fewer = run(trace, topo, driver, scale_up="packet", ack_every=8)
+    assert fewer.makespan_ns == base.makespan_ns
+    assert fewer.stats["events"] < base.stats["events"]
+    big = run(trace, topo, driver, scale_up="packet", mtu=65000, ack_every=8)
+    ideal = (8 << 20) * 8 / 200.0 + 2 * 700.0
+    assert ideal <= big.makespan_ns <= ideal * 1.01 + 2 * 65064 * 8 / 200.0
+    assert big.stats["events"] * 5 < base.stats["events"]
+
+
+def test_coarser_acks_on_a_ring_stay_within_a_percent(driver: str) -> None:
+    # in a ring every link carries data one way and ACKs the other: fewer ACKs free a little
+    # reverse capacity, so the ring may finish slightly sooner, never by more than 1%
+    tb = TraceBuilder(4)
+    start, end = ring_allreduce(tb, [0, 1, 2, 3], 16 << 20)
+    topo = star(4, 100.0, latency_ns=500.0, tier="nic")
+    trace = tb.build()
+    base = run(trace, topo, driver)
+    fewer = run(trace, topo, driver, ack_every=16)
+    assert fewer.makespan_ns == pytest.approx(base.makespan_ns, rel=0.01)
+    assert fewer.makespan_ns <= base.makespan_ns
+
+
 def test_compute_gaps_between_flows(driver: str) -> None:
     tb = TraceBuilder(2)
     c1 = tb.compute(0, 40_000)
@@ -141,8 +172,8 @@ def test_driver_reproduces_golden_times(driver: str, protocol: str, tmp_path: Pa
     trace, topo = golden_case()
     run(trace, topo, driver, protocol=protocol, work_dir=str(tmp_path))
     # byte-identical: the driver is deterministic and the golden file came from it
-    golden = (DATA / f"golden_times_{protocol}.csv").read_bytes()
-    assert (tmp_path / "times.csv").read_bytes() == golden
+    golden = (DATA / f"golden_times_{protocol}.bin").read_bytes()
+    assert (tmp_path / "times.bin").read_bytes() == golden
 
 
 def test_heterogeneous_nics_bound_the_ring(driver: str) -> None:
@@ -153,27 +184,50 @@ def test_heterogeneous_nics_bound_the_ring(driver: str) -> None:
 
 
 def test_stuck_dag_is_reported_by_the_driver(driver: str, tmp_path: Path) -> None:
-    (tmp_path / "in.txt").write_text(
-        "xsim-htsim 3\nnodes 1\nlinks 0\nevents 0\nroutes 0\nops 3\nC 5\nB\nB\n"
-        "succ 2\n0\n1 2\n1 1\nend\n"
-    )
-    proc = subprocess.run([driver, str(tmp_path / "in.txt"), "--out", str(tmp_path / "t.csv"),
+    tb = TraceBuilder(1)
+    tb.compute(0, 5)
+    b1, b2 = tb.barrier(), tb.barrier()
+    tb.dep(b1, b2)
+    tb.dep(b2, b1)  # a cycle: neither can start
+    write_input(tb.build(), star(1, 100.0), tmp_path / "in.bin")
+    proc = subprocess.run([driver, str(tmp_path / "in.bin"), "--out", str(tmp_path / "t.bin"),
                            "--summary", str(tmp_path / "s.json")],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 4
-    assert proc.stderr == ("xsim-htsim: simulation ran out of events at t=5 ps with 2 of 3 ops "
-                           "unfinished (a flow never delivered all its bytes or the dependency "
-                           "graph has a cycle) (first: 1 2)\n")
-    assert not (tmp_path / "t.csv").exists()
+    assert proc.stderr == ("xsim-htsim: simulation ran out of events at t=5000 ps with 2 of 3 "
+                           "ops unfinished (a flow never delivered all its bytes or the "
+                           "dependency graph has a cycle) (first: 1 2)\n")
+    assert not (tmp_path / "t.bin").exists()
 
 
-def test_malformed_input_names_the_line(driver: str, tmp_path: Path) -> None:
-    (tmp_path / "in.txt").write_text("xsim-htsim 3\nnodes 2\nlinks 1\n0 7 100 5 1\n")
-    proc = subprocess.run([driver, str(tmp_path / "in.txt"), "--out", str(tmp_path / "t.csv"),
-                           "--summary", str(tmp_path / "s.json")],
-                          capture_output=True, text=True, check=False)
+def test_malformed_input_names_the_entry(driver: str, tmp_path: Path) -> None:
+    tb = TraceBuilder(2)
+    tb.compute(0, 5)
+    write_input(tb.build(), star(2, 100.0), tmp_path / "in.bin")
+    raw = bytearray((tmp_path / "in.bin").read_bytes())
+    raw[72:76] = (7).to_bytes(4, "little")  # link 0's source node: only 3 nodes exist
+    (tmp_path / "bad.bin").write_bytes(bytes(raw))
+
+    def drive(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run([driver, str(tmp_path / name), "--out", str(tmp_path / "t.bin"),
+                               "--summary", str(tmp_path / "s.json")],
+                              capture_output=True, text=True, check=False)
+
+    proc = drive("bad.bin")
     assert proc.returncode == 2
-    assert proc.stderr.endswith("line 4: link 0: node id out of range\n")
+    assert proc.stderr.endswith("bad.bin: link 0: node id out of range\n")
+    (tmp_path / "cut.bin").write_bytes(bytes(raw[:-12]))
+    proc = drive("cut.bin")
+    assert proc.returncode == 2 and "(truncated or damaged)" in proc.stderr
+    raw[8] = 9
+    (tmp_path / "v9.bin").write_bytes(bytes(raw))
+    proc = drive("v9.bin")
+    assert proc.returncode == 2
+    assert "input format version 9 is not supported by this driver (it reads version 4)" in (
+        proc.stderr)
+    (tmp_path / "v3.txt").write_text("xsim-htsim 3\nnodes 1\n")
+    proc = drive("v3.txt")
+    assert proc.returncode == 2 and "is the older format 3" in proc.stderr
 
 
 def test_unbuildable_queue_is_a_backend_error(driver: str) -> None:

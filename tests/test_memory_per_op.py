@@ -15,7 +15,9 @@ import xsim_adapters as xs
 from xsim_adapters.metrics import compute_metrics
 
 PLAN = Path(__file__).resolve().parent.parent / "workloads" / "hetero-pipeline-reshard.yaml"
-METRICS_PEAK_B_PER_OP = 350  # measured 293 (was 477 before the metrics worked on columns)
+# measured 192 on trace schema 2 (321 before int32 deps, integer-time unions, rank-sliced
+# unions and the scatter-based critical path; 477 before the metrics worked on columns)
+METRICS_PEAK_B_PER_OP = 240
 
 
 def _measure(fn):
@@ -36,7 +38,8 @@ def test_trace_bytes_per_op_are_its_columns():
     n = trace.num_ops
     columns = (trace.ops.memory_usage(index=False, deep=False).sum()
                + trace.deps.memory_usage(index=False, deep=False).sum())
-    # 64 bytes per op row (schema.OP_COLUMNS) + 16 per edge, and nothing per op on top
+    # 64 bytes per op row (schema.OP_COLUMNS) + 8 per edge (int32 pred, succ), nothing on top
+    assert trace.deps.memory_usage(index=False).sum() == 8 * len(trace.deps)
     assert trace.ops.memory_usage(index=False).sum() == 64 * n
     assert columns <= held <= columns + 8 * n + (4 << 20)
     assert peak <= 2 * held

@@ -69,6 +69,9 @@ def test_scale_plan_fits_only_coarsened(path):
     assert coarse * 4 <= full  # the coarsening is what makes it tractable
     if path != HETERO:
         assert len(replica_classes(plan)) == 1
+    # Megatron's 512 micro-batches over 64 stages: auto also merges the steady-state ones
+    # (the 405B plans' 16-18 micro-batches over 16 stages leave nothing to merge)
+    assert co.microbatches == (72 if path == MEGATRON else None), co.microbatch_reason
 
 
 def test_full_trace_of_megatron_is_refused_with_the_limit():

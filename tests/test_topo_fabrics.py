@@ -353,5 +353,5 @@ def test_packet_backends_time_all_pcie_server_flows_fluid(tmp_path) -> None:
     tb = TraceBuilder(16)
     tb.flow(0, 5, 1000)
     tb.flow(0, 9, 1000)
-    info = xsim_htsim_input.write_input(tb.build(), topo, tmp_path / "in.txt")
+    info = xsim_htsim_input.write_input(tb.build(), topo, tmp_path / "in.bin")
     assert (info.flows, info.scale_up_flows) == (2, 1)

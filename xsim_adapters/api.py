@@ -41,7 +41,8 @@ def generate(plan: Plan, coarsen: str = "auto") -> Trace:
     """The backend-agnostic trace of one training iteration of ``plan``.
 
     ``coarsen``: ``auto`` | ``on`` | ``off``: simulate one representative of each class of
-    identical DP replicas (docs/scale.md); ``trace.manifest["coarsening"]`` says what was done.
+    identical DP replicas, and only the first p + 8 micro-batches of a 1F1B pipeline whose
+    steady state repeats (docs/scale.md); ``trace.manifest["coarsening"]`` says what was done.
     """
     from .workload import generate as _generate
 

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from .errors import PlanError
@@ -24,6 +25,7 @@ from .topology import build_topology
 from .trace import TraceBuilder, ring_collective
 from .trace.schema import KIND_BARRIER, KIND_FLOW
 from .workload.algorithms import lower
+from .workload.latency import gate_latency, latency_members
 from .workload.rings import (
     RankInfo,
     channel_orders,
@@ -112,15 +114,20 @@ def ring_cost_protocol(info: RankInfo, kind: str, orders: list[list[int]],
 def add_template(tb: TraceBuilder, t: Any, ranks: list[int], ready: int, delay_ns: int,
                  collective: int = -1, phase: str = "dp") -> list[int]:
     """Add template ``t`` (a :class:`RingFlows` over member positions) to ``tb`` on ``ranks``:
-    each member's gate flows wait for ``ready`` (and a timed barrier of ``delay_ns`` on that
-    member if > 0). Returns every member's tail flows."""
+    each member's gate flows wait for ``ready`` and, if ``delay_ns`` > 0, carry it as their
+    start latency (or, where a gate flow waits inside the collective, wait for a timed barrier
+    of ``delay_ns`` on that member; :mod:`.workload.latency`). Returns every member's tail
+    flows."""
+    folded = latency_members(t)[0] if delay_ns > 0 else np.ones(len(ranks), dtype=bool)
+    lat = gate_latency(t, delay_ns, folded[None]) if delay_ns > 0 else np.zeros(t.size, int)
     first: list[list[int]] = [[ready] for _ in ranks]
-    if delay_ns > 0:
-        first = [[tb.add(KIND_BARRIER, r, phase=phase, deps=f, duration_ns=delay_ns,
-                         collective=collective)] for r, f in zip(ranks, first, strict=True)]
+    for m, r in enumerate(ranks):
+        if not folded[m]:
+            first[m] = [tb.add(KIND_BARRIER, r, phase=phase, deps=first[m],
+                               duration_ns=delay_ns, collective=collective)]
     ids = [tb.add(KIND_FLOW, ranks[int(t.src[j])], phase=phase, dst=ranks[int(t.dst[j])],
-                  bytes=int(t.nbytes[j]), collective=collective, step=int(t.step[j]),
-                  channel=int(t.channel[j])) for j in range(t.size)]
+                  bytes=int(t.nbytes[j]), duration_ns=int(lat[j]), collective=collective,
+                  step=int(t.step[j]), channel=int(t.channel[j])) for j in range(t.size)]
     for p, q in zip(t.pred.tolist(), t.succ.tolist(), strict=True):
         tb.dep(ids[p], ids[q])
     gates = {(int(g), m) for m in range(len(ranks)) for g in t.start[0, :, m]}

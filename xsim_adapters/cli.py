@@ -150,9 +150,11 @@ def _op_counts(trace) -> str:
 
 COARSEN_HELP = (
     "Simulate one representative of each class of identical data-parallel replicas, with "
-    "every DP ring flow kept (docs/scale.md): auto (default) does so only for a plan whose "
-    "full trace would exceed 5 million ops on a symmetric fabric, on always, off never. "
-    "Ignored when PLAN is a trace directory."
+    "every DP ring flow kept, and only the first p + 8 micro-batches of a 1F1B pipeline of "
+    "depth p, adding the left-out steady-state periods back in the metrics (docs/scale.md): "
+    "auto (default) does each only for a plan whose trace would exceed 5 million ops (the "
+    "replicas on a symmetric fabric, the micro-batches of one class of replicas), on "
+    "wherever possible, off never. Ignored when PLAN is a trace directory."
 )
 
 

@@ -302,14 +302,22 @@ def compare_jobs(plans: list[Any] | tuple[Any, ...], backends: Sequence[str],
 def _prepare(plans: list[Any] | tuple[Any, ...], placement: str
              ) -> tuple[JobSet, Any, list[Trace | None]]:
     """The placed jobs, the cluster's topology and the training jobs' traces (traffic: None)."""
-    from . import api
     from .topology.build import build_topology
     from .traffic import TrafficSpec
+    from .workload.coarsen import decide
+    from .workload.generate import generate
 
     jobs = place_jobs(plans, placement)
     topology = build_topology(jobs.cluster)
-    traces: list[Trace | None] = [None if isinstance(p, TrafficSpec) else api.generate(p)
-                                  for p in jobs.plans]
+    traces: list[Trace | None] = [None] * len(jobs.plans)
+    for k, p in enumerate(jobs.plans):
+        if isinstance(p, TrafficSpec):
+            continue
+        # other jobs share the fabric: a job's micro-batches need not repeat, so they are
+        # never merged here (replicas coarsen as `auto` decides)
+        co = decide(p, "auto")
+        traces[k] = generate(p, dataclasses.replace(co, microbatches=None,
+                                                    microbatch_reason="jobs share the fabric"))
     return jobs, topology, traces
 
 

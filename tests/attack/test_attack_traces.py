@@ -136,7 +136,8 @@ def _cycle(df: pd.DataFrame) -> pd.DataFrame:
 
 def _long_cycle(df: pd.DataFrame) -> pd.DataFrame:
     # from the last op back to the first: a cycle through a path of many levels
-    return pd.concat([df, pd.DataFrame({"pred": [df["succ"].max()], "succ": [0]})])
+    back = pd.DataFrame({"pred": [df["succ"].max()], "succ": [0]}).astype(df.dtypes.to_dict())
+    return pd.concat([df, back], ignore_index=True)
 
 
 frame_case("deps-cycle", "deps.parquet", _cycle, "cycle")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ..trace.schema import Trace
@@ -12,6 +13,7 @@ from ..trace.timeline import Timeline
 from .coarse import expand_mirrors
 from .critical import critical_path
 from .ranks import rank_metrics
+from .steady import extend_ranks, steady_of
 from .straggler import straggler_frame
 from .summary import device_type_summary, replica_summary, summary
 from .timeline import timeline_frame
@@ -31,6 +33,12 @@ class Metrics:
 
     ``ranks`` is indexed by rank, ``replicas`` by replica number and ``device_types`` by
     device type name (``m.device_types.loc["H100-80GB", "mfu"]``).
+
+    A coarsened trace stands for the whole plan: ``ranks``, ``replicas``, ``device_types``
+    and ``summary`` cover every GPU and micro-batch (mirrored replicas take their
+    representative's numbers; merged steady-state micro-batches are added back as periods,
+    :mod:`.steady`), while ``timeline``, ``stragglers`` and ``critical`` are the simulated
+    run's.
     """
 
     backend: str
@@ -51,9 +59,14 @@ def compute_metrics(trace: Trace, timeline: Timeline) -> Metrics:
     """
     tf = timeline_frame(trace, timeline)
     st = straggler_frame(trace, tf)
-    rk = expand_mirrors(trace, rank_metrics(trace, tf, st))
+    rk = rank_metrics(trace, tf, st)
+    # merged steady-state micro-batches: the left-out periods added back (metrics/steady.py)
+    steady = steady_of(trace, tf, timeline.frame["start_ns"].to_numpy(dtype=np.float64), st)
+    if steady is not None:
+        rk = extend_ranks(rk, steady)
+    rk = expand_mirrors(trace, rk)
     cp = critical_path(trace, tf)
-    sm = summary(trace, tf, rk, timeline.backend, timeline.stats, critical=cp)
+    sm = summary(trace, tf, rk, timeline.backend, timeline.stats, critical=cp, steady=steady)
     return Metrics(
         backend=timeline.backend,
         timeline=tf,

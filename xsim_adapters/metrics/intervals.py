@@ -1,8 +1,9 @@
 """Vectorized interval arithmetic per key (rank): union lengths and clipping.
 
-Every function takes parallel arrays ``key`` (int), ``start`` and ``end`` (float, ns) and works
-on all keys at once with a sort and a cumulative max, so a trace with millions of ops costs a
-few numpy passes, never a Python loop per op.
+Every function takes parallel arrays ``key`` (int), ``start`` and ``end`` (ns: int64 when both
+are integers, the metrics' whole-ns times, else float64) and works on all keys at once with a
+sort and a cumulative max, so a trace with millions of ops costs a few numpy passes, never a
+Python loop per op, and a few bytes per interval.
 """
 
 from __future__ import annotations
@@ -34,26 +35,58 @@ def union_blocks(
     touching intervals are merged. ``presorted``: the input is already sorted by (key, start)
     (e.g. a masked subset of arrays ordered by :func:`sort_order`), which skips the sort.
     """
-    key = np.asarray(key, dtype=np.int64)
-    start = np.asarray(start, dtype=np.float64)
-    end = np.asarray(end, dtype=np.float64)
+    key = np.asarray(key)
+    if not np.issubdtype(key.dtype, np.integer):
+        key = key.astype(np.int64)
+    start, end = _same_dtype(start, end)
     keep = end > start
-    key, start, end = key[keep], start[keep], end[keep]
+    if not keep.all():
+        key, start, end = key[keep], start[keep], end[keep]
+    del keep
     if len(key) == 0:
         return key, start, end
     if not presorted:
         order = sort_order(key, start)
         key, start, end = key[order], start[order], end[order]
+        del order
     # Running max of end within each key: the right edge of the merged block so far.
-    reach = pd.Series(end).groupby(key, sort=False).cummax().to_numpy()
-    prev_reach = np.empty(len(key))
-    prev_reach[0] = -np.inf
-    prev_reach[1:] = reach[:-1]
-    new_key = np.ones(len(key), dtype=bool)
-    new_key[1:] = key[1:] != key[:-1]
+    reach = _cummax_by_key(key, end)
     # A block starts at a new key or where the interval begins after everything before it ended.
-    first = np.flatnonzero(new_key | (start > prev_reach))
+    brk = np.empty(len(key), dtype=bool)
+    brk[0] = True
+    np.not_equal(key[1:], key[:-1], out=brk[1:])
+    brk[1:] |= start[1:] > reach[:-1]
+    del reach
+    first = np.flatnonzero(brk)
     return key[first], start[first], np.maximum.reduceat(end, first)
+
+
+def _same_dtype(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``start`` and ``end`` as one dtype: int64 when both are integers (times in whole ns,
+    exact and half the work of a float copy), else float64."""
+    start, end = np.asarray(start), np.asarray(end)
+    if np.issubdtype(start.dtype, np.integer) and np.issubdtype(end.dtype, np.integer):
+        return start.astype(np.int64, copy=False), end.astype(np.int64, copy=False)
+    return start.astype(np.float64, copy=False), end.astype(np.float64, copy=False)
+
+
+def _cummax_by_key(key: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The running max of ``end`` within each run of equal ``key`` (``key`` sorted).
+
+    Integer times: one ``maximum.accumulate`` over ``end`` lifted by a per-key offset larger
+    than any span of times, so an earlier key never reaches into a later one (exact); floats
+    (or spans too wide for the lift): pandas' grouped cummax."""
+    if np.issubdtype(end.dtype, np.integer) and len(end):
+        lo = int(end.min())
+        span = int(end.max()) - lo + 1
+        kmin, kmax = int(key[0]), int(key[-1])
+        if span * (kmax - kmin + 1) < 1 << 62:
+            lift = (key.astype(np.int64) - kmin) * span - lo
+            out = end + lift
+            np.maximum.accumulate(out, out=out)
+            out -= lift
+            return out
+    return pd.Series(end).groupby(key, sort=False).cummax().to_numpy()
 
 
 def union_length(
@@ -65,13 +98,20 @@ def union_length(
     Empty intervals (end <= start) contribute nothing. Returns float64 of length ``num_keys``.
     """
     k, lo, hi = union_blocks(key, start, end, presorted)
-    return np.bincount(k, weights=hi - lo, minlength=num_keys).astype(np.float64)[:num_keys]
+    return np.bincount(k, weights=(hi - lo).astype(np.float64),
+                       minlength=num_keys).astype(np.float64)[:num_keys]
 
 
 def clip(
     start: np.ndarray, end: np.ndarray, lo: np.ndarray, hi: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Intervals clipped to ``[lo, hi]`` (element-wise); an interval outside becomes empty."""
-    s = np.maximum(np.asarray(start, dtype=np.float64), lo)
-    e = np.minimum(np.asarray(end, dtype=np.float64), hi)
+    """Intervals clipped to ``[lo, hi]`` (element-wise); an interval outside becomes empty.
+    Integer inputs stay int64 (times in whole ns), anything else is float64."""
+    start, end = _same_dtype(start, end)
+    lo, hi = _same_dtype(lo, hi)
+    if start.dtype != lo.dtype:
+        start, end = start.astype(np.float64), end.astype(np.float64)
+        lo, hi = lo.astype(np.float64), hi.astype(np.float64)
+    s = np.maximum(start, lo)
+    e = np.minimum(end, hi)
     return s, np.maximum(e, s)

@@ -2,7 +2,8 @@
 
 Every backend replays the same flows on the same paths (:meth:`Topology.paths_for`, keyed by
 op id), so what crossed each link follows from the trace and the timeline alone. A flow counts
-as *active* on every link of its path from its start to its end (``end`` includes the path's
+as *active* on every link of its path from its first byte (its start plus its start latency,
+``duration_ns``) to its end (``end`` includes the path's
 propagation latency, so a link is "busy" slightly longer than it transmits). Per link:
 
 - ``flows``: flows whose path crosses it; ``bytes``: their payload bytes (exact).
@@ -75,7 +76,9 @@ def link_metrics(trace: Trace, timeline: Timeline | pd.DataFrame, topology: Topo
     per_flow = np.diff(offsets)
     flow_of = np.repeat(np.arange(len(fl)), per_flow)
     lk = path_links.astype(np.int64)
-    start = tf["start_ns"].to_numpy(dtype=np.float64)[fl][flow_of]
+    # a link carries a flow from its first byte: after the flow's start latency
+    start = (tf["start_ns"].to_numpy(dtype=np.float64)[fl]
+             + ops["duration_ns"].to_numpy(dtype=np.float64)[fl])[flow_of]
     end = tf["end_ns"].to_numpy(dtype=np.float64)[fl][flow_of]
     nbytes = ops["bytes"].to_numpy()[fl][flow_of]
     it = float(tf["end_ns"].max()) if len(tf) else 0.0

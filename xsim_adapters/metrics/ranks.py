@@ -24,6 +24,9 @@ RANK_COLUMNS = (
     "flop_count", "straggler_dp_ns", "straggler_pp_ns", "straggler_ep_ns", "straggler_cp_ns",
     *BREAKDOWN_COLUMNS,
 )
+# Intervals per slice of whole ranks in which rank_metrics measures its unions (the
+# temporaries of one slice are ~50 bytes per interval: a fixed ~13 MB, not per op).
+UNION_CHUNK = 1 << 18
 # Time columns that add up meaningfully over ranks (summary ``rank_ns_sums``, in rank-ns).
 SUMMABLE_COLUMNS = (
     "compute_ns", "comm_ns", "exposed_comm_ns", "bubble_ns", "straggler_wait_ns",
@@ -37,55 +40,61 @@ def _comm_arrays(tf: pd.DataFrame, kind: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(rank, start, end, phase) of every communication interval of a rank.
 
-    Every flow counts twice, once for its sender and once for its receiver; a timed barrier of
-    a communication phase (the NCCL latency and protocol cost a ring member pays before its
-    first send, ``workload/nccl.py``) counts once, for the member that owns it. For the
-    receiver of an EP all-to-all or CP ring flow the interval starts where its sender's NCCL
-    barrier before it started: the receiver is inside the same grouped kernel, waiting out the
-    sender's p2p latency (in lockstep it coincides with its own barrier; behind a late peer it
-    is the exchange's latency, not a pipeline bubble). Built from column arrays and masks (no
-    copy of the frame: the metrics stay a few bytes per op).
+    Every flow counts twice: for its sender from its start (its start latency, the NCCL
+    latency and protocol cost a ring member pays before its first send, ``workload/nccl.py``,
+    is the sender's), for its receiver from its first byte (start + ``duration_ns``). A timed
+    barrier of a communication phase counts once, for the rank that owns it. The receiver of
+    an EP all-to-all or CP ring flow is inside the same grouped kernel while the sender waits
+    out its p2p latency, so its interval starts with the flow (or, behind a hierarchical
+    proxy's timed barrier, where that barrier started): in lockstep that coincides with its
+    own latency; behind a late peer it is the exchange's latency, not a pipeline bubble.
+    Built from column arrays and masks (no copy of the frame: the metrics stay a few bytes
+    per op).
     """
     rank = tf["rank"].to_numpy()
     phase = tf["phase"].to_numpy()
     start = tf["start_ns"].to_numpy()
     end = tf["end_ns"].to_numpy()
+    dur = tf["duration_ns"].to_numpy()
     fm = kind == KIND_FLOW
     comm_phase = np.isin(phase, [PHASE_INDEX[p] for p in COMM_PHASES])
-    tm = ((kind == KIND_BARRIER) & (rank >= 0) & (tf["duration_ns"].to_numpy() > 0)
-          & comm_phase)
-    src = rank[fm].astype(np.int64)
-    dst = tf["dst"].to_numpy()[fm].astype(np.int64)
-    s, e, ph = start[fm], end[fm], phase[fm]
-    return (np.concatenate([src, dst, rank[tm].astype(np.int64)]),
-            np.concatenate([s, _peer_receive_start(tf, fm, tm), start[tm]]),
-            np.concatenate([e, e, end[tm]]), np.concatenate([ph, ph, phase[tm]]))
+    tm = (kind == KIND_BARRIER) & (rank >= 0) & (dur > 0) & comm_phase
+    s, e = start[fm], end[fm]
+    first_byte = np.minimum(s + dur[fm], e)  # a flow ends no earlier than its latency
+    recv = _peer_receive_start(tf, fm, tm, first_byte)
+    # ranks as int32 (a few bytes per interval: this frame is the metrics' largest)
+    return (np.concatenate([rank[fm], tf["dst"].to_numpy()[fm], rank[tm]]).astype(np.int32),
+            np.concatenate([s, recv, start[tm]]), np.concatenate([e, e, end[tm]]),
+            np.concatenate([phase[fm], phase[fm], phase[tm]]))
 
 
-def _peer_receive_start(tf: pd.DataFrame, fm: np.ndarray, tm: np.ndarray) -> np.ndarray:
-    """Start of each flow (mask ``fm``) on its receiver's side: the flow's start, or for an EP
-    or CP flow the start of its sender's latest timed barrier of the same collective that
-    ended by then (``tm``: the timed communication barriers)."""
-    start = tf["start_ns"].to_numpy()
+def _peer_receive_start(tf: pd.DataFrame, fm: np.ndarray, tm: np.ndarray,
+                        first_byte: np.ndarray) -> np.ndarray:
+    """Start of each flow (mask ``fm``) on its receiver's side: its first byte, or for an EP
+    or CP flow its start, or the start of its sender's latest timed barrier of the same
+    collective that ended by then (``tm``: the timed communication barriers)."""
     peer_ph = [PHASE_INDEX["ep"], PHASE_INDEX["cp"]]
     phase = tf["phase"].to_numpy()
     pf = np.isin(phase[fm], peer_ph)
+    if not pf.any():
+        return first_byte  # no EP/CP flow (dense plans): no copy
+    start = tf["start_ns"].to_numpy()
+    out = np.where(pf, start[fm], first_byte)
     bm = tm & np.isin(phase, peer_ph)
-    if not pf.any() or not bm.any():
-        return start[fm]  # no EP/CP flow (dense plans): the flows' own starts
-    out = start[fm].astype(np.float64)
+    if not bm.any():
+        return out
     coll = tf["collective"].to_numpy()
     rank = tf["rank"].to_numpy()
     end = tf["end_ns"].to_numpy()
     fl = pd.DataFrame({"i": np.flatnonzero(pf), "c": coll[fm][pf].astype(np.int64),
                        "r": rank[fm][pf].astype(np.int64),
-                       "t": out[pf]}).sort_values("t", kind="stable")
+                       "t": out[pf].astype(np.float64)}).sort_values("t", kind="stable")
     bar = pd.DataFrame({"c": coll[bm].astype(np.int64), "r": rank[bm].astype(np.int64),
                         "t": end[bm].astype(np.float64),
-                        "b": start[bm].astype(np.float64)}).sort_values("t", kind="stable")
+                        "b": start[bm]}).sort_values("t", kind="stable")
     j = pd.merge_asof(fl, bar, on="t", by=["c", "r"], direction="backward")
     ok = j["b"].notna().to_numpy()
-    out[j["i"].to_numpy()[ok]] = j["b"].to_numpy()[ok]
+    out[j["i"].to_numpy()[ok]] = j["b"].to_numpy()[ok].astype(out.dtype)
     return out
 
 
@@ -100,8 +109,9 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     - ``iteration_time_ns``: end of the rank's last op (ops it owns and flows it receives);
       the iteration starts at 0.
     - ``compute_ns``: length of the union of its compute intervals.
-    - ``comm_ns`` / ``comm_<phase>_ns``: union of the intervals of flows it sends or receives
-      and of its timed communication barriers (the NCCL latency before a ring's first send).
+    - ``comm_ns`` / ``comm_<phase>_ns``: union of the intervals of flows it sends (from their
+      start, the NCCL latency before a ring's first send included) or receives (from their
+      first byte), and of its timed communication barriers.
     - ``exposed_comm_ns``: communication time not overlapped by its own compute.
     - ``bubble_ns``: inside [first fwd start, last bwd or wgrad end], time it neither computes
       nor takes part in a ``tp``, ``ep`` or ``cp`` flow nor waits on a slower member of its EP
@@ -124,7 +134,7 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     n = len(rt)
     kind = tf["kind"].to_numpy()
     cm = kind == KIND_COMPUTE
-    c_rank = tf["rank"].to_numpy()[cm].astype(np.int64)
+    c_rank = tf["rank"].to_numpy()[cm].astype(np.int32)
     c_s = tf["start_ns"].to_numpy()[cm]
     c_e = tf["end_ns"].to_numpy()[cm]
     c_phase = tf["phase"].to_numpy()[cm]
@@ -134,25 +144,54 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     owner = tf["rank"].to_numpy()
     om = owner >= 0
     it = np.zeros(n)
-    np.maximum.at(it, owner[om].astype(np.int64), tf["end_ns"].to_numpy()[om])
+    np.maximum.at(it, owner[om], tf["end_ns"].to_numpy()[om])
     del owner, om
     np.maximum.at(it, f_rank, f_e)
+    lo, hi, has = _window(c_phase, c_rank, c_s, c_e, n)
+    if np.issubdtype(c_s.dtype, np.integer):  # whole-ns times: clip in int64, no float copy
+        lo, hi = lo.astype(np.int64), hi.astype(np.int64)
+    flop_count = np.bincount(
+        c_rank, weights=tf["flops"].to_numpy(dtype=np.float64)[cm], minlength=n)[:n]
 
     # Sort every interval once by (rank, start); each metric below is a masked subset of
-    # these arrays, which keeps that order, so no further sorting is needed.
-    k_all = np.concatenate([c_rank, f_rank])
-    order = sort_order(k_all, np.concatenate([c_s, f_s]))
-    k = k_all[order]
-    s = np.concatenate([c_s, f_s])[order]
+    # these arrays, which keeps that order, so no further sorting is needed. The unsorted
+    # pieces are dropped as soon as they are consumed (this step is the metrics' peak).
+    nc = len(c_rank)
+    s = np.concatenate([c_s, f_s])
+    del c_s, f_s
+    k = np.concatenate([c_rank, f_rank])
+    del c_rank, f_rank
+    order = sort_order(k, s)
+    k, s = k[order], s[order]
     e = np.concatenate([c_e, f_e])[order]
-    is_comp = (np.arange(len(k_all)) < len(c_rank))[order]
-    ph = np.concatenate([np.full(len(c_rank), -1), f_ph])[order]
+    del c_e, f_e
+    is_comp = order < nc
+    ph = np.concatenate([np.full(nc, -1, dtype=np.int8), f_ph.astype(np.int8)])[order]
+    del order, f_ph
+
+    # Unions run over slices of whole ranks of at most ~UNION_CHUNK intervals (views of the
+    # sorted arrays), so their temporaries stay a fixed size whatever the trace's.
+    cuts = np.unique(np.concatenate([[0], np.searchsorted(
+        k, k[np.arange(0, len(k), UNION_CHUNK)], side="left"), [len(k)]]))
 
     def union(mask: np.ndarray | None, lo=None, hi=None) -> np.ndarray:
-        kk, ss, ee = (k, s, e) if mask is None else (k[mask], s[mask], e[mask])
-        if lo is not None:
-            ss, ee = clip(ss, ee, lo[kk], hi[kk])  # monotone per rank: order kept
-        return union_length(kk, ss, ee, n, presorted=True)
+        total = np.zeros(n)
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+            kk, ss, ee = k[a:b], s[a:b], e[a:b]
+            if mask is not None:
+                m = mask[a:b]
+                kk, ss, ee = kk[m], ss[m], ee[m]
+            if lo is not None:
+                ss, ee = clip(ss, ee, lo[kk], hi[kk])  # monotone per rank: order kept
+            total += union_length(kk, ss, ee, n, presorted=True)
+        return total
+
+    def blocks() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        parts = [union_blocks(k[a:b], s[a:b], e[a:b], presorted=True)
+                 for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True)]
+        if not parts:
+            return union_blocks(k, s, e, presorted=True)
+        return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # type: ignore
 
     compute_ns = union(is_comp)
     comm_ns = union(~is_comp)
@@ -162,7 +201,6 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     out["compute_ns"] = compute_ns
     out["comm_ns"] = comm_ns
     out["exposed_comm_ns"] = both - compute_ns
-    lo, hi, has = _window(c_phase, c_rank, c_s, c_e, n)
     # Collectives of the rank's own stage (TP, and the EP all-to-all and CP ring, which run
     # inside a layer) are work, not waiting on the pipeline.
     own_stage = np.isin(ph, [PHASE_INDEX["tp"], PHASE_INDEX["ep"], PHASE_INDEX["cp"]])
@@ -193,9 +231,8 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     out["idle_ns"] = it - both
     for p in COMM_PHASES:
         out[f"comm_{p}_ns"] = union(ph == PHASE_INDEX[p])
-    out["flop_count"] = np.bincount(
-        c_rank, weights=tf["flops"].to_numpy(dtype=np.float64)[cm], minlength=n)[:n]
-    parts = _breakdown(union_blocks(k, s, e, presorted=True), _wait_intervals(stragglers),
+    out["flop_count"] = flop_count
+    parts = _breakdown(blocks(), _wait_intervals(stragglers),
                        (lo, hi, has), compute_ns, it, n)
     for name, v in zip(BREAKDOWN_COLUMNS, parts, strict=True):
         out[name] = v

@@ -2,7 +2,8 @@
 
 Two kinds of synchronization are examined (definitions in ``docs/metrics.md``); the EP
 all-to-all and CP ring flows (phases ``ep``, ``cp``) are treated as receives, per (collective,
-receiver), their senders' readiness looked through NCCL's timed barrier, and their waits count
+receiver), their senders' readiness looked through a timed barrier where NCCL's delay is one
+(a hierarchical proxy; elsewhere it is the flows' start latency), and their waits count
 as straggler waits (peers in lockstep), not as pipeline waits:
 
 - **DP sync collectives** (phase ``dp``). Participants are the ranks of the collective's flows
@@ -138,7 +139,7 @@ def _receive_waits(trace: Trace, tf: pd.DataFrame) -> pd.DataFrame:
     op = fl["op_id"].to_numpy(dtype=np.int64)
     pe = _pred_end_max(trace.deps, end, n, op)
     peer = np.isin(fl["phase"].to_numpy(), [PHASE_INDEX["ep"], PHASE_INDEX["cp"]])
-    if peer.any():  # EP/CP sends wait behind NCCL's timed barrier: look through it
+    if peer.any():  # a proxy's EP sends wait behind NCCL's timed barrier: look through it
         ex = _expanded_preds(trace.deps, op[peer], tf["kind"].to_numpy())
         m = pd.Series(end[ex["pred"].to_numpy()]).groupby(ex["op"].to_numpy()).max()
         pe[m.index.to_numpy()] = m.to_numpy()

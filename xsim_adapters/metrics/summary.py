@@ -13,6 +13,7 @@ from ..trace.timeline import Timeline
 from .coarse import coarsening_of, rank_sources
 from .critical import critical_path, critical_summary
 from .ranks import BREAKDOWN_COLUMNS, SUMMABLE_COLUMNS, rank_metrics
+from .steady import Steady, extend_critical
 from .timeline import as_frame
 
 
@@ -92,16 +93,24 @@ def device_type_summary(trace: Trace, ranks: pd.DataFrame, iteration_time_ns: fl
 
 
 def phase_totals(tf: pd.DataFrame, ranks: pd.DataFrame,
-                 rank_weight: np.ndarray | None = None) -> dict[str, int]:
+                 rank_weight: np.ndarray | None = None,
+                 steady: Steady | None = None) -> dict[str, int]:
     """Per phase, rank-ns: compute phases sum their op durations (each op times
-    ``rank_weight[rank]``, the ranks it stands for in a coarsened trace; default 1), comm
-    phases sum each rank's union of that phase's flow intervals (``comm_<phase>_ns``)."""
+    ``rank_weight[rank]``, the ranks it stands for in a coarsened trace; default 1; plus, with
+    merged micro-batches, one micro-batch's ops per left-out period), comm phases sum each
+    rank's union of that phase's flow intervals (``comm_<phase>_ns``)."""
     out: dict[str, int] = {}
     comp = tf[tf["kind"] == KIND_COMPUTE]
     d = comp["end_ns"] - comp["start_ns"]
     if rank_weight is not None:
         d = d * rank_weight[comp["rank"].to_numpy()]
     dur = d.groupby(comp["phase"].to_numpy()).sum()
+    if steady is not None:
+        pi = steady.phase_inc
+        w = pi["ns"].to_numpy() * (rank_weight[pi["rank"].to_numpy()]
+                                   if rank_weight is not None else 1.0)
+        dur = dur.add(pd.Series(w * steady.periods).groupby(pi["phase"].to_numpy()).sum(),
+                      fill_value=0)
     for p in COMPUTE_PHASES:
         out[p] = int(dur.get(PHASE_INDEX[p], 0))
     for p in COMM_PHASES:
@@ -112,7 +121,8 @@ def phase_totals(tf: pd.DataFrame, ranks: pd.DataFrame,
 def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
             ranks: pd.DataFrame | None = None, backend: str | None = None,
             stats: dict[str, Any] | None = None,
-            critical: pd.DataFrame | None = None) -> dict[str, Any]:
+            critical: pd.DataFrame | None = None,
+            steady: Steady | None = None) -> dict[str, Any]:
     """The headline numbers of one run as a JSON-ready dict.
 
     ``timeline``: a Timeline (its backend name and stats are used) or its timeline frame;
@@ -128,14 +138,32 @@ def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
     critical path, computed when not given); and ``perturbation`` when the plan injects
     slowdowns or jitter (the perturbed ranks, and the compute time the perturbation added per
     rank and in total, in rank-ns). Every ``*_ns`` value is an integer.
+
+    ``steady``: for a trace with merged steady-state micro-batches, the periods to add back
+    (:func:`.steady.steady_of`; ``ranks`` must then be extended already, see
+    :func:`~.bundle.compute_metrics`, which does both). Computed here when ``ranks`` is None.
     """
     if isinstance(timeline, Timeline):
         backend = backend or timeline.backend
         stats = timeline.stats if stats is None else stats
     tf = as_frame(trace, timeline)
     if ranks is None:
-        ranks = rank_metrics(trace, tf)
+        from .coarse import expand_mirrors
+        from .steady import extend_ranks, microbatch_record, steady_of
+        from .straggler import straggler_frame
+
+        st = straggler_frame(trace, tf)
+        ranks = rank_metrics(trace, tf, st)
+        if steady is None and microbatch_record(trace):
+            src = timeline.frame["start_ns"].to_numpy(dtype=np.float64) if isinstance(
+                timeline, Timeline) else tf["start_ns"].to_numpy(dtype=np.float64)
+            steady = steady_of(trace, tf, src, st)
+        if steady is not None:
+            ranks = extend_ranks(ranks, steady)
+        ranks = expand_mirrors(trace, ranks)
     it = int(tf["end_ns"].max()) if len(tf) else 0
+    if steady is not None:
+        it += int(round(steady.periods * steady.period_ns))
     wl = _workload(trace)
     tokens = wl.get("tokens_per_iteration")
     tokens_per_s = float(tokens) / (it * 1e-9) if tokens and it > 0 else None
@@ -163,7 +191,9 @@ def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
         weight = np.bincount(rank_sources(trace), minlength=trace.num_ranks)
     clean_stats = {k: v for k, v in (stats or {}).items()
                    if isinstance(v, str | int | float | bool) or v is None}
-    out = {
+    coarse: dict[str, Any] = {k: v for k, v in co.items()
+                              if k not in ("rank_runs", "representative")}
+    out: dict[str, Any] = {
         "plan": trace.manifest.get("plan_name"),
         "plan_digest": trace.manifest.get("plan_digest"),
         "backend": backend or "unknown",
@@ -177,16 +207,19 @@ def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
         "means": {c: int(round(float(ranks[c].mean()))) if len(ranks) else 0
                   for c in ("iteration_time_ns", *SUMMABLE_COLUMNS)},
         "flop_count": total_flops,
-        "phases_rank_ns": phase_totals(tf, ranks, weight),
+        "phases_rank_ns": phase_totals(tf, ranks, weight, steady),
         "device_types": dtypes,
         "mfu": mfu,
         "max_straggler": worst,
         "backend_stats": clean_stats,
-        "coarsening": {k: v for k, v in co.items() if k not in ("rank_runs", "representative")},
-        "critical_path": critical_summary(
-            critical if critical is not None else critical_path(trace, tf)
-        ),
+        "coarsening": coarse,
     }
+    path = critical if critical is not None else critical_path(trace, tf)
+    cps = critical_summary(path)
+    if steady is not None:
+        cps = extend_critical(cps, path, steady)
+        coarse["microbatches"] = {**(coarse.get("microbatches") or {}), **steady.record()}
+    out["critical_path"] = cps
     pert = trace.manifest.get("perturb")
     if pert:
         extra = [int(x) for x in pert.get("extra_compute_ns", []) if isinstance(x, int)]

@@ -111,12 +111,11 @@ def estimate_ops(plan: Plan, simulated: Collection[int] | None = None) -> int:
         for i, st in enumerate(rep.stages):
             n_layers = st.layers[1] - st.layers[0]
             units = 4 * n_layers * (1.5 if t.recompute == "full" else 1.0) + 4 * v
-            # TP ring flows of one unit: steps x ranks x channels, per collective kind
-            # (+ st.tp NCCL-delay barriers per collective with collectives.nccl_cost)
+            # TP ring flows of one unit: steps x ranks x channels, per collective kind (NCCL's
+            # delay rides on the first flows; only a tree's inner members keep a barrier)
             flows = sum(
                 num_steps(k, st.tp, c.granularity, c.chunks) * st.tp * (
                     c.channels or _tp_ring_channels(plan, st))
-                + (st.tp if c.nccl_cost and st.tp > 1 else 0)
                 for k in kinds
             )
             per_mb = units * (per_unit * st.tp + flows)
@@ -130,8 +129,8 @@ def estimate_ops(plan: Plan, simulated: Collection[int] | None = None) -> int:
     big_l = math.lcm(*(st.tp for rep in plan.replicas for st in rep.stages))
     buckets = math.ceil(plan.model.layers / max(1, c.dp_bucket_layers)) + len(boundaries)
     steps = num_steps("all_reduce", dp, c.granularity, c.chunks)
-    # (+ dp NCCL-delay barriers per ring, and ZeRO's all-gather rings as many again)
-    total += 2 * buckets * big_l * (steps * chans + int(c.nccl_cost)) * dp
+    # (ZeRO's all-gather rings as many again)
+    total += 2 * buckets * big_l * steps * chans * dp
     return total + 4 * plan.num_ranks
 
 
@@ -166,13 +165,13 @@ def _ep_cp_ops_per_rank(plan: Plan, st: Any) -> float:
         from .moe import moe_layers_in
 
         # per MoE layer and pass: 2 extra compute units, 2 exchanges of ep - 1 flows (direct;
-        # hierarchical has fewer) and an NCCL-delay barrier each
-        ops += moe_layers_in(plan.model, st.layers) * passes * (2 + 2 * st.ep)
+        # hierarchical has fewer, plus a proxy's barrier)
+        ops += moe_layers_in(plan.model, st.layers) * passes * 2 * st.ep
         if st.etp > 1:  # the ETP all-gather-v and reduce-scatter-v: etp - 1 flows each,
             # a delay barrier each and two joins
             ops += moe_layers_in(plan.model, st.layers) * passes * (2 * st.etp + 2)
-    if st.cp > 1:  # per layer and pass: cp - 1 steps of a flow, a barrier and a core unit
-        ops += (st.layers[1] - st.layers[0]) * passes * 3 * (st.cp - 1)
+    if st.cp > 1:  # per layer and pass: cp - 1 steps of a flow and a core unit
+        ops += (st.layers[1] - st.layers[0]) * passes * 2 * (st.cp - 1)
     return ops
 
 
@@ -187,13 +186,14 @@ def check_size(plan: Plan) -> None:
         )
     _check_magnitudes(plan)
     ops = estimate_ops(plan)
-    if ops > MAX_TRACE_OPS:
-        # identical replicas may be coarsened (workload/coarsen.py): bound what is generated then
+    if ops > MAX_TRACE_OPS or ops * BYTES_PER_OP > memory_budget_bytes():
+        # identical replicas and steady micro-batches may be coarsened (workload/coarsen.py):
+        # bound what is generated then
         from ..workload.coarsen import decide
 
         co = decide(plan, "auto", ops)
-        if co.used:
-            ops = estimate_ops(plan, set(co.representative))
+        if co.any_used:
+            ops = estimate_ops(co.simulated_plan(plan), set(co.representative))
     check_ops(ops)
 
 

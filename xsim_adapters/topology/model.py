@@ -87,6 +87,12 @@ class Topology:
         """Link ids (int32, in order) from GPU ``src_rank`` to GPU ``dst_rank`` for flow ``key``."""
         return self.router.path(int(self.rank_node[src_rank]), int(self.rank_node[dst_rank]), key)
 
+    def single_path(self, src_rank: int, dst_rank: int) -> bool:
+        """Whether every flow from ``src_rank`` to ``dst_rank`` takes the same path (there is
+        one shortest path: ECMP has no choice to make)."""
+        return bool(self.router.single_path(int(self.rank_node[src_rank]),
+                                            int(self.rank_node[dst_rank])))
+
     def paths_for(
         self, src_ranks: np.ndarray, dst_ranks: np.ndarray, keys: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:

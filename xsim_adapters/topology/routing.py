@@ -249,6 +249,13 @@ class Router:
             hop += 1
         return np.asarray(out, dtype=np.int32), branching
 
+    def single_path(self, src_node: int, dst_node: int) -> bool:
+        """Whether ``src_node`` reaches ``dst_node`` by one shortest path only (no hop has an
+        equal-cost choice), so every flow key gets the same path."""
+        s, t = int(src_node), int(dst_node)
+        self._path_bucket(s, t, 0)
+        return (s * self.num_nodes + t) in self._single
+
     # -- many paths -----------------------------------------------------------------------
     def paths_for(
         self, src_nodes: np.ndarray, dst_nodes: np.ndarray, keys: np.ndarray

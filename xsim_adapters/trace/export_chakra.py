@@ -12,7 +12,8 @@ Mapping (``collectives="coll"``, the default):
 - a compute op is a ``COMP_NODE``: ``duration_micros`` (the op's ``duration_ns`` rounded to
   whole microseconds, the schema's unit), ``num_ops`` (its model FLOPs) and the exact
   ``duration_ns``; a barrier (a join, or a collective's latency) is a ``COMP_NODE`` with its
-  delay;
+  delay, and so is a flow's start latency (trace schema 2), a ``COMP_NODE`` before the flow's
+  node on its source (:func:`.latency.latency_as_barriers`);
 - the flows of a ring collective (all-reduce, reduce-scatter, all-gather) become one
   ``COMM_COLL_NODE`` per member rank: ``comm_type``, ``comm_size`` (the collective's payload
   S per rank, bytes) and ``pg_name`` (its members): ASTRA-sim then runs its own collective
@@ -49,6 +50,7 @@ import numpy as np
 
 from .._atomic import write_atomic, write_text_atomic
 from ..errors import BackendUnavailable, XsimError
+from .latency import latency_as_barriers
 from .schema import KIND_BARRIER, KIND_FLOW, PHASES, Trace
 from .slowdowns import refuse_export
 from .validate import validate_trace
@@ -97,6 +99,7 @@ def chakra_graphs(trace: Trace, collectives: Mode = "coll") -> tuple[
     groups ``{pg_name: ranks}`` the collective nodes name. See the module docstring."""
     if collectives not in ("coll", "p2p"):
         raise XsimError(f"collectives: expected one of coll, p2p (got {collectives!r})")
+    trace = latency_as_barriers(trace)
     ops = trace.ops
     n = len(ops)
     kind = ops["kind"].to_numpy()

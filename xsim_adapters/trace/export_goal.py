@@ -7,7 +7,10 @@ every message has its own tag). GOAL dependencies are local to a rank, so an edg
 becomes ``succ requires pred`` on the rank where succ starts (a flow starts on its source) when
 pred has a vertex there (its own op, or the send/recv of a flow touching that rank); otherwise
 pred's rank sends a 0-byte notification message to succ's rank after pred completes, and succ
-requires its receipt. Calc times are in ns. The file is written atomically.
+requires its receipt. A flow's start latency (trace schema 2: NCCL's cost before its first
+byte) is a ``calc <latency>`` on its source that the send requires and that takes over the
+flow's dependencies (:func:`.latency.latency_as_barriers`). Calc times are in ns. The file is
+written atomically.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .._atomic import write_text_atomic
+from .latency import latency_as_barriers
 from .schema import KIND_FLOW, Trace
 from .slowdowns import refuse_export
 from .validate import validate_trace
@@ -40,8 +44,10 @@ def rank_programs(trace: Trace) -> dict[int, RankProgram]:
     """Per-rank local schedules of ``trace`` (the mapping in the module docstring).
 
     Labels: ``2*op_id`` for an op's vertex on its owner (a flow's send), ``2*op_id + 1`` for a
-    flow's recv, labels from ``2*num_ops`` on for notification messages (op_id -1).
+    flow's recv, labels from ``2*num_ops`` on for notification messages (op_id -1); a flow's
+    start latency is the calc of a barrier numbered after the trace's ops.
     """
+    trace = latency_as_barriers(trace)
     ops = trace.ops
     n = len(ops)
     kind = ops["kind"].to_numpy()

@@ -131,9 +131,10 @@ def ring_collective(tb: TraceBuilder, ranks: Sequence[int], nbytes: int, *,
     ring order of ``ranks`` per channel (default: ``ranks`` itself) carrying ``sizes`` bytes
     (default: ``nbytes`` split evenly). ``ready``: op ids every first send waits for, or a
     mapping rank -> the op that rank's first send waits for. ``delay_ns`` > 0: each rank's
-    first send also waits for a timed barrier of that length (NCCL's latency and protocol
-    cost, as the generator adds it). Returns, per channel and position in ``ranks``, the last
-    flow into that rank (joining all of them also covers every rank's last send).
+    first send (on every channel) carries it as its start latency (NCCL's latency and
+    protocol cost, as the generator adds it: trace schema 2). Returns, per channel and
+    position in ``ranks``, the last flow into that rank (joining all of them also covers
+    every rank's last send).
     """
     # Imported here: the workload package imports the trace package.
     from ..workload.collectives import ring_flows
@@ -152,9 +153,6 @@ def ring_collective(tb: TraceBuilder, ranks: Sequence[int], nbytes: int, *,
     else:
         common = [ready] if isinstance(ready, int) else list(ready)
         first = [common] * n
-    if delay_ns > 0 and rf.size:
-        first = [[tb.add(KIND_BARRIER, r, phase=phase, deps=f, duration_ns=delay_ns,
-                         collective=collective)] for r, f in zip(ranks, first, strict=True)]
     starts = {int(rf.start[0, c, m]): m for c in range(num_c) for m in range(n)} if rf.size else {}
     preds: dict[int, list[int]] = {}
     for p, q in zip(rf.pred.tolist(), rf.succ.tolist(), strict=True):
@@ -165,7 +163,8 @@ def ring_collective(tb: TraceBuilder, ranks: Sequence[int], nbytes: int, *,
         # ``add``, not ``flow``: test subclasses give ``flow`` their own call styles.
         ids.append(tb.add(KIND_FLOW, int(rf.src[j]), phase=phase, deps=deps,
                           dst=int(rf.dst[j]), bytes=int(rf.nbytes[j]), collective=collective,
-                          step=int(rf.step[j]), channel=int(rf.channel[j])))
+                          step=int(rf.step[j]), channel=int(rf.channel[j]),
+                          duration_ns=delay_ns if j in starts else 0))
     if not rf.size:
         return []
     return [ids[int(t)] for c in range(num_c) for t in rf.tails[0, c, :, 0]]

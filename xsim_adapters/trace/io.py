@@ -172,8 +172,11 @@ def _read_manifest(root: Path) -> dict[str, Any]:
     if version not in SUPPORTED_SCHEMA_VERSIONS:
         readable = ", ".join(map(str, SUPPORTED_SCHEMA_VERSIONS))
         shown = repr(version) if len(repr(version)) <= 40 else repr(version)[:37] + "..."
+        why = (" (version 1 carried NCCL's per-member latency as timed barriers; version 2"
+               " puts it on each ring's first flows as a start latency)"
+               if version == 1 else "")
         raise TraceError(
-            f"{root}: trace schema_version {shown} is not supported; this xsim reads"
+            f"{root}: trace schema_version {shown} is not supported{why}; this xsim reads"
             f" schema_version {readable}. Regenerate the trace with `xsim trace PLAN -o {root}`"
             " or upgrade xsim-adapters to a version that reads it."
         )

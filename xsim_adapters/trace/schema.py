@@ -12,7 +12,9 @@ kind            int8     ``KIND_COMPUTE`` (0), ``KIND_FLOW`` (1), ``KIND_BARRIER
 rank            int32    owner: compute rank, flow source, barrier owner (-1 if none)
 dst             int32    flow destination rank; -1 for other kinds
 bytes           int64    flow payload bytes; 0 for other kinds
-duration_ns     int64    compute duration; a barrier's delay (collective latency; else 0)
+duration_ns     int64    compute duration; a barrier's delay (else 0); a flow's start latency:
+                         the time from its last predecessor's end to its first byte (NCCL's
+                         per-call latency and protocol cost, 0 for plain transfers)
 flops           float64  model FLOPs the compute op performs on its rank (0 for other kinds)
 phase           int8     index into ``PHASES``
 replica         int16    data-parallel replica (-1: none, e.g. a DP sync barrier)
@@ -25,9 +27,10 @@ step            int32    ring step within the collective (-1: none)
 channel         int16    ring / channel within the collective (-1: none)
 ==============  =======  ===============================================================
 
-``deps`` (edges, global across groups): ``pred`` int64, ``succ`` int64; an op starts when all of
-its predecessors have ended. There are no implicit dependencies: compute ops of one rank are
-chained by explicit edges in the order the rank runs them, so a backend only executes the DAG.
+``deps`` (edges, global across groups): ``pred`` int32, ``succ`` int32 (schema 2; int64
+before); an op starts when all of its predecessors have ended. There are no implicit
+dependencies: compute ops of one rank are chained by explicit edges in the order the rank runs
+them, so a backend only executes the DAG.
 
 ``collectives`` (one row per collective): ``collective`` int32, ``kind`` (str: all_reduce,
 reduce_scatter, all_gather, reshard, p2p), ``phase`` int8, ``bytes`` int64 (payload S per rank
@@ -59,7 +62,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-SCHEMA_VERSION = 1
+# 2: a flow's ``duration_ns`` is its start latency (NCCL's per-member cost, which version 1
+# traces carried as one timed barrier per member before its first send).
+SCHEMA_VERSION = 2
 
 KIND_COMPUTE = 0
 KIND_FLOW = 1
@@ -95,7 +100,8 @@ OP_COLUMNS: dict[str, Any] = {
     "step": np.int32,
     "channel": np.int16,
 }
-DEP_COLUMNS: dict[str, Any] = {"pred": np.int64, "succ": np.int64}
+# int32: a trace has fewer than 2^31 ops (MAX_TRACE_OPS is 50 M); 8 bytes per edge, not 16
+DEP_COLUMNS: dict[str, Any] = {"pred": np.int32, "succ": np.int32}
 COLLECTIVE_COLUMNS: dict[str, Any] = {
     "collective": np.int32,
     "kind": object,

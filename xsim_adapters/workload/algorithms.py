@@ -277,7 +277,8 @@ def staged_flows(layout: Layout, nbytes: int, kind: str, intra: str,
                 for b in blocks:
                     if intra == "nvls":
                         share = _nvls_share(piece, m, ph)
-                        gate = done[:, b] if done.size else None
+                        # B from a GPU waits for what came into it (A, or the rail ring)
+                        gate = done[0::2, b] if done.size else None
                         st, tl = _nvls_phase(g, b, piece, share, 0, gate)
                         for i, pos in enumerate(b):
                             tails_now.append((pos, st[:, i], tl[:, i].reshape(-1)))

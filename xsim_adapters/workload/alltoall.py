@@ -23,11 +23,12 @@ slower than the packet backends, whose sender queues happened to serve the older
   member count on every server of the group; otherwise the group falls back to ``direct``
   (recorded in the collective's ``algorithm``).
 
-NCCL cost (``collectives.nccl_cost``): one timed barrier per member before its first send, of
-the Simple protocol's base latency plus one step latency of the slowest link type it sends
-over (the p2p operations of a group run concurrently), plus the time NCCL's NVLink efficiency
-adds to its intra-server bytes; a hierarchical proxy pays a second barrier (Simple base + one
-network step) before it forwards. Constants from :mod:`.nccl` (their one home).
+NCCL cost (``collectives.nccl_cost``): per member, a start latency on its first-step flows
+(trace schema 2, :mod:`.latency`) of the Simple protocol's base latency plus one step latency
+of the slowest link type it sends over (the p2p operations of a group run concurrently), plus
+the time NCCL's NVLink efficiency adds to its intra-server bytes; a hierarchical proxy keeps
+that delay as a timed barrier (its forwarding is gated on it) and pays a second barrier
+(Simple base + one network step) before it forwards. Constants from :mod:`.nccl` (their one home).
 """
 
 from __future__ import annotations
@@ -427,17 +428,28 @@ class MoEPlanner:
             layer_start=layer, layer_stop=layer + 1,
         )
         nf = len(ex.src)
+        first = ex.step == 0
+        lat = np.zeros(nf, dtype=np.int64)
+        senders = np.unique(ex.src)
+        if self.plan.collectives.nccl_cost:
+            # NCCL's cost per sender: a start latency on its first-step flows; a hierarchical
+            # proxy (it forwards in a second step, gated on its own delay) keeps a timed
+            # barrier (workload/latency.py)
+            delay = alltoall_delay_ns(ex, members, self.info)
+            proxy = np.isin(senders, ex.src[~first])
+            folded = senders[~proxy & (delay[senders] > 0)]
+            on = first & np.isin(ex.src, folded)
+            lat[on] = delay[ex.src[on]]
+            senders = senders[proxy]
         ids = tb.add_ops(
             m * nf, kind=KIND_FLOW, rank=np.tile(ranks[ex.src], m), dst=np.tile(ranks[ex.dst], m),
-            bytes=np.tile(ex.nbytes, m), phase=phase,
+            bytes=np.tile(ex.nbytes, m), duration_ns=np.tile(lat, m), phase=phase,
             replica=np.tile(gen.rank_replica[ranks[ex.src]], m), stage=gr.stage,
             microbatch=np.repeat(np.arange(m), nf), layer_start=layer, layer_stop=layer + 1,
             collective=np.repeat(coll, nf), step=np.tile(ex.step, m),
         ).reshape(m, nf)
         start = src_ops
-        if self.plan.collectives.nccl_cost:
-            delay = alltoall_delay_ns(ex, members, self.info)
-            senders = np.unique(ex.src)
+        if self.plan.collectives.nccl_cost and len(senders):
             dl = tb.add_ops(
                 m * len(senders), kind=KIND_BARRIER, rank=np.tile(ranks[senders], m),
                 duration_ns=np.tile(delay[senders], m), phase=phase,
@@ -448,7 +460,6 @@ class MoEPlanner:
             tb.add_edges(src_ops[:, senders], dl)
             start = np.full_like(src_ops, -1)
             start[:, senders] = dl
-        first = ex.step == 0
         for f in np.nonzero(first)[0]:
             s = int(ex.src[f])
             pred = start[:, s] if start[0, s] >= 0 else src_ops[:, s]
@@ -460,9 +471,9 @@ class MoEPlanner:
             gate = start[:, p] if start[0, p] >= 0 else src_ops[:, p]
             into = np.nonzero(first & (ex.dst == p))[0]
             if self.plan.collectives.nccl_cost:
-                lat = (RING_BASE_LATENCY_US[SIMPLE] + RING_STEP_LATENCY_US["net"][SIMPLE]) * 1e3
+                fwd_us = RING_BASE_LATENCY_US[SIMPLE] + RING_STEP_LATENCY_US["net"][SIMPLE]
                 b2 = tb.add_ops(m, kind=KIND_BARRIER, rank=int(ranks[p]),
-                                duration_ns=int(round(lat)), phase=phase,
+                                duration_ns=int(round(fwd_us * 1e3)), phase=phase,
                                 replica=int(gen.rank_replica[ranks[p]]), stage=gr.stage,
                                 microbatch=np.arange(m), layer_start=layer,
                                 layer_stop=layer + 1, collective=coll)

@@ -28,6 +28,7 @@ from .collectives import RingFlows, ring_flows
 from .compute import BlockCosts, embedding_cost, head_cost, layer_costs
 from .context import CPCosts, cp_costs, cp_mark, local_model
 from .kernels import microbatch_overhead_seconds
+from .latency import gate_latency, latency_members
 from .moe_units import StageMoE
 from .passes import (
     GEMM_WGRAD_SHARE,
@@ -439,6 +440,8 @@ def build_block(
                     lowered[key] = lower(choice.algorithm, kind, choice.layout, nbytes,
                                          choice.channels, choice.chunks)
             rf = lowered[key]
+            delay = dict(rs.delays).get(kind, 0)
+            folded = latency_members(rf)[0] if delay > 0 else np.zeros(n, dtype=bool)
             coll = tb.add_collectives(
                 1,
                 kind=kind,
@@ -456,6 +459,8 @@ def build_block(
                 rank=rf.src,
                 dst=rf.dst,
                 bytes=rf.nbytes,
+                # NCCL latency and protocol cost: a start latency on each member's gate flows
+                duration_ns=gate_latency(rf, delay, folded[None]) if delay > 0 else 0,
                 phase=tp_phase,
                 layer_start=u.layer_start,
                 layer_stop=u.layer_stop,
@@ -466,13 +471,15 @@ def build_block(
             base = fl[0]
             tb.add_edges(rf.pred + base, rf.succ + base)
             start = rf.start[0] + base  # (C, n): first send of member m on channel c
-            delay = dict(rs.delays).get(kind, 0)
-            if delay > 0:  # NCCL latency and protocol cost: a timed barrier per member
-                dl = tb.add_ops(n, kind=KIND_BARRIER, rank=local, duration_ns=delay,
-                                phase=tp_phase, layer_start=u.layer_start,
-                                layer_stop=u.layer_stop, collective=coll[0])
-                tb.add_edges(tails, dl[:, None])
-                tb.add_edges(dl[:, None], start.T)
+            if delay > 0:
+                tb.add_edges(tails[folded][:, :, None], start.T[folded][:, None, :])
+                slow = np.flatnonzero(~folded)  # gate flows that wait inside (a tree's inner)
+                if len(slow):  # keep a timed barrier from the member's readiness
+                    dl = tb.add_ops(len(slow), kind=KIND_BARRIER, rank=slow, duration_ns=delay,
+                                    phase=tp_phase, layer_start=u.layer_start,
+                                    layer_stop=u.layer_stop, collective=coll[0])
+                    tb.add_edges(tails[slow], dl[:, None])
+                    tb.add_edges(dl[:, None], start.T[slow])
             else:
                 tb.add_edges(tails[:, :, None], start.T[:, None, :])
             prev_early = prev_tails

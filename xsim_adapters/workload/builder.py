@@ -110,9 +110,19 @@ class BulkBuilder:
         p, s = np.broadcast_arrays(
             np.asarray(pred, dtype=np.int64), np.asarray(succ, dtype=np.int64)
         )
-        if p.size:
-            self._pred.append(p.reshape(-1).copy())
-            self._succ.append(s.reshape(-1).copy())
+        if p.size:  # kept as the trace stores them: int32 (fewer than 2^31 ops)
+            self._pred.append(p.reshape(-1).astype(np.int32))
+            self._succ.append(s.reshape(-1).astype(np.int32))
+
+    def add_edges_valid(self, pred: Any, succ: Any) -> None:
+        """As :meth:`add_edges`, skipping the pairs where either id is negative (padding)."""
+        p, s = np.broadcast_arrays(
+            np.asarray(pred, dtype=np.int64), np.asarray(succ, dtype=np.int64)
+        )
+        keep = (p >= 0) & (s >= 0)
+        if keep.any():
+            self._pred.append(p[keep].astype(np.int32))
+            self._succ.append(s[keep].astype(np.int32))
 
     def add_collectives(self, n: int, **cols: Any) -> np.ndarray:
         """Append ``n`` collective rows; returns their ids."""
@@ -180,14 +190,16 @@ class BulkBuilder:
     def frames(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
         """(ops, deps, collectives) frames with the schema's columns and dtypes."""
         ops = {"op_id": np.arange(self.num_ops, dtype=np.int64)}
-        ops.update(self._op_arrays())
-        self._ops = {c: [] for c in _OP_COLS}  # release the chunks
+        for c in _OP_COLS:  # column by column, each one's chunks released once joined
+            ops[c] = _cat(self._ops[c], OP_COLUMNS[c])
+            self._ops[c] = []
         ops_df = pd.DataFrame(ops, columns=list(OP_COLUMNS), copy=False)
-        deps = pd.DataFrame(
-            {"pred": _cat(self._pred, np.int64), "succ": _cat(self._succ, np.int64)},
-            columns=list(DEP_COLUMNS),
-            copy=False,
-        )
+        del ops
+        pred = _cat(self._pred, np.int32)
+        self._pred = []
+        succ = _cat(self._succ, np.int32)
+        self._succ = []  # release the chunks
+        deps = pd.DataFrame({"pred": pred, "succ": succ}, columns=list(DEP_COLUMNS), copy=False)
         colls = {"collective": np.arange(self.num_collectives, dtype=np.int32)}
         colls.update({c: _cat(v, COLLECTIVE_COLUMNS[c]) for c, v in self._colls.items()})
         colls_df = pd.DataFrame(colls, columns=list(COLLECTIVE_COLUMNS))

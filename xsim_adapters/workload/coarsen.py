@@ -14,10 +14,18 @@ change the answer, which is what :func:`decide` checks before coarsening on its 
 Metrics of a coarsened run give every mirrored rank its representative's rank metrics
 (:func:`xsim_adapters.metrics.bundle.compute_metrics`), so per-type means, MFU and tokens/s
 are over the whole fleet. docs/scale.md has the rule and the measured error.
+
+A second axis, **steady-state micro-batches**: in a 1F1B pipeline every micro-batch after the
+pipeline has filled repeats the one before it, one period later. A replica of ``m``
+micro-batches over ``p`` stages is simulated with ``p + STEADY_EXTRA`` of them; the metrics
+measure the period from that run, check that it repeats on every rank, and add the
+``m - p - STEADY_EXTRA`` left-out periods to every time metric
+(:mod:`xsim_adapters.metrics.steady`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +37,11 @@ MODES = ("auto", "on", "off")
 # ``auto`` coarsens only a plan whose full trace would have more ops than this: below it the
 # full run takes seconds and is exact by construction, so nothing is gained by coarsening.
 AUTO_MIN_OPS = 5_000_000
+# Micro-batches simulated beyond the pipeline depth p when steady-state micro-batches are
+# merged: stage 0 runs p - 1 warm-up forwards, its spacing settles from micro-batch p on
+# (measured on the 3,072-GPU plan), and the metrics compare two windows of one period each
+# (micro-batches p + 4 and p + 5, ending before the last one's cool-down).
+STEADY_EXTRA = 8
 
 
 @dataclass(frozen=True)
@@ -40,6 +53,26 @@ class Coarsening:
     used: bool
     reason: str
     representative: tuple[int, ...]
+    # micro-batches simulated per replica when steady-state micro-batches are merged (None:
+    # every micro-batch is simulated), and why (or why not)
+    microbatches: int | None = None
+    microbatch_reason: str = ""
+
+    @property
+    def any_used(self) -> bool:
+        """Whether anything is left out: replicas or micro-batches."""
+        return self.used or self.microbatches is not None
+
+    def simulated_plan(self, plan: Plan) -> Plan:
+        """``plan`` as it is simulated: every replica with :attr:`microbatches` micro-batches
+        when micro-batches are merged (the global batch to match), else ``plan`` itself."""
+        if self.microbatches is None:
+            return plan
+        m = self.microbatches
+        reps = tuple(dataclasses.replace(r, micro_batches=m) for r in plan.replicas)
+        t = dataclasses.replace(plan.training,
+                                global_batch=m * plan.dp * plan.training.micro_batch)
+        return dataclasses.replace(plan, replicas=reps, training=t)
 
     @property
     def mirrored(self) -> tuple[int, ...]:
@@ -62,22 +95,71 @@ class Coarsening:
         classes: dict[int, list[int]] = {}
         for r, q in enumerate(self.representative):
             classes.setdefault(q, []).append(r)
+        methods = ([] if not self.used else ["dp_replica_classes"]) + (
+            [] if self.microbatches is None else ["steady_state_microbatches"])
+        m = [r.micro_batches for r in plan.replicas]
         return {
             "mode": self.mode,
-            "used": self.used,
+            "used": self.any_used,
             "reason": self.reason,
-            "method": "dp_replica_classes" if self.used else "none",
+            "method": "+".join(methods) or "none",
             "simulated_replicas": sorted(classes),
             "classes": [{"representative": q, "replicas": len(v)}
                         for q, v in sorted(classes.items())],
             "representative": list(self.representative) if self.used else [],
             "rank_runs": self.rank_runs(plan),
+            "microbatches": {
+                "used": self.microbatches is not None,
+                "reason": self.microbatch_reason,
+                "micro_batches": m[0] if len(set(m)) == 1 else m,
+                "simulated": self.microbatches,
+                # the two steady micro-batches whose windows the metrics compare
+                "steady": steady_microbatches(plan.replicas[0].pp)
+                if self.microbatches is not None else None,
+            },
         }
 
 
 def full(plan: Plan, mode: str = "off", reason: str = "coarsening off") -> Coarsening:
     """Every replica simulated."""
-    return Coarsening(mode, False, reason, tuple(range(plan.dp)))
+    return Coarsening(mode, False, reason, tuple(range(plan.dp)), None, reason)
+
+
+def steady_microbatches(pp: int) -> list[int]:
+    """The two micro-batches whose one-period windows (from the start of their forward on each
+    rank to the next micro-batch's) the metrics compare and extrapolate with."""
+    return [pp + STEADY_EXTRA - 4, pp + STEADY_EXTRA - 3]
+
+
+def microbatch_plan_reason(plan: Plan, mode: str) -> tuple[int | None, str]:
+    """(micro-batches to simulate, why) for merging steady-state micro-batches of ``plan``,
+    or (None, why not): the schedule must be 1F1B, every replica must have the same pipeline
+    depth p and micro-batch count m > p + STEADY_EXTRA, and nothing may change over time (no
+    ``perturb:``, no ``network.events``); ``auto`` also needs the replicas to be one class
+    (:func:`replica_classes`: the same pipeline everywhere, so one period is every rank's).
+    The generator then also checks that no route depends on op ids (:func:`ecmp_choice`) and
+    otherwise simulates every micro-batch."""
+    t = plan.training
+    if t.schedule != "1f1b":
+        return None, f"training.schedule: {t.schedule} (steady-state micro-batches: 1f1b only)"
+    if plan.perturb.active:
+        return None, "perturb: per-rank slowdowns or jitter make micro-batches differ"
+    if plan.network.events:
+        return None, "network.events: timed link events make micro-batches differ"
+    pps = {r.pp for r in plan.replicas}
+    ms = {r.micro_batches for r in plan.replicas}
+    if len(pps) > 1 or len(ms) > 1:
+        return None, "replicas differ in pipeline depth or micro-batches"
+    p, m = pps.pop(), ms.pop()
+    sim = p + STEADY_EXTRA
+    if m <= sim:
+        return None, (f"{m} micro-batches per replica <= pipeline depth {p} + {STEADY_EXTRA}:"
+                      " nothing to merge")
+    if mode == "auto" and len(replica_classes(plan)) > 1:
+        return None, "replicas are not all identical (auto merges micro-batches of one class)"
+    return sim, (f"{sim} of {m} micro-batches simulated per replica (pipeline depth {p} +"
+                 f" {STEADY_EXTRA}); the {m - sim} steady-state ones left out are added as"
+                 " periods measured from the run")
 
 
 def replica_signature(plan: Plan, r: int) -> tuple:
@@ -129,6 +211,29 @@ def fabric_asymmetry(plan: Plan) -> str | None:
     return None
 
 
+def ecmp_choice(plan: Plan, src: Any, dst: Any) -> str | None:
+    """Why a trace's micro-batches would not repeat on this fabric, or None: its flows go from
+    ranks ``src[i]`` to ``dst[i]``; a pair with several equal-cost paths gets a path per flow
+    from the hash of the flow's op id, so each micro-batch (and the sync after them, whose op
+    ids depend on how many came before) meets its own collisions. With one shortest path for
+    every pair, no route depends on op ids."""
+    import numpy as np
+
+    from ..topology import build_topology
+
+    n = plan.num_ranks
+    # by destination: the router computes one destination's distances once for all sources
+    key = np.unique(np.asarray(dst, dtype=np.int64) * n + np.asarray(src, dtype=np.int64))
+    topo = build_topology(plan)
+    for k in key.tolist():
+        b, a = divmod(k, n)
+        if a != b and not topo.single_path(a, b):
+            return (f"ranks {a} -> {b} exchange traffic over several equal-cost paths (ECMP"
+                    " hashes each flow's op id): merged micro-batches would meet other"
+                    " collisions than the full run")
+    return None
+
+
 def decide(plan: Plan, mode: str = "auto", full_ops: int | None = None) -> Coarsening:
     """The coarsening of ``plan`` for ``mode``:
 
@@ -139,11 +244,30 @@ def decide(plan: Plan, mode: str = "auto", full_ops: int | None = None) -> Coars
     - ``auto``: as ``on``, but only if some class has two or more replicas, the fabric is
       symmetric (:func:`fabric_asymmetry`) and the full trace would have more than
       :data:`AUTO_MIN_OPS` ops (``full_ops``, estimated when None).
+
+    And on the micro-batch axis (:func:`microbatch_plan_reason`): ``on`` merges steady-state
+    micro-batches of any 1F1B plan whose replicas share depth and micro-batch count, ``auto``
+    only of one class of replicas and only while the trace left after the replica axis would
+    still exceed :data:`AUTO_MIN_OPS` ops.
     """
     if mode not in MODES:
         raise XsimError(f"coarsen: expected one of {', '.join(MODES)} (got {mode!r})")
     if mode == "off":
         return full(plan, mode)
+    reps = _replica_axis(plan, mode, full_ops)
+    mb, mb_why = microbatch_plan_reason(plan, mode)
+    if mb is not None and mode == "auto":
+        from ..plan.limits import estimate_ops
+
+        left = estimate_ops(plan, set(reps.representative))
+        if left <= AUTO_MIN_OPS:
+            mb, mb_why = None, (f"the trace is small ({left:,} <= {AUTO_MIN_OPS:,} ops"
+                                " estimated)")
+    return dataclasses.replace(reps, microbatches=mb, microbatch_reason=mb_why)
+
+
+def _replica_axis(plan: Plan, mode: str, full_ops: int | None) -> Coarsening:
+    """The replica axis of :func:`decide`."""
     if plan.perturb.active:  # per-rank slowdowns and noise: replicas are not identical
         return full(plan, mode, "perturb: per-rank slowdowns or jitter make replicas differ")
     classes = replica_classes(plan)

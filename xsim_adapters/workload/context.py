@@ -32,7 +32,7 @@ import numpy as np
 
 from ..plan.attention import attention_dims
 from ..plan.model import DeviceType, ModelSpec, Plan, TrainingSpec
-from ..trace.schema import KIND_BARRIER, KIND_FLOW, PHASE_INDEX
+from ..trace.schema import KIND_FLOW, PHASE_INDEX
 from .kernels import _attention_core, make_ctx, unit_seconds
 from .nccl import RING_BASE_LATENCY_US, RING_STEP_LATENCY_US
 from .passes import attention_core_flops
@@ -151,17 +151,15 @@ def _emit_ring(gen: Any, reps: list[int], stage: int, chunk: int, layer: int, ph
         common = dict(phase=pc, replica=np.tile(replica, m), stage=stage,
                       microbatch=np.repeat(np.arange(m), n), layer_start=layer,
                       layer_stop=layer + 1, collective=np.repeat(coll, n), step=j - 1)
-        dl = tb.add_ops(m * n, kind=KIND_BARRIER, rank=np.tile(src, m),
-                        duration_ns=np.tile(delay, m), **common).reshape(m, n)
+        # NCCL's p2p cost: the flow's start latency (workload/latency.py)
         fl = tb.add_ops(m * n, kind=KIND_FLOW, rank=np.tile(src, m), dst=np.tile(nxt, m),
-                        bytes=nbytes, **common).reshape(m, n)
-        tb.add_edges(marks[0].reshape(m, n), dl)  # K/V of the local chunk exist
+                        bytes=nbytes, duration_ns=np.tile(delay, m), **common).reshape(m, n)
+        tb.add_edges(marks[0].reshape(m, n), fl)  # K/V of the local chunk exist
         if prev_in is not None:
             # forward the chunk received in the step before, once that step's send/receive
             # pair has completed on this rank (TE waits on both requests)
-            tb.add_edges(prev_in, dl)
-            tb.add_edges(prev_out, dl)
-        tb.add_edges(dl, fl)
+            tb.add_edges(prev_in, fl)
+            tb.add_edges(prev_out, fl)
         # the flow from member x lands on x + 1 (same TP position): index shift by tp
         into = np.roll(fl.reshape(m, cp, tp), 1, axis=1).reshape(m, n)
         tb.add_edges(into, marks[j].reshape(m, n))

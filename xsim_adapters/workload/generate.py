@@ -19,6 +19,7 @@ Dependencies a backend sees (no implicit ones):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, replace
@@ -45,10 +46,11 @@ from ..trace.schema import (
 from .alltoall import MoEPlanner
 from .blocks import Block, RingSpec, build_block, stage_units, tp_kinds
 from .builder import BulkBuilder
-from .coarsen import Coarsening, decide, full
+from .coarsen import Coarsening, decide, ecmp_choice, full
 from .compute import ADAM_BYTES_PER_PARAM, optimizer_time_ns, stage_params
 from .context import emit_cp
 from .dpsync import buckets, chunk_rings, sweep_segments
+from .latency import gate_latency, latency_members
 from .moe_units import StageMoE
 from .perturb import apply_perturbations, interval_slowdowns
 from .reshard import DEST, SOURCE, algorithm_label, reshard_transfers
@@ -113,8 +115,11 @@ class _StageOps:
 
 class _Generator:
     def __init__(self, plan: Plan, coarsening: Coarsening | None = None) -> None:
-        self.plan = plan
+        self.full_plan = plan  # what the manifest describes
         self.coarsening = coarsening or full(plan)
+        # what is built: fewer micro-batches when steady-state ones are merged
+        plan = self.coarsening.simulated_plan(plan)
+        self.plan = plan
         # replica -> the replica whose ops stand for it (itself unless coarsened away)
         self.rep = self.coarsening.representative
         self.tb = BulkBuilder()
@@ -448,7 +453,7 @@ class _Generator:
         ii, jj = np.nonzero(prev >= 0)
         if len(ii):
             pred = tails[prev[ii, jj], :, jj, :].reshape(len(ii), 1, -1)
-            self.tb.add_edges(pred, starts[ii, :, jj][:, :, None])
+            self.tb.add_edges_valid(pred, starts[ii, :, jj][:, :, None])
         need = dp["first_fwd"]  # (I, n)
         self.tb.add_edges(tails.transpose(0, 2, 1, 3).reshape(*need.shape, -1), need[:, :, None])
 
@@ -572,7 +577,8 @@ class _Generator:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Emit one ``kind`` collective per DP ring; member j of ring i starts after
         ``start_after[i, j]`` (None: no predecessor). Returns the global tails (I, C, n, 2) and
-        first flows (I, C, n), or with an NCCL delay the delay barriers (I, 1, n)."""
+        gate flows (I, C, n) (a member whose delay stays a timed barrier has that barrier at
+        channel 0 and -1 elsewhere: add edges into them with ``add_edges_valid``)."""
         tb = self.tb
         c = self.plan.collectives
         # ZeRO's parameter all-gather moves model-dtype bytes (when the setup says so)
@@ -582,6 +588,9 @@ class _Generator:
         rf, algos, chans = lower_instances(
             dp["members"], dp["perm"], sizes, nbytes, dp["choices"][kind], kind,
             c.granularity, c.chunks, self.algorithm, int(dp["perm"].shape[1]))
+        delay = dp.get("delays", {}).get(kind)
+        timed = delay is not None and rf.size > 0 and bool((delay > 0).any())
+        folded = latency_members(rf) if timed else None
         coll = tb.add_collectives(
             len(dp["members"]),
             kind=kind,
@@ -601,6 +610,8 @@ class _Generator:
             rank=rf.src,
             dst=rf.dst,
             bytes=rf.nbytes,
+            # NCCL latency and protocol cost: a start latency on each member's gate flows
+            duration_ns=gate_latency(rf, delay, folded) if folded is not None else 0,
             phase=PHASE_INDEX["dp"],
             replica=self.rank_replica[rf.src],
             stage=self.rank_stage[rf.src],
@@ -613,33 +624,36 @@ class _Generator:
         base = int(ids[0]) if len(ids) else 0
         tb.add_edges(rf.pred + base, rf.succ + base)
         starts = rf.start + base
-        delay = dp.get("delays", {}).get(kind)
-        if delay is not None and len(ids) and (delay > 0).any():
-            # NCCL latency and protocol cost: a timed barrier per member before its first send
-            num_i, n = dp["members"].shape
+        if folded is not None and not folded.all():
+            # gate flows that wait inside the collective (a tree's inner members) keep a timed
+            # barrier from the member's readiness (workload/latency.py)
+            ii, mm = np.nonzero(~folded)
+            mem = dp["members"][ii, mm]
             dl = tb.add_ops(
-                num_i * n,
+                len(ii),
                 kind=KIND_BARRIER,
-                rank=dp["members"].reshape(-1),
-                duration_ns=np.repeat(delay, n),
+                rank=mem,
+                duration_ns=delay[ii],
                 phase=PHASE_INDEX["dp"],
-                replica=self.rank_replica[dp["members"].reshape(-1)],
-                stage=self.rank_stage[dp["members"].reshape(-1)],
-                layer_start=np.repeat(dp["layer_start"], n),
-                layer_stop=np.repeat(dp["layer_stop"], n),
-                collective=np.repeat(coll, n),
-            ).reshape(num_i, 1, n)
-            tb.add_edges(dl, starts)
-            starts = dl  # (I, 1, n): what waits before the ring waits before the delay
+                replica=self.rank_replica[mem],
+                stage=self.rank_stage[mem],
+                layer_start=dp["layer_start"][ii],
+                layer_stop=dp["layer_stop"][ii],
+                collective=coll[ii],
+            )
+            tb.add_edges(dl[:, None], starts[ii, :, mm])
+            starts = starts.copy()
+            starts[ii, :, mm] = -1  # what waits before the ring waits before the barrier
+            starts[ii, 0, mm] = dl
         if start_after is not None:
-            tb.add_edges(start_after[:, None, :], starts)
+            tb.add_edges_valid(start_after[:, None, :], starts)
         return rf.tails + base, starts
 
     # ---- output -------------------------------------------------------------------------
     def manifest(
         self, ops_kind: np.ndarray, ops_phase: np.ndarray, num_deps: int
     ) -> dict[str, Any]:
-        plan = self.plan
+        plan = self.full_plan  # the plan asked for (a coarsened trace stands for all of it)
         ranks = []
         for rank in range(plan.num_ranks):
             g, d, node = plan.rank_info(rank)
@@ -720,16 +734,30 @@ class _Generator:
         }
 
 
-def generate(plan: Plan, coarsen: str = "auto") -> Trace:
+def generate(plan: Plan, coarsen: str | Coarsening = "auto") -> Trace:
     """The trace of one training iteration of ``plan`` (pure: same plan and ``coarsen``,
     identical frames).
 
     ``coarsen``: ``auto`` (default), ``on`` or ``off``: simulate one representative of each
-    class of identical replicas (:func:`.coarsen.decide`, docs/scale.md); the manifest's
+    class of identical replicas and merge steady-state micro-batches (:func:`.coarsen.decide`,
+    docs/scale.md), or a :class:`.coarsen.Coarsening` chosen by the caller; the manifest's
     ``coarsening`` says what was done. Raises PlanError if the chosen trace is too large.
     """
-    co = decide(plan, coarsen)
-    check_ops(estimate_ops(plan, set(co.representative)))
+    co = coarsen if isinstance(coarsen, Coarsening) else decide(plan, coarsen)
+    if co.microbatches is not None:
+        trace = _build(plan, co)
+        fl = trace.ops["kind"].to_numpy() == KIND_FLOW
+        why = ecmp_choice(plan, trace.ops["rank"].to_numpy()[fl], trace.ops["dst"].to_numpy()[fl])
+        if why is None:
+            return trace
+        # a route that depends on op ids: the merged micro-batches would not be the full run's
+        co = dataclasses.replace(co, microbatches=None, microbatch_reason=why)
+    return _build(plan, co)
+
+
+def _build(plan: Plan, co: Coarsening) -> Trace:
+    """The trace of ``plan`` under coarsening ``co`` (see :func:`generate`)."""
+    check_ops(estimate_ops(co.simulated_plan(plan), set(co.representative)))
     gen = _Generator(plan, co)
     gen.add_stages()
     if gen.moe is not None:

@@ -45,7 +45,8 @@ void FluidGroup::doNextEvent() {
     _armed = false;  // the handle has fired: it must not be cancelled any more
     advance();
     size_t keep = 0;
-    std::vector<std::pair<uint32_t, simtime_picosec>> done;
+    std::vector<std::pair<uint32_t, simtime_picosec>>& done = _done;
+    done.clear();
     for (size_t i = 0; i < _active.size(); i++) {
         Flow& f = _active[i];
         // Done if the rest would take under half a picosecond (the clock's resolution).
@@ -88,7 +89,21 @@ void FluidGroup::resolve() {
             }
             cnt[l]++;
         }
-    std::vector<char> frozen(_active.size(), 0);
+    // each link's flows, in _active order (the order the freezing below visits them)
+    std::vector<uint32_t>& start = _s->start;
+    std::vector<uint32_t>& fill = _s->fill;
+    std::vector<uint32_t>& on_link = _s->flows;
+    uint32_t total = 0;
+    for (uint32_t l : used) {
+        start[l] = total;
+        fill[l] = 0;
+        total += cnt[l];
+    }
+    on_link.resize(total);
+    for (size_t i = 0; i < _active.size(); i++)
+        for (uint32_t l : _in.routes[_active[i].route]) on_link[start[l] + fill[l]++] = (uint32_t)i;
+    std::vector<char>& frozen = _s->frozen;
+    frozen.assign(_active.size(), 0);
     size_t left = _active.size();
     while (left > 0) {
         // The bottleneck: the link with the smallest equal share for its unfrozen flows.
@@ -103,10 +118,14 @@ void FluidGroup::resolve() {
                 }
             }
         if (best < 0) break;
-        for (size_t i = 0; i < _active.size(); i++) {
+        // the unfrozen flows crossing the bottleneck, in _active order (as a scan of every
+        // flow would find them: the same rates to the last bit)
+        const uint32_t* hit = on_link.data() + start[best];
+        const uint32_t* hit_end = hit + fill[best];
+        for (; hit != hit_end; ++hit) {
+            const size_t i = *hit;
             if (frozen[i]) continue;
             const std::vector<uint32_t>& hops = _in.routes[_active[i].route];
-            if (std::find(hops.begin(), hops.end(), (uint32_t)best) == hops.end()) continue;
             frozen[i] = 1;
             left--;
             _active[i].rate = share;

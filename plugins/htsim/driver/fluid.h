@@ -23,6 +23,12 @@ struct FluidScratch {
     std::vector<uint32_t> count;  // unfrozen flows crossing a link
     std::vector<uint32_t> used;   // links touched by this re-solve
     std::vector<double> cap;      // bytes/ps each link serves now (timed link events change it)
+    // per link, the positions (in _active order) of the flows crossing it, as a CSR rebuilt by
+    // each re-solve: freezing the flows of a bottleneck visits only them
+    std::vector<uint32_t> start;  // by link id: offset of its first entry (valid for used links)
+    std::vector<uint32_t> fill;   // by link id: entries written so far
+    std::vector<uint32_t> flows;  // the CSR's entries
+    std::vector<char> frozen;     // by position in _active
 };
 
 class FluidGroup : public EventSource {
@@ -52,6 +58,7 @@ private:
     const Input& _in;
     FluidScratch* _s;
     std::vector<Flow> _active;
+    std::vector<std::pair<uint32_t, simtime_picosec>> _done;  // reused by doNextEvent
     simtime_picosec _last = 0;
     EventList::Handle _handle;
     bool _armed = false;

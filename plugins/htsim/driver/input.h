@@ -1,6 +1,7 @@
-// The driver's input (format version 3): a small text format written by xsim_htsim.input (see docs/htsim.md),
-// with optional what-if sections before its end line.
-// Everything is in integers: bits per second, picoseconds, bytes, dense ids.
+// The driver's input (format version 5): a binary file written by xsim_htsim._input from the
+// trace's columns (layout in that module's docstring and docs/htsim.md), with optional
+// what-if sections after the successors. Everything is in integers: bits per second,
+// picoseconds, bytes, dense ids.
 #ifndef XSIM_HTSIM_INPUT_H
 #define XSIM_HTSIM_INPUT_H
 
@@ -10,6 +11,10 @@
 
 namespace xsim {
 
+inline constexpr uint32_t INPUT_FORMAT_VERSION = 5;
+
+// OP_COMPUTE: a timer of `value` ps (a compute op or a barrier with a delay); OP_FLOW: a flow;
+// OP_BARRIER: a join that takes no time.
 enum OpKind : uint8_t { OP_COMPUTE = 0, OP_FLOW = 1, OP_BARRIER = 2 };
 
 struct LinkSpec {
@@ -28,10 +33,11 @@ struct EventSpec {
 
 struct OpSpec {
     OpKind kind;
+    bool scale_up;        // flows only: the whole forward path is scale-up (intra-server) links
     uint64_t value;       // compute: duration in ps; flow: payload bytes; barrier: 0
+    uint64_t latency_ps;  // flows only: start latency (first byte this long after the start)
     int32_t src_rank, dst_rank;  // flows only (-1 otherwise)
     int32_t fwd_route, rev_route;  // flows only: route ids (-1: a local flow, no network)
-    bool scale_up;        // flows only: the whole forward path is scale-up (intra-server) links
 };
 
 // What-if sections (optional, after succ; docs/htsim.md): interval compute slowdowns and the
@@ -66,7 +72,8 @@ struct Input {
     WhatIf whatif;
 };
 
-// Parse the input file; on a malformed file set `error` (naming the line) and return false.
+// Read the input file; on a malformed file set `error` (naming the section and the entry) and
+// return false.
 bool read_input(const std::string& path, Input& in, std::string& error);
 
 }  // namespace xsim

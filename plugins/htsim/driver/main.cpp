@@ -1,12 +1,14 @@
 // xsim-htsim: replay an xsim-adapters trace on htsim.
 //
-//   xsim-htsim INPUT --out TIMES.csv --summary SUMMARY.json
+//   xsim-htsim INPUT --out TIMES.bin --summary SUMMARY.json
 //              [--protocol roce|ndp|eqds] [--mtu BYTES] [--queue-bytes BYTES] [--cwnd-pkts N] [--seed N]
-//              [--scale-up fluid|packet] [--progress-s SECONDS] [--queues QUEUES.csv]
+//              [--scale-up fluid|packet] [--ack-every N] [--progress-s SECONDS]
+//              [--queues QUEUES.csv]
 //
 // --queues writes per-link queue telemetry (link,peak_bytes,mean_bytes,drops,trims; one line
 // per link, in link order) when the run completes.
-// Writes TIMES.csv (op_id,start_ps,end_ps; one line per op, in op order) and SUMMARY.json only
+// Writes TIMES.bin (start and end of every op in ps, in op order; binary, see below) and
+// SUMMARY.json only
 // when every op has ended; otherwise prints why on stderr and exits non-zero, so a partial
 // result can never be mistaken for a complete one. Exit codes: 2 bad usage or input,
 // 3 network cannot be built, 4 some ops never completed, 5 cannot write the output.
@@ -40,9 +42,9 @@ namespace {
 }
 
 const char* USAGE =
-    "usage: xsim-htsim INPUT --out TIMES.csv --summary SUMMARY.json [--protocol roce|ndp|eqds]"
+    "usage: xsim-htsim INPUT --out TIMES.bin --summary SUMMARY.json [--protocol roce|ndp|eqds]"
     " [--mtu BYTES] [--queue-bytes BYTES] [--cwnd-pkts N] [--seed N]"
-    " [--scale-up fluid|packet] [--progress-s SECONDS] [--queues QUEUES.csv]";
+    " [--scale-up fluid|packet] [--ack-every N] [--progress-s SECONDS] [--queues QUEUES.csv]";
 
 uint64_t parse_uint(const char* flag, const char* s) {
     char* end = nullptr;
@@ -92,8 +94,16 @@ int main(int argc, char** argv) {
         } else if (a == "--mtu") {
             opt.mtu = (uint32_t)parse_uint("--mtu", argv[++i]);
             if (opt.mtu < 256) fail(2, "--mtu must be at least 256 bytes");
+            // htsim keeps a packet's size in 16 bits; a RoCE packet is the MTU + 64 bytes
+            if (opt.mtu > 65535 - RocePacket::ACKSIZE)
+                fail(2, "--mtu must be at most " + std::to_string(65535 - RocePacket::ACKSIZE) +
+                            " bytes (htsim's 16-bit packet size holds the MTU + the 64-byte"
+                            " RoCE header)");
         } else if (a == "--queue-bytes") {
             opt.queue_bytes = (int64_t)parse_uint("--queue-bytes", argv[++i]);
+        } else if (a == "--ack-every") {
+            opt.ack_every = (uint32_t)parse_uint("--ack-every", argv[++i]);
+            if (opt.ack_every < 1) fail(2, "--ack-every must be at least 1");
         } else if (a == "--cwnd-pkts") {
             opt.cwnd_pkts = (uint32_t)parse_uint("--cwnd-pkts", argv[++i]);
         } else if (a == "--scale-up") {
@@ -118,6 +128,8 @@ int main(int argc, char** argv) {
         }
     }
     if (input_path.empty() || out_path.empty() || summary_path.empty()) fail(2, USAGE);
+    if (opt.ack_every > 1 && opt.protocol != xsim::PROTO_ROCE)
+        fail(2, "--ack-every applies to --protocol roce only (got " + proto_name + ")");
 
     // htsim's sources narrate every start and finish on stdout; a run with a million flows would
     // spend its time formatting text nobody reads.
@@ -181,16 +193,19 @@ int main(int argc, char** argv) {
                     " graph has a cycle)" + first);
     }
 
-    std::string csv;
-    csv.reserve(n * 28 + 32);
-    csv += "op_id,start_ps,end_ps\n";
+    // TIMES: binary, little-endian: b"XSIMHTO\0", u32 version 1, u32 0, u64 n, then
+    // start_ps u64[n] and end_ps u64[n] in op order (xsim_htsim._output.read_times).
+    std::string times;
+    times.reserve(24 + 16 * n);
+    times.append("XSIMHTO\0", 8);
+    const uint32_t head[2] = {1, 0};
+    const uint64_t count = n;
+    times.append(reinterpret_cast<const char*>(head), sizeof head);
+    times.append(reinterpret_cast<const char*>(&count), sizeof count);
+    static_assert(sizeof(simtime_picosec) == 8, "times are written as 64-bit picoseconds");
+    times.append(reinterpret_cast<const char*>(rep.start_ps().data()), 8 * n);
+    times.append(reinterpret_cast<const char*>(rep.end_ps().data()), 8 * n);
     char buf[96];
-    for (size_t i = 0; i < n; i++) {
-        int k = std::snprintf(buf, sizeof buf, "%zu,%llu,%llu\n", i,
-                              (unsigned long long)rep.start_ps()[i],
-                              (unsigned long long)rep.end_ps()[i]);
-        csv.append(buf, k);
-    }
     double wall = std::chrono::duration<double>(t2 - t0).count();
     double sim_wall = std::chrono::duration<double>(t2 - t1).count();
     std::snprintf(buf, sizeof buf, "%.6f", wall);
@@ -209,8 +224,8 @@ int main(int argc, char** argv) {
                           ", \"wall_s\": " + buf;
     std::snprintf(buf, sizeof buf, "%.6f", sim_wall);
     summary += std::string(", \"sim_wall_s\": ") + buf + ", \"mtu\": " + std::to_string(opt.mtu) +
-               "}\n";
-    if (!write_atomic(out_path, csv)) fail(5, "cannot write " + out_path);
+               ", \"ack_every\": " + std::to_string(opt.ack_every) + "}\n";
+    if (!write_atomic(out_path, times)) fail(5, "cannot write " + out_path);
     if (!queues_path.empty()) {
         std::vector<uint64_t> peak, drops, trims;
         std::vector<double> mean;

@@ -13,98 +13,9 @@
 #include "eqds.h"
 #include "ndp.h"
 #include "roce.h"
+#include "sinks.h"
 
 namespace xsim {
-
-namespace {
-
-// A sink (RoceSink, NdpSink) that tells the replayer when its cumulative ACK covers the whole
-// flow. The sink's own constructor arguments follow ours.
-template <class Sink>
-class FlowSink : public Sink {
-public:
-    template <class... Args>
-    FlowSink(Replayer* r, uint32_t op, uint64_t bytes, Args&&... args)
-        : Sink(std::forward<Args>(args)...), _r(r), _op(op), _bytes(bytes) {}
-    void receivePacket(Packet& pkt) override {
-        Sink::receivePacket(pkt);
-        if (!_fired && this->_cumulative_ack >= _bytes) {
-            _fired = true;
-            _r->flow_done(_op);
-        }
-    }
-private:
-    Replayer* _r;
-    uint32_t _op;
-    uint64_t _bytes;
-    bool _fired = false;
-};
-using NdpFlowSink = FlowSink<NdpSink>;
-
-// The RoCE sink. After a reroute (whatif.cpp) it answers a sequence gap as an InfiniBand RC
-// responder does: one NAK for the gap, then later out-of-sequence packets are dropped without
-// another until the expected one arrives. htsim's RoceSink NAKs every out-of-sequence packet
-// and the source rewinds on each; with packets lost at a dead link ahead of a deep queue, that
-// multiplied the resent bytes (a 2-GPU plan, 400G NICs over 200G spines: 31.2 ms against the
-// fluid 14.4 ms). Flows never moved keep htsim's behaviour exactly.
-class RoceFlowSink : public FlowSink<RoceSink> {
-public:
-    using FlowSink<RoceSink>::FlowSink;
-    bool one_nak_per_gap = false;  // set when the flow moves
-    uint64_t packets_seen = 0;     // data packets that reached this sink (whatif.cpp's timer)
-    void receivePacket(Packet& pkt) override {
-        if (pkt.type() == ROCE) packets_seen++;
-        if (one_nak_per_gap && pkt.type() == ROCE) {
-            auto seqno = static_cast<RocePacket&>(pkt).seqno();
-            if (seqno > _cumulative_ack + 1) {  // out of sequence
-                if (_naked_gap && _nak_ack == _cumulative_ack) {
-                    pkt.free();  // already NAKed this gap: drop silently
-                    return;
-                }
-                _naked_gap = true;
-                _nak_ack = _cumulative_ack;
-            }
-        }
-        FlowSink<RoceSink>::receivePacket(pkt);
-    }
-private:
-    bool _naked_gap = false;
-    RoceAck::seq_t _nak_ack = 0;
-};
-
-// The same for EQDS. EQDS sequence numbers count packets (each carries EqdsSrc::_mss payload
-// bytes, the last one less; an RTS probe after a timeout also takes a number), so the flow is
-// complete once the cumulative ACK covers ceil(bytes / mss) data packets.
-class EqdsFlowSink : public EqdsSink {
-public:
-    EqdsFlowSink(EqdsPullPacer* pacer, EqdsNIC& nic, Replayer* r, uint32_t op, uint64_t bytes)
-        : EqdsSink(nullptr, pacer, nic), _r(r), _op(op), _bytes(bytes) {}
-    void receivePacket(Packet& pkt) override {
-        EqdsSink::receivePacket(pkt);
-        if (_fired) return;
-        uint64_t cum = cumulative_ack();
-        uint64_t rts = getSrc()->_rts_packets_sent;
-        if (cum > rts && (cum - rts) * (uint64_t)EqdsSrc::_mss >= _bytes) {
-            _fired = true;
-            _r->flow_done(_op);
-        }
-    }
-private:
-    Replayer* _r;
-    uint32_t _op;
-    uint64_t _bytes;
-    bool _fired = false;
-};
-
-// htsim's EqdsSrc constructor leaves its flow-event logger pointer uninitialized and
-// dereferences it when non-null; giving every source this no-op logger makes that defined.
-class NullFlowLogger final : public FlowEventLogger {
-public:
-    void logEvent(PacketFlow&, Logged&, FlowEvent, mem_b, uint64_t) override {}
-};
-NullFlowLogger null_flow_logger;
-
-}  // namespace
 
 // The sender's end trigger: hands the flow to the reaper.
 class RoceEndTrigger final : public Trigger {
@@ -322,6 +233,8 @@ void Replayer::build_fluid_groups() {
     }
     _scratch.resid.assign(_in.links.size(), 0.0);
     _scratch.count.assign(_in.links.size(), 0);
+    _scratch.start.assign(_in.links.size(), 0);
+    _scratch.fill.assign(_in.links.size(), 0);
     _scratch.cap.resize(_in.links.size());
     for (size_t l = 0; l < _in.links.size(); l++) _scratch.cap[l] = (double)_in.links[l].bps / 8e12;
     _link_groups.assign(_in.links.size(), {});
@@ -468,12 +381,13 @@ void Replayer::start_flow(uint32_t op) {
     simtime_picosec now = eventlist().now();
     if (_opt.protocol == PROTO_ROCE) {
         RoceSrc* src = new RoceSrc(nullptr, nullptr, eventlist(), _in.links[fwd.front()].bps);
-        RoceFlowSink* snk = new RoceFlowSink(this, op, f.value);
+        RoceFlowSink* snk = new RoceFlowSink(this, op, f.value, _opt.ack_every);
         src->set_dst(f.dst_rank);
         src->set_flowsize(f.value);
         snk->set_src(f.src_rank);
         Route* out = make_route(fwd_id, snk);
         Route* back = make_route(rev_id, src);
+        snk->set_back_route(back);
         out->set_reverse(back);
         back->set_reverse(out);
         RoceEndTrigger* trig = new RoceEndTrigger(eventlist(), _reaper);
@@ -540,7 +454,12 @@ void Replayer::drain() {
         _ready.pop_back();
         _start[op] = eventlist().now();
         const OpSpec& o = _in.ops[op];
-        if (o.kind == OP_FLOW) {
+        if (o.kind == OP_FLOW && o.latency_ps > 0) {
+            // its start latency first (trace schema 2: NCCL's per-call cost), then the flow
+            simtime_picosec t = eventlist().now() + o.latency_ps;
+            _timers.push(Timer(t, op | BEGIN_FLOW));
+            eventlist().sourceIsPending(*this, t);
+        } else if (o.kind == OP_FLOW) {
             start_flow(op);
         } else if (o.kind == OP_COMPUTE && o.value > 0) {
             simtime_picosec t = compute_ps(op);  // interval slowdowns stretch it (whatif.cpp)
@@ -556,8 +475,12 @@ void Replayer::drain() {
 void Replayer::doNextEvent() {
     simtime_picosec now = eventlist().now();
     while (!_timers.empty() && _timers.top().first <= now) {
-        _finished.push_back(_timers.top().second);
+        uint32_t id = _timers.top().second;
         _timers.pop();
+        if (id & BEGIN_FLOW)
+            start_flow(id & ~BEGIN_FLOW);  // its start latency is over: the first byte leaves
+        else
+            _finished.push_back(id);
     }
     drain();
 }

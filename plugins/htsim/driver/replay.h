@@ -40,6 +40,7 @@ struct Options {
     uint32_t cwnd_pkts = 0;       // NDP/EQDS initial window; 0: 1.5 x the route's bandwidth-delay
     uint32_t seed = 1;
     bool scale_up_fluid = true;   // flows flagged scale_up are timed by the fluid model
+    uint32_t ack_every = 1;       // RoCE: the sink ACKs every k-th packet (1: htsim's RoceSink)
     double progress_s = 0.0;      // progress lines on stderr at most this often (0: none)
 };
 
@@ -262,6 +263,9 @@ private:
     bool _draining = false;
     uint64_t _done_count = 0;
     uint64_t _flows_started = 0;
+    // A timer ends op `id`, or with BEGIN_FLOW set ends flow (id & ~BEGIN_FLOW)'s start latency
+    // (ops are fewer than 2^31: the reader checks).
+    static constexpr uint32_t BEGIN_FLOW = 0x80000000u;
     typedef std::pair<simtime_picosec, uint32_t> Timer;
     std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> _timers;
     std::map<uint32_t, NdpPullPacer*> _pacers;  // NDP: one pull pacer per receiving link

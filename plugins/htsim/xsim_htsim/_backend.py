@@ -25,6 +25,9 @@ from ._input import write_input
 from ._output import read_queues, read_summary, read_times
 
 PROTOCOLS = ("roce", "ndp", "eqds")
+# htsim stores a packet's size in 16 bits and a RoCE packet is the MTU plus a 64-byte header
+# (RocePacket::ACKSIZE): --mtu 65535 crashed the driver (SIGSEGV, measured).
+MAX_MTU = 65535 - 64
 SCALE_UP_MODES = ("fluid", "packet")
 
 OPTIONS: tuple[Option, ...] = (
@@ -33,11 +36,15 @@ OPTIONS: tuple[Option, ...] = (
            " max-min fair share of those links; packet: every flow is packets",
            choices=SCALE_UP_MODES),
     Option("mtu", "int", None, "packet size on NIC/fabric links in bytes (None: the driver's"
-           " 9000)", low=256, high=65535),
+           " 9000; at most 65471: htsim's 16-bit packet size holds the MTU plus RoCE's 64-byte"
+           " header)", low=256, high=MAX_MTU),
     Option("queue_bytes", "int", None, "switch queue capacity in bytes (None: deep for RoCE,"
            " 15 packets for NDP and EQDS)", low=1),
     Option("cwnd_pkts", "int", None, "NDP/EQDS initial window in packets (None: 1.5x the"
            " route's bandwidth-delay product)", low=1),
+    Option("ack_every", "int", None, "RoCE: the receiver acknowledges every k-th packet and"
+           " the last (None: every packet, htsim's RoceSink); fewer events at a measured error"
+           " (docs/htsim.md)", low=1, high=1 << 20),
     SEED,
     Option("wall_limit_s", "float", None, "stop the driver after this many wall-clock seconds"
            " (None: no limit)", low=0, low_open=True),
@@ -73,8 +80,11 @@ class HtsimBackend(Backend):
             raise BackendUnavailable(reason)
         protocol, scale_up = opts["protocol"], opts["scale_up"]
         argv_opts = ["--protocol", protocol, "--scale-up", scale_up]
+        if opts["ack_every"] is not None and opts["ack_every"] > 1 and protocol != "roce":
+            raise BackendError(f"htsim: option ack_every applies to protocol roce only (got"
+                               f" protocol {protocol})")
         for key, flag in (("mtu", "--mtu"), ("queue_bytes", "--queue-bytes"),
-                          ("cwnd_pkts", "--cwnd-pkts")):
+                          ("cwnd_pkts", "--cwnd-pkts"), ("ack_every", "--ack-every")):
             if opts[key] is not None:
                 argv_opts += [flag, str(opts[key])]
         argv_opts += ["--seed", str(opts["seed"])]
@@ -86,9 +96,9 @@ class HtsimBackend(Backend):
         with owned_tempdir("xsim-htsim-") as tmp:
             d = Path(work) if work else Path(tmp)
             d.mkdir(parents=True, exist_ok=True)
-            info = write_input(trace, topology, d / "input.txt")
+            info = write_input(trace, topology, d / "input.bin")
             t1 = time.perf_counter()
-            argv = [str(driver), str(d / "input.txt"), "--out", str(d / "times.csv"),
+            argv = [str(driver), str(d / "input.bin"), "--out", str(d / "times.bin"),
                     "--summary", str(d / "summary.json"), *argv_opts]
             argv += ["--progress-s", str(PROGRESS_INTERVAL_S), "--queues", str(d / "queues.csv")]
             rp = ReplayProgress(opts["progress"], trace.num_ops)
@@ -103,7 +113,7 @@ class HtsimBackend(Backend):
                         "protocol=roce with link events: docs/htsim.md)") from None
                 raise
             t2 = time.perf_counter()
-            frame = read_times(d / "times.csv", trace.num_ops)
+            frame = read_times(d / "times.bin", trace.num_ops)
             summary = read_summary(d / "summary.json")
             queues = read_queues(d / "queues.csv", len(topology.links))
         sim_wall = float(summary.get("sim_wall_s", 0.0))

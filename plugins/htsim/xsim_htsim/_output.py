@@ -1,9 +1,10 @@
-"""Readers of the driver's output: per-op times (CSV) and the run summary (JSON)."""
+"""Readers of the driver's output: per-op times (binary) and the run summary (JSON)."""
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,44 +12,41 @@ import pandas as pd
 
 from xsim_adapters.errors import BackendError
 
-CSV_HEADER = "op_id,start_ps,end_ps"
+TIMES_MAGIC = b"XSIMHTO\0"
+TIMES_VERSION = 1
 
 
 def read_times(path: str | os.PathLike, num_ops: int) -> pd.DataFrame:
-    """Timeline frame (op_id int64, start_ns/end_ns float64) from the driver's CSV.
+    """Timeline frame (op_id int64, start_ns/end_ns float64) from the driver's times file.
 
-    The driver writes times in integer picoseconds; they are converted to nanoseconds. Raises
-    BackendError unless the file has exactly one line per op ``0..num_ops-1`` in order, so a
+    Binary, little-endian (main.cpp): ``b"XSIMHTO\\0"``, u32 version 1, u32 0, u64 n, then
+    start_ps u64[n] and end_ps u64[n] in op order. Integer picoseconds are converted to
+    nanoseconds. Raises BackendError unless the file holds exactly ``num_ops`` ops, so a
     truncated or partial file is never taken for a result.
     """
     try:
-        with open(path) as f:
-            header = f.readline().strip()
-            if header != CSV_HEADER:
-                raise BackendError(
-                    f"htsim: {path}: expected header '{CSV_HEADER}', got '{header}'"
-                )
-            data = np.loadtxt(f, delimiter=",", dtype=np.int64, ndmin=2)
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         raise BackendError(f"htsim: the driver wrote no times file ({path})") from None
-    except ValueError as e:
-        raise BackendError(f"htsim: {path}: malformed times file ({e})") from None
-    if data.size == 0:
-        data = np.zeros((0, 3), dtype=np.int64)
-    if data.shape[1] != 3:
-        raise BackendError(f"htsim: {path}: expected 3 columns, got {data.shape[1]}")
-    if len(data) != num_ops or not np.array_equal(data[:, 0], np.arange(num_ops)):
-        missing = np.setdiff1d(np.arange(num_ops), data[:, 0])[:10].tolist()
+    if data[:8] != TIMES_MAGIC or len(data) < 24:
+        raise BackendError(f"htsim: {path}: not a times file of the xsim-htsim driver")
+    version = int(np.frombuffer(data, "<u4", 1, 8)[0])
+    if version != TIMES_VERSION:
+        raise BackendError(f"htsim: {path}: times format version {version} (this reads"
+                           f" {TIMES_VERSION}); rebuild the driver from this checkout")
+    n = int(np.frombuffer(data, "<u8", 1, 16)[0])
+    if n != num_ops or len(data) != 24 + 16 * n:
         raise BackendError(
-            f"htsim: times file has {len(data)} ops, trace has {num_ops}"
-            + (f" (missing: {missing})" if missing else " (ids out of order)")
-            + "; a partial timeline is not a result"
+            f"htsim: times file has {n} ops ({len(data)} bytes), trace has {num_ops}; a partial"
+            " timeline is not a result"
         )
+    start = np.frombuffer(data, "<u8", n, 24)
+    end = np.frombuffer(data, "<u8", n, 24 + 8 * n)
     return pd.DataFrame(
         {
-            "op_id": data[:, 0].astype(np.int64),
-            "start_ns": data[:, 1].astype(np.float64) / 1000.0,
-            "end_ns": data[:, 2].astype(np.float64) / 1000.0,
+            "op_id": np.arange(n, dtype=np.int64),
+            "start_ns": start.astype(np.float64) / 1000.0,
+            "end_ns": end.astype(np.float64) / 1000.0,
         }
     )
 

@@ -275,13 +275,24 @@ class Engine {
         t0[op] = double(Simulator::Now().GetNanoSeconds());
         if (kind[op] == COMPUTE && dur[op] > 0) {
             Simulator::Schedule(NanoSeconds(ComputeDelayNs(op)), &Engine::Finish, this, op);
-        } else if (kind[op] == FLOW && bytes[op] > 0) {
-            if (conn[op] >= 0)
-                conns[conn[op]]->Enqueue(op, uint64_t(bytes[op]));
-            else
-                FluidAdd(op);
+        } else if (kind[op] == FLOW && dur[op] > 0) {
+            // trace schema 2: a flow's duration is its start latency (NCCL's per-call cost)
+            Simulator::Schedule(NanoSeconds(dur[op]), &Engine::BeginFlow, this, op);
+        } else if (kind[op] == FLOW) {
+            BeginFlow(op);
         } else {
-            Finish(op);  // barriers, zero-length computes and flows take no time
+            Finish(op);  // barriers and zero-length computes take no time
+        }
+    }
+
+    // A flow's first byte: onto its connection, or into the fluid scale-up model.
+    void BeginFlow(int64_t op) {
+        if (bytes[op] <= 0) {
+            Finish(op);  // an empty flow takes no time
+        } else if (conn[op] >= 0) {
+            conns[conn[op]]->Enqueue(op, uint64_t(bytes[op]));
+        } else {
+            FluidAdd(op);
         }
     }
 

@@ -159,8 +159,8 @@ def build_problem(trace: Trace, topology: Topology) -> tuple[FlowProblem, float]
         nbytes=ops["bytes"].to_numpy(dtype=np.int64),
         rank=rank,
         phase=ops["phase"].to_numpy(dtype=np.int8),
-        pred=trace.deps["pred"].to_numpy(dtype=np.int64),
-        succ=trace.deps["succ"].to_numpy(dtype=np.int64),
+        pred=trace.deps["pred"].to_numpy(),  # int32 (the core takes either width)
+        succ=trace.deps["succ"].to_numpy(),
         path_offsets=offsets,
         path_links=links,
         link_gbps=lk["gbps"].to_numpy(dtype=np.float64),

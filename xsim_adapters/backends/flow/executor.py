@@ -4,11 +4,13 @@ Model (times in ns, sizes in bytes, rates in bytes/ns):
 
 - an op starts when its last predecessor ends (ops without predecessors start at 0);
 - a compute op ends ``duration_ns`` after it starts; a barrier ends ``duration_ns`` after it
-  starts (0 for a plain join; collective latency is a timed barrier);
-- a flow transmits ``bytes`` at its max-min fair share of the links on its path among all
-  flows transmitting at that moment (recomputed whenever a flow starts or stops transmitting or
-  a link event changes a capacity), and ends ``latency`` (sum of its links' latencies) after
-  its last byte left; so one flow alone takes ``latency + bytes / bottleneck``;
+  starts (0 for a plain join);
+- a flow's first byte leaves ``duration_ns`` after it starts (its start latency: NCCL's
+  per-call cost, 0 for a plain transfer); from then on it transmits ``bytes`` at its max-min
+  fair share of the links on its path among all flows transmitting at that moment
+  (recomputed whenever a flow starts or stops transmitting or a link event changes a
+  capacity), and ends ``latency`` (sum of its links' latencies) after its last byte left; so
+  one flow alone takes ``duration_ns + latency + bytes / bottleneck``;
 - a link event sets a link's capacity to ``factor`` x nominal at its time;
 - a compute op of a rank with interval slowdowns (``slow_*``, :mod:`...trace.slowdowns`) ends
   when its work is done at the rank's piecewise speed (:func:`stretched_end`);
@@ -49,8 +51,8 @@ class FlowProblem:
     nbytes: np.ndarray  # int64 per op
     rank: np.ndarray  # int32 per op (for error messages)
     phase: np.ndarray  # int8 per op (for error messages)
-    pred: np.ndarray  # int64 per edge
-    succ: np.ndarray  # int64 per edge
+    pred: np.ndarray  # int32 or int64 per edge
+    succ: np.ndarray  # the same dtype as pred
     path_offsets: np.ndarray  # int64 per op + 1: CSR of link ids (empty for non-flows)
     path_links: np.ndarray  # int32
     link_gbps: np.ndarray  # float64 per link, nominal capacity
@@ -150,7 +152,8 @@ class _Executor:
         # Calendar: the distinct future times in a heap, what is due at each in a dict of
         # lists (many ops end at the same instant, so this beats one heap entry per op).
         # An entry ``op >= 0`` ends that op; ``~op`` is flow op's last byte leaving, valid only
-        # while tx_due[op] still equals that time (a rate change reschedules it).
+        # while tx_due[op] still equals that time (a rate change reschedules it); ``~op - n``
+        # ends flow op's start latency (its transmission begins).
         times: list[float] = []
         due: dict[float, list[int]] = {}
         push, pop = heapq.heappush, heapq.heappop
@@ -177,13 +180,27 @@ class _Executor:
         progress = self.progress
         dirty: set[int] = set()
         ready = [i for i in range(n - 1, -1, -1) if indeg[i] == 0]
+        began: list[int] = []  # flows whose start latency ended at t: they transmit now
         t = 0.0
         while True:
             # 1. start everything that became ready at t (barriers and 0-time ops cascade)
-            while ready:
-                op = ready.pop()
-                start[op] = t
-                k = kind[op]
+            while ready or began:
+                if began:
+                    op = began.pop()
+                    k = KIND_FLOW
+                else:
+                    op = ready.pop()
+                    start[op] = t
+                    k = kind[op]
+                    if k == KIND_FLOW and duration[op] > 0:  # start latency first
+                        fin = t + duration[op]
+                        lst = due.get(fin)
+                        if lst is None:
+                            due[fin] = [~op - n]
+                            push(times, fin)
+                        else:
+                            lst.append(~op - n)
+                        continue
                 if k == KIND_FLOW:
                     a, b = poff[op], poff[op + 1]
                     if a != b and nbytes[op] > 0:
@@ -285,6 +302,10 @@ class _Executor:
                             indeg[s] -= 1
                             if indeg[s] == 0:
                                 ready.append(s)
+                        continue
+                    if e < -n:  # a start latency ended: the flow transmits from now
+                        events += 1
+                        began.append(~(e + n))
                         continue
                     op = ~e
                     if tx_due[op] != t:

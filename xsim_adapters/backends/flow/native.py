@@ -17,7 +17,9 @@ from ...errors import BackendError
 from .executor import FlowProblem, FlowResult, Progress, check_deps, stuck_message
 
 #: The ``xsim_flowcore.INTERFACE_VERSION`` this adapter speaks.
-INTERFACE_VERSION = 2
+#: 2: a flow's duration_ns is its start latency (trace schema 2), or slowdowns and reroutes;
+#: 3: both.
+INTERFACE_VERSION = 3
 INSTALL_HINT = "python -m pip install ./plugins/flowcore (from the xsim-adapters checkout)"
 
 

@@ -18,6 +18,11 @@ namespace flowcore {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+// Calendar keys: op >= 0 ends that op; ~slot (-1 .. -2^30) is a flow slot's last byte leaving;
+// kLatencyKey + op (below -2^30) ends flow op's start latency (its transmission begins). The
+// ranges are disjoint because check_input() bounds the op count (and so the slots) by 2^30.
+constexpr int32_t kLatencyKey = std::numeric_limits<int32_t>::min();
+constexpr std::size_t kMaxOps = std::size_t{1} << 30;
 
 class Executor {
  public:
@@ -91,6 +96,7 @@ class Executor {
   Calendar calendar_;
   std::vector<int32_t> due_;  // the entries of the instant being taken
   std::vector<int32_t> ready_;
+  std::vector<int32_t> began_;  // flows whose start latency ended now: they transmit from now
   double* start_ = nullptr;
   double* end_ = nullptr;
   int64_t done_ = 0;
@@ -136,9 +142,9 @@ Executor::Executor(const ProblemView& p)
 }
 
 void Executor::check_input() const {
-  if (n_ >= static_cast<std::size_t>(std::numeric_limits<int32_t>::max())) {
+  if (n_ >= kMaxOps) {
     throw InputError("flow: " + std::to_string(n_) + " ops; the native engine takes fewer than "
-                     "2^31 - 1 ops");
+                     "2^30 ops");
   }
   for (std::size_t e = 0; e < p_.num_edges; ++e) {
     const int64_t a = p_.pred64 ? p_.pred64[e] : p_.pred32[e];
@@ -499,11 +505,24 @@ RunResult Executor::run(const ProgressHook& hook) {
   double t = 0.0;
   while (true) {
     // 1. start everything that became ready at t (barriers and 0-time ops cascade)
-    while (!ready_.empty()) {
-      const int32_t op = ready_.back();
-      ready_.pop_back();
-      start_[op] = t;
-      if (p_.kind[op] == kKindFlow) {
+    while (!ready_.empty() || !began_.empty()) {
+      int32_t op;
+      bool flow;
+      if (!began_.empty()) {
+        op = began_.back();
+        began_.pop_back();
+        flow = true;
+      } else {
+        op = ready_.back();
+        ready_.pop_back();
+        start_[op] = t;
+        flow = p_.kind[op] == kKindFlow;
+        if (flow && p_.duration_ns[op] > 0) {  // start latency first
+          calendar_.push(t + static_cast<double>(p_.duration_ns[op]), kLatencyKey + op);
+          continue;
+        }
+      }
+      if (flow) {
         if (p_.path_offsets[op] != p_.path_offsets[op + 1] && p_.nbytes[op] > 0) {
           start_flow(op, t);
           continue;
@@ -543,6 +562,11 @@ RunResult Executor::run(const ProgressHook& hook) {
         if (key >= 0) {
           ++events_;
           finish(key, t);
+          continue;
+        }
+        if (key < -static_cast<int32_t>(kMaxOps)) {  // a start latency ended
+          ++events_;
+          began_.push_back(key - kLatencyKey);
           continue;
         }
         const int32_t slot = ~key;

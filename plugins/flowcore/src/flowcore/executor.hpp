@@ -28,7 +28,7 @@ inline constexpr int8_t kKindBarrier = 2;
 struct ProblemView {
   std::size_t num_ops = 0;
   const int8_t* kind = nullptr;           // per op
-  const int64_t* duration_ns = nullptr;   // per op (compute and timed barriers)
+  const int64_t* duration_ns = nullptr;   // per op (compute, timed barriers, flow start latency)
   const int64_t* nbytes = nullptr;        // per op (flows)
   std::size_t num_edges = 0;
   const int64_t* pred64 = nullptr;        // per edge; either the 64-bit or the 32-bit pair

@@ -217,7 +217,9 @@ Out<double> maxmin(In<int64_t> flow_offsets, In<int32_t> flow_links, In<double> 
 NB_MODULE(_flowcore, m) {
   m.doc() = "Compiled event loop and max-min solver of the xsim-adapters flow backend.";
   // Bumped whenever run()'s arguments or result change; the backend checks it.
-  m.attr("INTERFACE_VERSION") = 2;
+  // 2: a flow's duration_ns is its start latency; interval slowdowns and reroutes
+  // 3: both in one core (the merged interface)
+  m.attr("INTERFACE_VERSION") = 3;
   m.def("run", &run, nb::arg("kind").noconvert(), nb::arg("duration_ns").noconvert(),
         nb::arg("nbytes").noconvert(), nb::arg("pred").noconvert(),
         nb::arg("succ").noconvert(), nb::arg("path_offsets").noconvert(),
