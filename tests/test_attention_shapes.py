@@ -139,16 +139,19 @@ def test_sliding_window_layers_count_window_keys_per_query():
     from xsim_adapters.api import generate
 
     att = {"head_dim": 64, "sliding_window": 128, "full_every": 2}
-    trace = generate(_plan(att, heads=16, kv=4))
+    trace = generate(_plan(att, layers=4, heads=16, kv=4))
     s, h, hq, hkv, hd, f = 4096, 1024, 16, 4, 64, 2048
     dense = 2 * s * h * (hq + 2 * hkv) * hd + 2 * s * hq * hd * h + 2 * s * h * f * 3
     per_layer = _core_ops(trace).groupby("layer_start")["flops"].sum()
-    assert per_layer[0] == pytest.approx(dense + 4 * s * 128 * hd * hq, rel=1e-12)
-    assert per_layer[1] == pytest.approx(dense + 4 * s * s * hd * hq, rel=1e-12)
-    # the windowed layer's attention block is the faster one
+    for layer in (0, 2):
+        assert per_layer[layer] == pytest.approx(dense + 4 * s * 128 * hd * hq, rel=1e-12)
+    for layer in (1, 3):
+        assert per_layer[layer] == pytest.approx(dense + 4 * s * s * hd * hq, rel=1e-12)
+    # the windowed layer's attention block is the faster one (layer 2 against layer 1: the
+    # first block of a micro-batch also carries the framework's per-pass host overhead)
     o = _core_ops(trace)
     attn = o.drop_duplicates("layer_start", keep="first").set_index("layer_start")
-    assert attn.loc[0, "duration_ns"] < attn.loc[1, "duration_ns"]
+    assert attn.loc[2, "duration_ns"] < attn.loc[1, "duration_ns"]
 
 
 def test_mla_flops_and_the_latent_all_gather_under_sequence_parallel():

@@ -19,7 +19,9 @@ from xsim_adapters.errors import BackendError, BackendUnavailable
 
 def test_input_matches_golden_bytes(tmp_path: Path) -> None:
     # golden_input.bin was checked, when format 4 replaced the text format 3, to decode to
-    # exactly the text golden's links, routes, ops and successors (the same case, same ids)
+    # exactly the text golden's links, routes, ops and successors (the same case, same ids);
+    # format 5's file is format 4's byte for byte with version 5 and five zero what-if counts
+    # inserted after the seven counts (made by that transformation, not by the writer)
     trace, topo = golden_case()
     info = write_input(trace, topo, tmp_path / "in.bin")
     assert (tmp_path / "in.bin").read_bytes() == (DATA / "golden_input.bin").read_bytes()
@@ -33,9 +35,10 @@ def test_input_layout_size_is_the_sum_of_its_sections(tmp_path: Path) -> None:
     trace, topo = golden_case()
     write_input(trace, topo, tmp_path / "in.bin")
     d = read_input(tmp_path / "in.bin")
-    nodes, L, E, R, H, N, M = d["counts"].tolist()
+    nodes, L, E, R, H, N, M, SR, S, K, P, D = d["counts"].tolist()
     assert (nodes, L, E, R, N, M) == (5, 8, 0, 8, 33, 55)
-    want = 72 + L * 25 + E * 20 + (R + 1) * 8 + H * 4 + N * 34 + (N + 1) * 8 + M * 4 + 8
+    assert (SR, S, K, P, D) == (0, 0, 0, 0, 0)  # no what-if sections
+    want = 112 + L * 25 + E * 20 + (R + 1) * 8 + H * 4 + N * 34 + (N + 1) * 8 + M * 4 + 8
     assert (tmp_path / "in.bin").stat().st_size == want
 
 
@@ -82,7 +85,7 @@ def test_input_reader_refuses_other_versions_and_truncation(tmp_path: Path) -> N
     raw = bytearray((tmp_path / "in.bin").read_bytes())
     raw[8] = 3
     (tmp_path / "v3.bin").write_bytes(bytes(raw))
-    with pytest.raises(BackendError, match=r"input format version 3 \(this reads 4\)"):
+    with pytest.raises(BackendError, match=r"input format version 3 \(this reads 5\)"):
         read_input(tmp_path / "v3.bin")
     (tmp_path / "cut.bin").write_bytes((tmp_path / "in.bin").read_bytes()[:-9])
     with pytest.raises(BackendError, match="size does not match its counts"):
@@ -310,7 +313,7 @@ def test_timed_link_events_are_written_in_time_order(tmp_path: Path) -> None:
                                 "factor": [0.0, 0.5, 1.0]})
     write_input(trace, topo, tmp_path / "in.bin")
     d = read_input(tmp_path / "in.bin")
-    assert int(d["version"]) == 4 and d["counts"][2] == 3
+    assert int(d["version"]) == 5 and d["counts"][2] == 3
     # ps, link, bps = round(gbps x factor x 1e9), sorted by time
     assert list(zip(d["events_at_ps"].tolist(), d["events_link"].tolist(),
                     d["events_bps"].tolist(), strict=True)) == [

@@ -223,7 +223,7 @@ def test_malformed_input_names_the_entry(driver: str, tmp_path: Path) -> None:
     (tmp_path / "v9.bin").write_bytes(bytes(raw))
     proc = drive("v9.bin")
     assert proc.returncode == 2
-    assert "input format version 9 is not supported by this driver (it reads version 4)" in (
+    assert "input format version 9 is not supported by this driver (it reads version 5)" in (
         proc.stderr)
     (tmp_path / "v3.txt").write_text("xsim-htsim 3\nnodes 1\n")
     proc = drive("v3.txt")

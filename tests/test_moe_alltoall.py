@@ -271,8 +271,8 @@ def test_a_member_finishes_its_alltoall_only_when_its_own_sends_are_done():
     expert GEMMs waiting on its output) ends when the rank's receives *and* its sends are done,
     and the next exchange on the same communicator queues behind it. Closed form on the
     H100 + A100 pair: the A100 dispatches 4096 x 2 x 6/8 tokens x 1024 x 2 B = 12,582,912 B
-    over its 25 GB/s NIC (2 hops of 1 us), while it receives only a third of that; its experts
-    start when that send ends, not when its receive does."""
+    over its 25 GB/s NIC (2 hops of 1 us, after its start latency), while it receives only a
+    third of that; its experts start when that send ends, not when its receive does."""
     plan = _h100_a100_pair()
     trace = generate(plan)
     tl = run(plan, trace=trace)
@@ -282,7 +282,11 @@ def test_a_member_finishes_its_alltoall_only_when_its_own_sends_are_done():
     out_a100 = c0.loc[1]
     assert out_a100["bytes"] == 4096 * K * 6 // 8 * H * 2
     assert c0.loc[0, "bytes"] == 4096 * K * 2 // 8 * H * 2
-    send_end = out_a100["start_ns"] + out_a100["bytes"] / 25.0 + 2 * 1000.0
+    # trace schema 2: the flow's start latency (NCCL's per-call cost, its duration_ns) runs
+    # from its start before its first byte
+    assert out_a100["duration_ns"] > 0
+    send_end = (out_a100["start_ns"] + out_a100["duration_ns"] + out_a100["bytes"] / 25.0
+                + 2 * 1000.0)
     assert out_a100["end_ns"] == pytest.approx(send_end, rel=1e-9)
     assert c0.loc[0, "end_ns"] < send_end - 300_000  # its receive ended long before
     succ = trace.deps.groupby("pred")["succ"].apply(list)
@@ -319,9 +323,11 @@ def test_waiting_on_a_slower_ep_peer_is_straggler_wait_with_the_peer_as_culprit(
     assert first["culprit"] == 1
     tf = m.timeline
     comp = tf[(tf["kind"] == KIND_COMPUTE) & (tf["phase"] == PHASE_INDEX["fwd"])]
-    bar = tf[(tf["kind"] == KIND_BARRIER) & (tf["collective"] == first["collective"])]
-    pre_end = {int(x): int(comp[(comp["rank"] == x) & (comp["end_ns"] <= bar.loc[
-        bar["rank"] == x, "start_ns"].iloc[0])]["end_ns"].max()) for x in (0, 1)}
+    # the exchange's flows (trace schema 2: NCCL's latency is their start latency) begin after
+    # the rank's pre block: the last forward compute ending before the rank's first flow of it
+    fl = tf[(tf["kind"] == KIND_FLOW) & (tf["collective"] == first["collective"])]
+    pre_end = {int(x): int(comp[(comp["rank"] == x) & (comp["end_ns"] <= fl.loc[
+        fl["rank"] == x, "start_ns"].min())]["end_ns"].max()) for x in (0, 1)}
     assert first["wait_ns"] == pre_end[1] - pre_end[0] > 0
 
 

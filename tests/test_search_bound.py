@@ -21,7 +21,7 @@ from xsim_adapters.search.dpbound import _threshold
 from xsim_adapters.search.evaluate import run_candidate
 from xsim_adapters.search.pipeline import earliest_schedule
 from xsim_adapters.search.space import Choice, plan_dict
-from xsim_adapters.trace.schema import KIND_BARRIER, KIND_FLOW, PHASE_INDEX
+from xsim_adapters.trace.schema import KIND_FLOW, PHASE_INDEX
 from xsim_adapters.workload.schedule import BWD, FWD, WGRAD
 
 P, M, F, B = 4, 8, 10, 20
@@ -84,8 +84,8 @@ space: {tp: [4], pp_max: 1}
 @pytest.mark.parametrize("group", ["h", "a"])
 def test_tp_floor_is_the_traces_delay_plus_the_bytes_a_rank_sends(group):
     """The TP floor of a unit equals, read off a generated trace of the same stage, the NCCL
-    delay barrier before the collective plus the bytes rank 0 sends in it over rank 0's
-    NVLink capacity (H100: NVLS, the A100: a ring)."""
+    delay before the collective (the start latency of its first flows) plus the bytes rank 0
+    sends in it over rank 0's NVLink capacity (H100: NVLS, the A100: a ring)."""
     spec = spec_from_dict(yaml.safe_load(SPEC))
     an = Analyzer(spec)
     ch = Choice(8, 1, "1f1b", "none", "balanced")
@@ -100,7 +100,11 @@ def test_tp_floor_is_the_traces_delay_plus_the_bytes_a_rank_sends(group):
     tp = ops[(ops["phase"] == PHASE_INDEX["tp"]) & (ops["rank"] == r0)]
     coll = int(tp.loc[tp["kind"] == KIND_FLOW, "collective"].iloc[0])
     sent = int(tp.loc[(tp["kind"] == KIND_FLOW) & (tp["collective"] == coll), "bytes"].sum())
-    delay = tp.loc[(tp["kind"] == KIND_BARRIER) & (tp["collective"] == coll), "duration_ns"]
+    # trace schema 2: NCCL's per-call cost is the start latency (duration_ns) of the rank's
+    # first flows of the collective, one per channel, all equal
+    first = tp[(tp["kind"] == KIND_FLOW) & (tp["collective"] == coll)]
+    delay = first.loc[first["duration_ns"] > 0, "duration_ns"]
+    assert delay.nunique() == 1
     fab = Fabric(p)
     cap = fab.caps[r0].intra_out  # bytes per ns: the GPU's NVSwitch cable
     link = p.device_types[p.group(group).type].scaleup_GBps

@@ -28,7 +28,7 @@ Op kinds: 0 a timer of ``value`` ps (a compute op, or a barrier with a delay), 1
 ``reverse_route``; both -1 for a local flow) whose first byte leaves ``latency_ps`` after it
 starts (its start latency, trace schema 2), 2 a join (a barrier without delay). For non-flows
 ``latency_ps`` is 0 and ``src``, ``dst``, ``route``, ``reverse_route`` are -1. The driver checks
-the magic, the version (it reads version 4 only, and says so), the file size against the
+the magic, the version (it reads version 5 only, and says so), the file size against the
 counts (a truncated file is refused) and every id against its range.
 
 ``from_host`` is 1 for a link whose queue is a host's, not a switch port's: links leaving a GPU
