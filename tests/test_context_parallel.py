@@ -172,3 +172,38 @@ def test_cp_with_zero_bubble_splits_only_the_local_weight_gradients():
                          "bytes"].sum())
     assert cp_bytes(tz) == cp_bytes(tb) > 0
     assert run(zb, trace=tz).makespan_ns <= run(base, trace=tb).makespan_ns
+
+
+@pytest.mark.parametrize("device", ["H100-80GB", "A100-80GB"])
+def test_an_off_diagonal_ring_step_computes_half_the_local_square_unmasked(device):
+    """With causal load balancing a step after the first computes half of the local s/cp x
+    s/cp score blocks with no mask: on Hopper at the measured non-causal FlashAttention rates
+    (the forward, and 2.5x its work at the backward rate), elsewhere at the generic flash
+    rates. Closed form: 0.5 x 4 s_l^2 hd heads FLOPs over the rate, plus one launch."""
+    from xsim_adapters.plan.presets import device_presets
+    from xsim_adapters.workload import kernels as k
+    from xsim_adapters.workload.context import RING_STEP_BLOCKS, cp_costs, local_model
+
+    cp = 2
+    plan = cp_plan(cp, 1, 4)
+    dt = device_presets()[device]
+    local = local_model(plan.model, cp)
+    costs = cp_costs(local, plan.training, dt, 1, cp)
+    c = k.make_ctx(local, plan.training, dt, 1)
+    s, hd = S // cp, H // HEADS
+    work = RING_STEP_BLOCKS * 4.0 * s * s * hd * HEADS  # b = 1, tp = 1: every head
+    q = k.tiled_quantization(HEADS * s // k.FLASH_BLOCK_Q, c.attn_rates.sm_count)
+    if dt.compute_capability == 90:
+        scale = c.attn_rates.gemm_flops / (k.HOPPER_ATTN_REF_TFLOPS * 1e12)
+        wave = q / k.tiled_quantization(k.HOPPER_ATTN_REF_BLOCKS, c.attn_rates.sm_count)
+        fwd = k._curve(s, k.HOPPER_FWD_TFLOPS) * 1e12 * scale * wave
+        bwd = k._curve(s, k.HOPPER_BWD_TFLOPS) * 1e12 * scale * wave
+        # the causal diagonal block runs at the lower causal rate (2,048 tokens: 484 < 617)
+        assert k._curve(s, k.HOPPER_FWD_CAUSAL_TFLOPS) < k._curve(s, k.HOPPER_FWD_TFLOPS)
+    else:
+        fwd = c.attn_rates.gemm_flops * k.FLASH_FWD_RATE * q
+        bwd = c.attn_rates.gemm_flops * k.FLASH_BWD_RATE * q
+    launch_ns = k.KERNEL_LAUNCH_US * 1e3
+    assert costs.step_fwd_ns == pytest.approx(work / fwd * 1e9 + launch_ns, abs=1)
+    assert costs.step_bwd_ns == pytest.approx(k.FLASH_BWD_WORK * work / bwd * 1e9 + launch_ns,
+                                              abs=1)

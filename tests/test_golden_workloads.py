@@ -49,8 +49,8 @@ BF16_BYTES = 2
 # = 12,457,082,880 routed), Llama 3 8B: 8,030,261,248. Under EP the dense part syncs over all
 # replicas and the routed experts over the expert-data-parallel group (edp ranks per ring; every
 # expert in exactly one ring per EP position). Both MoE plans run ZeRO-1: the dense part's
-# reduce-scatter moves (dp - 1) x fp32 gradients and its all-gather (dp - 1) x bf16 parameters;
-# the expert-DP rings (workload/alltoall.py) move bf16 both ways: 2 (edp - 1) routed x 2 bytes.
+# reduce-scatter moves (dp - 1) x fp32 gradients and its all-gather (dp - 1) x bf16 parameters,
+# and so do the expert-DP rings (workload/alltoall.py) with edp: (edp - 1) routed x (4 + 2).
 MIXTRAL_8X7B_PARAMS, MIXTRAL_8X7B_ROUTED = 46_702_792_704, 45_097_156_608
 QWEN_MOE_PARAMS, QWEN_MOE_ROUTED = 14_315_587_584, 12_457_082_880
 LLAMA3_8B_PARAMS = 8_030_261_248
@@ -59,7 +59,7 @@ HAND = {
     "moe-mixtral-8x7b-64xh100-ep8": {
         "params": 0, "dp": 8,
         "dp_bytes": 7 * (MIXTRAL_8X7B_PARAMS - MIXTRAL_8X7B_ROUTED) * (FP32_BYTES + BF16_BYTES)
-        + 2 * 1 * MIXTRAL_8X7B_ROUTED * BF16_BYTES},
+        + 1 * MIXTRAL_8X7B_ROUTED * (FP32_BYTES + BF16_BYTES)},
     "moe-hetero-h100-a100-by-speed": {  # one EP group of all 16 replicas: no expert DP ring
         "params": 0, "dp": 16,
         "dp_bytes": 15 * (QWEN_MOE_PARAMS - QWEN_MOE_ROUTED) * (FP32_BYTES + BF16_BYTES)},

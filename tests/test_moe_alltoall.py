@@ -193,7 +193,12 @@ def test_expert_gradients_sync_over_the_expert_data_parallel_group():
     assert len(dp) == 8
     assert sorted(dp["ranks"]) == sorted(f"{p},{p + 8}" for p in range(8))
     expert = 3 * H * 1024  # one expert's parameters
-    assert (dp["bytes"] == 2 * 1 * expert * 2).all()  # 2 MoE layers x 1 expert x bf16
+    # 2 MoE layers x 1 expert x fp32 gradients (grad_reduce_dtype auto, bf16 parameters)
+    assert (dp["bytes"] == 2 * 1 * expert * 4).all()
+    flows = trace.ops[trace.ops["collective"].isin(dp["collective"])
+                      & (trace.ops["kind"] == KIND_FLOW)]
+    # an all-reduce ring of n = 2 members: each sends 2 (n - 1) / n of the ring's bytes
+    assert int(flows["bytes"].sum()) == 8 * 2 * (2 * expert * 4)
 
 
 def test_moe_metrics_report_load_exchange_time_and_straggler():
@@ -365,7 +370,8 @@ def test_expert_tensor_parallel_closed_form():
     assert exp.groupby("rank")["flops"].sum().to_numpy() == pytest.approx(
         rexp.groupby("rank")["flops"].sum().to_numpy(), rel=1e-12)
     dp = colls[(colls["phase"] == PHASE_INDEX["dp"]) & (colls["sync_group"] == -1)]
-    assert len(dp) == 8 and (dp["bytes"] == 2 * 2 * 3 * H * (1024 // 2) * 2).all()
+    # 2 layers x 2 experts x half-width experts, fp32 gradients (grad_reduce_dtype auto)
+    assert len(dp) == 8 and (dp["bytes"] == 2 * 2 * 3 * H * (1024 // 2) * 4).all()
     from xsim_adapters.plan.memory import expert_params_per_device
 
     assert expert_params_per_device(plan, 0, 0) == (2 * 2 * 3 * H * 512, 2)

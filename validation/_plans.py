@@ -28,19 +28,13 @@ class Simulated:
 
 
 def simulate(plan: dict[str, Any]) -> Simulated:
-    """Generate and replay ``plan`` (a plan dict) on the flow backend; the iteration time.
+    """Generate and replay ``plan`` (a plan dict) on the flow backend; the iteration time
+    (:func:`validation.framework.simulate_summary`, without the memory check)."""
+    from validation.framework import simulate_summary
 
-    The memory check is skipped: these runs happened, so a stage the memory model finds too
-    big (it keeps no allocator slack, but counts every buffer at its peak) still ran."""
-    import xsim_adapters as xs
-    from xsim_adapters.plan import plan_from_dict
-
-    p = plan_from_dict(plan, feasibility=False)
-    trace = xs.generate(p)
-    tl = xs.run(trace, "flow", topology=xs.build_topology(p))
-    s = xs.metrics(trace, tl).summary
+    p, s = simulate_summary(plan)
     return Simulated(s["iteration_time_ns"] * 1e-9, float(s["flop_count"]), p.num_ranks,
-                     len(trace.ops))
+                     int(s["num_ops"]))
 
 
 def dp_channels(tp: int, nics_per_server: int = 8) -> int:

@@ -72,11 +72,14 @@ def row_case(source: str, label: str, row: dict[str, Any],
 
 
 def simulate_summary(plan: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """(Plan, metrics summary) of a plan dict simulated whole on the flow backend."""
+    """(Plan, metrics summary) of a plan dict simulated whole on the flow backend.
+
+    The memory check is skipped: these runs happened, so a stage the memory model finds too
+    big (it keeps no allocator slack, but counts every buffer at its peak) still ran."""
     import xsim_adapters as xs
     from xsim_adapters.plan import plan_from_dict
 
-    p = plan_from_dict(plan)
+    p = plan_from_dict(plan, feasibility=False)
     trace = xs.generate(p)
     tl = xs.run(trace, "flow", topology=xs.build_topology(p))
     return p, xs.metrics(trace, tl).summary

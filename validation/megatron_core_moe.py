@@ -25,9 +25,9 @@ import functools
 from typing import Any
 
 try:  # as part of the validation package (python -m validation) or as a script
-    from validation.framework import DATA, Case
+    from validation.framework import DATA, Case, simulate_summary
 except ImportError:  # pragma: no cover - run as a plain script from validation/
-    from framework import DATA, Case  # type: ignore[no-redef]
+    from framework import DATA, Case, simulate_summary  # type: ignore[no-redef]
 
 SOURCE = "megatron-core-moe"
 MEASURED = DATA / "megatron_core_moe_h100.csv"
@@ -57,13 +57,7 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
 
 def predict_tflops(row: dict[str, Any]) -> float:
     """Simulated model TFLOP/s per GPU on the flow backend."""
-    import xsim_adapters as xs
-    from xsim_adapters.plan import plan_from_dict
-
-    plan = plan_from_dict(plan_dict(row))
-    trace = xs.generate(plan)
-    tl = xs.run(trace, "flow", topology=xs.build_topology(plan))
-    s = xs.metrics(trace, tl).summary
+    plan, s = simulate_summary(plan_dict(row))
     return float(s["flop_count"]) / (plan.num_ranks * s["iteration_time_ns"] * 1e-9) / 1e12
 
 

@@ -267,11 +267,15 @@ class MoEPlanner:
         if len(heads) < 2:
             return None
         rows: list[dict[str, Any]] = []
+        # gradients (all-reduce, reduce-scatter) in the gradient format, as the dense DP sync;
+        # ZeRO's all-gather of the updated experts in the model dtype
+        grad_bytes = plan.training.grad_reduce_bytes(plan.model.dtype_bytes)
         for i, st in enumerate(rep0.stages):
             groups = [ep_ranks(plan, h, i) for h in heads]
             for p in range(st.ep * st.etp):  # every block position
                 r_in, local = divmod(p, st.tp)
-                nbytes = self.expert_params_of(r_in, i, local) * plan.model.dtype_bytes
+                params = self.expert_params_of(r_in, i, local)
+                nbytes = params * grad_bytes
                 if nbytes <= 0:
                     continue
                 members = [grp[p] for grp in groups]
@@ -281,31 +285,37 @@ class MoEPlanner:
                     kind, c, mb = (int(x) for x in gen.order(r, i)[-1])
                     ready.append(int(gen.stage_ops[(r, i, c)][kind].last[mb][local]))
                 rows.append({"members": members, "nbytes": nbytes, "ready": ready,
-                             "layers": st.layers})
+                             "layers": st.layers,
+                             "param_nbytes": params * plan.model.dtype_bytes})
         if not rows:
             return None
-        perms, sizes, labels = [], [], []
+        perms, sizes, gsizes, labels = [], [], [], []
         kinds = ("all_reduce", "reduce_scatter", "all_gather")
         delays: dict[str, list[int]] = {k: [] for k in kinds}
         choices: dict[str, list[Any]] = {k: [] for k in kinds}
         for row in rows:
             orders, sz = gen._ring(row["members"], row["nbytes"])
+            gsz = (sz if row["param_nbytes"] == row["nbytes"]
+                   else gen._ring(row["members"], row["param_nbytes"])[1])
             pos = {rk: k for k, rk in enumerate(row["members"])}
             perms.append([[pos[rk] for rk in o] for o in orders])
             sizes.append(sz)
+            gsizes.append(gsz)
             labels.append(",".join(map(str, orders[0])))
             for kd in kinds:  # the algorithm NCCL's tuner picks, as for the dense DP sync
-                choices[kd].append(choose_algorithm(plan, self.info, list(row["members"]), kd,
-                                                    row["nbytes"]))
-            if plan.collectives.nccl_cost:
-                for kd in kinds:
-                    ch = choices[kd][-1]
-                    delays[kd].append(ring_delay_ns(self.info, kd, orders, sz)
+                nb, ksz = ((row["param_nbytes"], gsz) if kd == "all_gather"
+                           else (row["nbytes"], sz))
+                ch = choose_algorithm(plan, self.info, list(row["members"]), kd, nb)
+                choices[kd].append(ch)
+                if plan.collectives.nccl_cost:
+                    delays[kd].append(ring_delay_ns(self.info, kd, orders, ksz)
                                       if ch.algorithm == "ring" else ch.delay_ns)
         return {
             "members": np.array([r["members"] for r in rows], dtype=np.int64),
             "perm": np.array(perms, dtype=np.int64),
             "sizes": np.array(sizes, dtype=np.int64),
+            "gather_sizes": np.array(gsizes, dtype=np.int64),
+            "gather_nbytes": np.array([r["param_nbytes"] for r in rows], dtype=np.int64),
             "delays": {k: np.array(v, dtype=np.int64) for k, v in delays.items() if v},
             "choices": choices,
             "labels": np.array(labels, dtype=object),

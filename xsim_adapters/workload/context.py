@@ -38,6 +38,10 @@ from .nccl import RING_BASE_LATENCY_US, RING_STEP_LATENCY_US
 from .passes import attention_core_flops
 
 SIMPLE = 2  # index of the Simple protocol in nccl.PROTOCOLS
+# fraction of the local s/cp x s/cp score square one off-diagonal ring step computes, unmasked
+# (causal load balancing; Transformer Engine attention.py, AttnFuncWithCPAndKVP2P: half the
+# keys when the sender's chunk comes first, else half the queries)
+RING_STEP_BLOCKS = 0.5
 
 
 @dataclass(frozen=True)
@@ -57,13 +61,16 @@ def local_model(model: ModelSpec, cp: int) -> ModelSpec:
 
 def cp_costs(local: ModelSpec, training: TrainingSpec, device: DeviceType, tp: int,
              cp: int) -> CPCosts:
-    """Cost of one extra ring step: the attention core of the local chunk (``local`` is
-    :func:`local_model`)."""
+    """Cost of one extra ring step (``local`` is :func:`local_model`). With causal load
+    balancing (a rank holds chunks i and 2 cp - 1 - i of the 2 cp chunks) every step after
+    the first computes half of the local square with no mask: the local queries against the
+    earlier half of the received keys, or the later half of the queries against all of them
+    (Transformer Engine's ``AttnFuncWithCPAndKVP2P``), at the flash kernel's non-causal rate."""
     c = make_ctx(local, training, device, tp)
     return CPCosts(
         cp,
-        int(round(unit_seconds(_attention_core(c, False)) * 1e9)),
-        int(round(unit_seconds(_attention_core(c, True)) * 1e9)),
+        int(round(unit_seconds(_attention_core(c, False, RING_STEP_BLOCKS)) * 1e9)),
+        int(round(unit_seconds(_attention_core(c, True, RING_STEP_BLOCKS)) * 1e9)),
         attention_core_flops(local, training, tp),
     )
 

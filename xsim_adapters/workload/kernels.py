@@ -261,6 +261,23 @@ def _hopper_flash(c: Ctx, bwd: bool, full: float, fwd_flops: float, q: float, b:
                                    _flash_io(c, False, b, s, dims) / c.rates.hbm_Bps), fwd_flops)
 
 
+def _hopper_unmasked(c: Ctx, bwd: bool, work: float, fwd_flops: float, q: float, b: int,
+                     s: int, dims: tuple[int, int, int, int]) -> Kernel:
+    """``work`` FLOPs of unmasked score blocks on Hopper at the measured non-causal forward
+    and backward rates (the backward does :data:`FLASH_BWD_WORK` x the forward's work)."""
+    scale = c.attn_rates.gemm_flops / (HOPPER_ATTN_REF_TFLOPS * 1e12)
+    q_ref = tiled_quantization(HOPPER_ATTN_REF_BLOCKS, c.attn_rates.sm_count)
+    wave = q / q_ref if q_ref > 0 else 1.0
+    if bwd:
+        rate = _curve(s, HOPPER_BWD_TFLOPS) * 1e12 * scale * wave
+        return Kernel("flash_bwd", max(FLASH_BWD_WORK * work / rate,
+                                       _flash_io(c, True, b, s, dims) / c.rates.hbm_Bps),
+                      2 * fwd_flops)
+    rate = _curve(s, HOPPER_FWD_TFLOPS) * 1e12 * scale * wave
+    return Kernel("flash_fwd", max(work / rate, _flash_io(c, False, b, s, dims) / c.rates.hbm_Bps),
+                  fwd_flops)
+
+
 def _flash_io(c: Ctx, bwd: bool, b: int, s: int, dims: tuple[int, int, int, int]) -> float:
     """HBM bytes of a flash kernel: forward q k v in, o out (and the fp32 softmax row
     statistics); backward q k v o do in, dq dk dv out, and o, do once more for the row sums."""
@@ -271,12 +288,15 @@ def _flash_io(c: Ctx, bwd: bool, b: int, s: int, dims: tuple[int, int, int, int]
     return e * b * s * ((hq + hkv) * dqk + (hkv + hq) * dv) + FP32_BYTES * b * hq * s
 
 
-def _attention_core(c: Ctx, bwd: bool) -> list[Kernel]:
+def _attention_core(c: Ctx, bwd: bool, unmasked: float = 0.0) -> list[Kernel]:
     """The attention core of one micro-batch: a flash kernel, or Megatron's unfused core.
 
     The trace's FLOPs are model FLOPs (4 b s^2 hd hq, halved only with
     ``causal_attention_halving``); the flash kernel's *time* follows the blocks it computes
-    for a causal (decoder) model, :func:`causal_work_fraction` of the full square."""
+    for a causal (decoder) model, :func:`causal_work_fraction` of the full square.
+    ``unmasked`` > 0: the kernel computes that fraction of the s x s square with no mask
+    (a load-balanced ring-attention step off the diagonal: half the square, Transformer
+    Engine's causal CP), at the non-causal rate."""
     b, s = c.training.micro_batch, c.model.seq_len
     hq, hkv, dqk, dv = _core_dims(c)
     sk = c.kv_len or s  # keys per query: the sequence, or a sliding window
@@ -289,7 +309,11 @@ def _attention_core(c: Ctx, bwd: bool) -> list[Kernel]:
         blocks = b * hq * -(-s // FLASH_BLOCK_Q)
         q = tiled_quantization(blocks, c.attn_rates.sm_count)
         dims = (hq, hkv, dqk, dv)
-        if c.kv_len:  # a sliding window: the kernel computes the band of s x window blocks
+        if unmasked > 0 and c.compute_capability == 90:  # the measured non-causal curves
+            return [_hopper_unmasked(c, bwd, unmasked * full, fwd_flops, q, b, s, dims)]
+        if unmasked > 0:
+            work = unmasked * full
+        elif c.kv_len:  # a sliding window: the kernel computes the band of s x window blocks
             work = full
         elif c.compute_capability == 90:  # causal, from the measured Hopper curves
             return [_hopper_flash(c, bwd, full, fwd_flops, q, b, s, dims)]
