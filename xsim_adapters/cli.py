@@ -128,7 +128,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print("  memory per device (GB): replicas, stage, type, tp: total / capacity")
     lines = [
         (int(r.replica), f"stage {r.stage} {r.device_type} tp {r.tp}: {r.total_GB:.2f} / "
-         f"{r.capacity_GB:.0f} (weights {r.weights_GB:.2f}, grads {r.gradients_GB:.2f}, "
+         f"{r.capacity_GB:.2f} (weights {r.weights_GB:.2f}, grads {r.gradients_GB:.2f}, "
          f"optimizer {r.optimizer_GB:.2f}, activations {r.activations_GB:.2f})")
         for r in mem.itertuples()
     ]

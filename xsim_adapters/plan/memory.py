@@ -33,8 +33,10 @@ Model (bytes per device of a stage's TP group, P = the stage's parameters / tp):
   MLA's latents); standard attention keeps the formula above (GQA not resolved in it).
 - CP: a device of a CP group keeps the activations of ``s / cp`` tokens (the formulas above at
   ``seq_len / cp``); weights are not split by CP.
-Capacity is the device type's ``hbm_GB`` (1 GB = 1e9 bytes); no allowance for the CUDA
-context or fragmentation is made, so treat a headroom of a few GB as tight.
+Capacity is the device type's ``hbm_GB`` (1 GB = 1e9 bytes; the presets give the capacity the
+driver reports where it is measured, e.g. 85.52 GB for an "80 GB" H100: presets/devices.yaml);
+no allowance for the CUDA context or fragmentation is made, so treat a headroom of a few GB as
+tight.
 """
 
 from __future__ import annotations
