@@ -149,3 +149,33 @@ def test_training_source_fast_subset_within_bounds(source: str) -> None:
     assert abs(s["worst_error"]) <= worst, fw.markdown_table(results)
     # every prediction is a positive, finite iteration time from a whole simulated plan
     assert all(0 < r.predicted < 100 * r.measured for r in results)
+
+
+def test_a_case_that_raises_is_reported_and_the_others_still_run(tmp_path, monkeypatch,
+                                                                 capsys) -> None:
+    """``run_cases`` with a failures list logs the simulator's error, skips that case and runs
+    the rest; ``python -m validation`` writes the others and exits 1 naming the failed case;
+    without the list the error propagates."""
+    from validation import __main__ as cli
+    from xsim_adapters.errors import PlanError
+
+    def boom() -> float:
+        raise PlanError("", "the plan's trace would have about 87,225,280 ops")
+
+    cases = [fw.Case("src", "ok-1", "x_s", 2.0, lambda: 2.2), fw.Case("src", "big", "x_s", 1.0,
+             boom), fw.Case("src", "ok-2", "x_s", 4.0, lambda: 3.0)]
+    lines: list[str] = []
+    failures: list = []
+    res = fw.run_cases(cases, log=lines.append, failures=failures)
+    assert [r.label for r in res] == ["ok-1", "ok-2"]
+    assert res[0].error == pytest.approx(0.1) and res[1].error == pytest.approx(-0.25)
+    assert [c.label for c, _ in failures] == ["big"]
+    assert "FAILED PlanError: the plan's trace would have about 87,225,280 ops" in lines[1]
+    with pytest.raises(PlanError):
+        fw.run_cases(cases, log=lambda s: None)
+    monkeypatch.setattr(fw, "select", lambda *a, **k: cases)
+    assert cli.main(["--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "error: src big: PlanError: the plan's trace would have about 87,225,280 ops" in err
+    rows = list(csv.DictReader(open(tmp_path / "results.csv")))
+    assert [r["label"] for r in rows] == ["ok-1", "ok-2"]

@@ -62,7 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         print("error: no case matches", file=sys.stderr)
         return 2
-    return _write(fw.run_cases(cases), a)
+    failures: list[tuple[fw.Case, str]] = []
+    code = _write(fw.run_cases(cases, failures=failures), a)
+    for c, msg in failures:  # every case that did not run, again at the end
+        print(f"error: {c.source} {c.label}: {msg}", file=sys.stderr)
+    return 1 if failures else code
 
 
 def _write(results: list[fw.Result], a: argparse.Namespace) -> int:

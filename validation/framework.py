@@ -126,12 +126,25 @@ def select(
     return out
 
 
-def run_cases(cases: Iterable[Case], log: Callable[[str], None] = print) -> list[Result]:
-    """Run every case in order; log one line per case as it finishes."""
+def run_cases(cases: Iterable[Case], log: Callable[[str], None] = print,
+              failures: list[tuple[Case, str]] | None = None) -> list[Result]:
+    """Run every case in order; log one line per case as it finishes.
+
+    With ``failures`` (a list), a case whose simulation raises is logged with its error,
+    appended there and skipped, so the other cases still run (the caller reports them and
+    fails); without it the error propagates."""
     results = []
     for c in cases:
         t0 = time.perf_counter()
-        pred = float(c.predict())
+        try:
+            pred = float(c.predict())
+        except Exception as e:  # noqa: BLE001 - any simulator or plan error of one case
+            if failures is None:
+                raise
+            msg = f"{type(e).__name__}: {e}"
+            log(f"{c.source:16s} {c.label:24s} FAILED {msg}")
+            failures.append((c, msg))
+            continue
         r = Result(c.source, c.label, c.metric, c.measured, pred, time.perf_counter() - t0, c.notes)
         log(
             f"{r.source:16s} {r.label:24s} measured {r.measured:10.4g} predicted "
