@@ -242,18 +242,25 @@ def _curve(seq: int, values: tuple[float, ...]) -> float:
     return values[k] + f * (values[k + 1] - values[k])
 
 
+def _hopper_rate_factor(c: Ctx, q: float) -> float:
+    """FLOP/s per TFLOP/s of the measured Hopper curves on this device and shape: the device's
+    attention GEMM rate over the H100 SXM MAMF the curves were measured at, and the shape's
+    wave quantization ``q`` over the measured shape's."""
+    scale = c.attn_rates.gemm_flops / (HOPPER_ATTN_REF_TFLOPS * 1e12)
+    q_ref = tiled_quantization(HOPPER_ATTN_REF_BLOCKS, c.attn_rates.sm_count)
+    return 1e12 * scale * (q / q_ref if q_ref > 0 else 1.0)
+
+
 def _hopper_flash(c: Ctx, bwd: bool, full: float, fwd_flops: float, q: float, b: int, s: int,
                   dims: tuple[int, int, int, int]) -> Kernel:
     """Causal fused attention on Hopper from the measured cuDNN curves: the forward at the causal
     rate on the causal half of the square; the backward (2.5x the work) at the non-causal
     backward rate scaled by the forward's causal / non-causal ratio at the same length."""
-    scale = c.attn_rates.gemm_flops / (HOPPER_ATTN_REF_TFLOPS * 1e12)
-    q_ref = tiled_quantization(HOPPER_ATTN_REF_BLOCKS, c.attn_rates.sm_count)
-    wave = q / q_ref if q_ref > 0 else 1.0
-    fwd_causal = _curve(s, HOPPER_FWD_CAUSAL_TFLOPS) * 1e12 * scale * wave
+    at = _hopper_rate_factor(c, q)  # TFLOP/s of the curves -> FLOP/s on this device and shape
+    fwd_causal = _curve(s, HOPPER_FWD_CAUSAL_TFLOPS) * at
     if bwd:
         ratio = _curve(s, HOPPER_FWD_CAUSAL_TFLOPS) / _curve(s, HOPPER_FWD_TFLOPS)
-        rate = _curve(s, HOPPER_BWD_TFLOPS) * ratio * 1e12 * scale * wave
+        rate = _curve(s, HOPPER_BWD_TFLOPS) * ratio * at
         t = FLASH_BWD_WORK * 0.5 * full / rate
         return Kernel("flash_bwd", max(t, _flash_io(c, True, b, s, dims) / c.rates.hbm_Bps),
                       2 * fwd_flops)
@@ -265,15 +272,13 @@ def _hopper_unmasked(c: Ctx, bwd: bool, work: float, fwd_flops: float, q: float,
                      s: int, dims: tuple[int, int, int, int]) -> Kernel:
     """``work`` FLOPs of unmasked score blocks on Hopper at the measured non-causal forward
     and backward rates (the backward does :data:`FLASH_BWD_WORK` x the forward's work)."""
-    scale = c.attn_rates.gemm_flops / (HOPPER_ATTN_REF_TFLOPS * 1e12)
-    q_ref = tiled_quantization(HOPPER_ATTN_REF_BLOCKS, c.attn_rates.sm_count)
-    wave = q / q_ref if q_ref > 0 else 1.0
+    at = _hopper_rate_factor(c, q)
     if bwd:
-        rate = _curve(s, HOPPER_BWD_TFLOPS) * 1e12 * scale * wave
+        rate = _curve(s, HOPPER_BWD_TFLOPS) * at
         return Kernel("flash_bwd", max(FLASH_BWD_WORK * work / rate,
                                        _flash_io(c, True, b, s, dims) / c.rates.hbm_Bps),
                       2 * fwd_flops)
-    rate = _curve(s, HOPPER_FWD_TFLOPS) * 1e12 * scale * wave
+    rate = _curve(s, HOPPER_FWD_TFLOPS) * at
     return Kernel("flash_fwd", max(work / rate, _flash_io(c, False, b, s, dims) / c.rates.hbm_Bps),
                   fwd_flops)
 
