@@ -123,6 +123,12 @@ def load_backend_class(name: str) -> type[Backend]:
     Raises BackendUnavailable for an unknown name (listing the known ones) or a plugin that
     fails to import (with the import error), BackendContractError for a contract mismatch.
     """
+    return _load(name)[0]
+
+
+def _load(name: str) -> tuple[type[Backend], str]:
+    """:func:`load_backend_class` and the plugin's description for messages (one scan of the
+    installed distributions' entry points: ~0.06 s with a few hundred installed)."""
     eps = _entry_points()
     ep = eps.get(name)
     if ep is None:
@@ -136,7 +142,7 @@ def load_backend_class(name: str) -> type[Backend]:
             f"{where} failed to import: {type(exc).__name__}: {exc}"
         ) from exc
     check_backend_class(cls, name, where)
-    return cls
+    return cls, where
 
 
 def get_backend(name: str, options: Mapping[str, Any] | None = None) -> Backend:
@@ -146,8 +152,8 @@ def get_backend(name: str, options: Mapping[str, Any] | None = None) -> Backend:
     ``available()`` says it cannot run here (with its reason); BackendContractError if the
     plugin breaks the contract.
     """
-    cls = load_backend_class(name)
-    ok, reason = _check_available(cls, _where(_entry_points()[name]), options)
+    cls, where = _load(name)
+    ok, reason = _check_available(cls, where, options)
     if not ok:
         raise BackendUnavailable(f"backend {name!r} is not available: {reason}")
     return cls()
