@@ -37,7 +37,7 @@ def _small_plans() -> list[str]:
         plan = load_plan(p)
         if plan.network.measured is not None:
             # a wide-area hop (0.5 ms RTT): DCTCP's data-centre marking threshold underfills
-            # it, +17% on two-site-measured; compared in docs/congestion.md, not held to 2%
+            # it, +7.5% on two-site-measured; compared in docs/congestion.md, not held to 2%
             continue
         if sum(g.nodes for g in plan.device_groups) < 2:
             continue  # one server: no flow crosses the network, nothing is packets
