@@ -54,8 +54,7 @@ from .moe import (
 )
 from .moe_units import MoELayerCost, StageMoE
 from .nccl import NVLINK_BW_EFFICIENCY, RING_BASE_LATENCY_US, RING_STEP_LATENCY_US
-from .rings import RankInfo, ring_delay_ns
-from .selection import choose_algorithm
+from .rings import RankInfo
 
 SIMPLE = 2  # index of the Simple protocol in nccl.PROTOCOLS (p2p runs Simple)
 
@@ -293,6 +292,8 @@ class MoEPlanner:
         kinds = ("all_reduce", "reduce_scatter", "all_gather")
         delays: dict[str, list[int]] = {k: [] for k in kinds}
         choices: dict[str, list[Any]] = {k: [] for k in kinds}
+        picked: dict[tuple, Any] = {}
+        seen: dict[tuple, int] = {}
         for row in rows:
             orders, sz = gen._ring(row["members"], row["nbytes"])
             gsz = (sz if row["param_nbytes"] == row["nbytes"]
@@ -302,14 +303,9 @@ class MoEPlanner:
             sizes.append(sz)
             gsizes.append(gsz)
             labels.append(",".join(map(str, orders[0])))
-            for kd in kinds:  # the algorithm NCCL's tuner picks, as for the dense DP sync
-                nb, ksz = ((row["param_nbytes"], gsz) if kd == "all_gather"
-                           else (row["nbytes"], sz))
-                ch = choose_algorithm(plan, self.info, list(row["members"]), kd, nb)
-                choices[kd].append(ch)
-                if plan.collectives.nccl_cost:
-                    delays[kd].append(ring_delay_ns(self.info, kd, orders, ksz)
-                                      if ch.algorithm == "ring" else ch.delay_ns)
+            # the algorithm NCCL's tuner picks and its delay, as for the dense DP sync
+            gen._sync_choices(row["members"], orders, (row["nbytes"], sz),
+                              (row["param_nbytes"], gsz), choices, delays, picked, seen)
         return {
             "members": np.array([r["members"] for r in rows], dtype=np.int64),
             "perm": np.array(perms, dtype=np.int64),

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -457,6 +458,31 @@ class _Generator:
         need = dp["first_fwd"]  # (I, n)
         self.tb.add_edges(tails.transpose(0, 2, 1, 3).reshape(*need.shape, -1), need[:, :, None])
 
+    def _sync_choices(self, members: Sequence[int], orders: list[list[int]],
+                      grads: tuple[int, Any], params: tuple[int, Any],
+                      choices: dict[str, list[Choice]], delays: dict[str, list[int]],
+                      picked: dict[tuple, Choice], seen: dict[tuple, int]) -> None:
+        """Append one ring's algorithm (NCCL's tuner pick) and NCCL delay per sync kind to
+        ``choices`` / ``delays``: all-reduce and reduce-scatter move the gradients ``grads``
+        (bytes, per-channel sizes), ZeRO's all-gather the parameters ``params``. ``picked``
+        and ``seen`` cache the picks by server shape and the delays by ring layout."""
+        plan, info = self.plan, self.info
+        mem = np.asarray(members, dtype=np.int64)
+        shape = (tuple(info.group[mem]), tuple(np.unique(info.server[mem],
+                                                         return_inverse=True)[1]),
+                 tuple(info.local[mem]))
+        for kd in choices:
+            nb, ksz = params if kd == "all_gather" else grads
+            if (kd, *shape, nb) not in picked:
+                picked[(kd, *shape, nb)] = choose_algorithm(plan, info, list(members), kd, nb)
+            ch = picked[(kd, *shape, nb)]
+            choices[kd].append(ch)
+            if plan.collectives.nccl_cost:
+                key = (kd, tuple(map(tuple, orders)), tuple(ksz))
+                if key not in seen:
+                    seen[key] = ring_delay_ns(info, kd, orders, ksz)
+                delays[kd].append(seen[key] if ch.algorithm == "ring" else ch.delay_ns)
+
     def _dp_setup(self) -> dict[str, Any] | None:
         """Rings of the DP sync (members, orders, bytes) and each member's readiness op.
 
@@ -502,22 +528,8 @@ class _Generator:
             sizes.append(sz)
             gsizes.append(gsz)
             labels.append(",".join(map(str, orders[0])))
-            mem = np.asarray(cr.members, dtype=np.int64)
-            shape = (tuple(info.group[mem]), tuple(np.unique(info.server[mem],
-                                                             return_inverse=True)[1]),
-                     tuple(info.local[mem]))
-            for kd in dp_kinds:
-                nb, ksz = (cr.param_nbytes, gsz) if kd == "all_gather" else (cr.nbytes, sz)
-                if (kd, *shape, nb) not in picked:
-                    picked[(kd, *shape, nb)] = choose_algorithm(plan, info, list(cr.members),
-                                                                kd, nb)
-                ch = picked[(kd, *shape, nb)]
-                choices[kd].append(ch)
-                if plan.collectives.nccl_cost:
-                    key = (kd, tuple(map(tuple, orders)), tuple(ksz))
-                    if key not in seen:
-                        seen[key] = ring_delay_ns(self.info, kd, orders, ksz)
-                    delays[kd].append(seen[key] if ch.algorithm == "ring" else ch.delay_ns)
+            self._sync_choices(cr.members, orders, (cr.nbytes, sz), (cr.param_nbytes, gsz),
+                               choices, delays, picked, seen)
         grad_kind = WGRAD if plan.training.schedule == "zb_h1" else BWD
         last_op: dict[tuple[int, int], np.ndarray] = {}  # (r, s) -> last compute ids (n,)
         last_grad: dict[tuple[int, int, int], int] = {}  # (r, s, chunk) -> last grad micro-batch
