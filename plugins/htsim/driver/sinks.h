@@ -16,6 +16,21 @@ namespace xsim {
 
 namespace {
 
+// What every sink below keeps of its flow: it tells the replayer, once, when the payload
+// bytes it holds reach the flow's size.
+struct FlowDone {
+    Replayer* r;
+    uint32_t op;
+    uint64_t bytes;
+    bool fired = false;
+    void check(uint64_t held) {
+        if (!fired && held >= bytes) {
+            fired = true;
+            r->flow_done(op);
+        }
+    }
+};
+
 // A sink (RoceSink, NdpSink) that tells the replayer when its cumulative ACK covers the whole
 // flow. The sink's own constructor arguments follow ours.
 template <class Sink>
@@ -23,19 +38,13 @@ class FlowSink : public Sink {
 public:
     template <class... Args>
     FlowSink(Replayer* r, uint32_t op, uint64_t bytes, Args&&... args)
-        : Sink(std::forward<Args>(args)...), _r(r), _op(op), _bytes(bytes) {}
+        : Sink(std::forward<Args>(args)...), _done{r, op, bytes} {}
     void receivePacket(Packet& pkt) override {
         Sink::receivePacket(pkt);
-        if (!_fired && this->_cumulative_ack >= _bytes) {
-            _fired = true;
-            _r->flow_done(_op);
-        }
+        _done.check(this->_cumulative_ack);
     }
 private:
-    Replayer* _r;
-    uint32_t _op;
-    uint64_t _bytes;
-    bool _fired = false;
+    FlowDone _done;
 };
 using NdpFlowSink = FlowSink<NdpSink>;
 
@@ -54,7 +63,7 @@ using NdpFlowSink = FlowSink<NdpSink>;
 class RoceFlowSink : public RoceSink {
 public:
     RoceFlowSink(Replayer* r, uint32_t op, uint64_t bytes, uint32_t ack_every)
-        : _r(r), _op(op), _bytes(bytes), _ack_every(ack_every) {}
+        : _done{r, op, bytes}, _ack_every(ack_every) {}
     void set_back_route(const Route* back) { _back = back; }
     bool one_nak_per_gap = false;  // set when the flow moves
     uint64_t packets_seen = 0;     // data packets that reached this sink (whatif.cpp's timer)
@@ -71,10 +80,7 @@ public:
         } else {
             coalesced(pkt);
         }
-        if (!_fired && this->_cumulative_ack >= _bytes) {
-            _fired = true;
-            _r->flow_done(_op);
-        }
+        _done.check(this->_cumulative_ack);
     }
 
 private:
@@ -101,7 +107,7 @@ private:
         }
         uint64_t size = p->size() - RocePacket::ACKSIZE;
         if (seqno == _cumulative_ack + 1) _cumulative_ack = seqno + size - 1;
-        if (++_unacked >= _ack_every || _cumulative_ack >= _bytes) {
+        if (++_unacked >= _ack_every || _cumulative_ack >= _done.bytes) {
             _unacked = 0;
             RoceAck* ack = RoceAck::newpkt(_src->_flow, *_back, _cumulative_ack, _srcaddr);
             ack->set_pathid(0);
@@ -110,13 +116,10 @@ private:
         p->free();
     }
 
-    Replayer* _r;
-    uint32_t _op;
-    uint64_t _bytes;
+    FlowDone _done;
     uint32_t _ack_every;
     uint32_t _unacked = 0;
     const Route* _back = nullptr;
-    bool _fired = false;
     bool _naked_gap = false;
     RoceAck::seq_t _nak_ack = 0;
 };
@@ -127,22 +130,16 @@ private:
 class EqdsFlowSink : public EqdsSink {
 public:
     EqdsFlowSink(EqdsPullPacer* pacer, EqdsNIC& nic, Replayer* r, uint32_t op, uint64_t bytes)
-        : EqdsSink(nullptr, pacer, nic), _r(r), _op(op), _bytes(bytes) {}
+        : EqdsSink(nullptr, pacer, nic), _done{r, op, bytes} {}
     void receivePacket(Packet& pkt) override {
         EqdsSink::receivePacket(pkt);
-        if (_fired) return;
+        if (_done.fired) return;
         uint64_t cum = cumulative_ack();
         uint64_t rts = getSrc()->_rts_packets_sent;
-        if (cum > rts && (cum - rts) * (uint64_t)EqdsSrc::_mss >= _bytes) {
-            _fired = true;
-            _r->flow_done(_op);
-        }
+        if (cum > rts) _done.check((cum - rts) * (uint64_t)EqdsSrc::_mss);
     }
 private:
-    Replayer* _r;
-    uint32_t _op;
-    uint64_t _bytes;
-    bool _fired = false;
+    FlowDone _done;
 };
 
 // htsim's EqdsSrc constructor leaves its flow-event logger pointer uninitialized and
