@@ -201,26 +201,42 @@ def _dfs_has_cycle(a: np.ndarray, b: np.ndarray, n: int) -> bool:
     return any(state[v] == 0 and visit(v) for v in range(n))
 
 
-@pytest.mark.parametrize("scc_min_edges", [0, 10**9])  # the SCC path, then Kahn's
-def test_cycle_checks_agree_with_a_depth_first_search(monkeypatch, scc_min_edges):
-    """Kahn (numpy) and the SCC path find exactly the cycles a plain DFS finds; cyclic_ops
-    takes SCC from ``SCC_MIN_EDGES`` edges on, else Kahn."""
+@pytest.mark.parametrize("path", ["native", "scc", "kahn"])
+def test_cycle_checks_agree_with_a_depth_first_search(monkeypatch, path):
+    """The compiled core's Kahn, the SCC path and Kahn in numpy find exactly the cycles a plain
+    DFS finds."""
     from xsim_adapters.trace import validate
     from xsim_adapters.trace.validate import acyclic_remainder, cyclic_ops
 
-    monkeypatch.setattr(validate, "SCC_MIN_EDGES", scc_min_edges)
+    if path == "native":
+        native = pytest.importorskip("xsim_flowcore").unordered_ops
+    else:
+        monkeypatch.setattr(validate, "_native_unordered", lambda: None)
+        monkeypatch.setattr(validate, "SCC_MIN_EDGES", 0 if path == "scc" else 10**9)
     rng = np.random.default_rng(7)
     cyclic_seen = 0
-    for _ in range(300):
+    for i in range(300):
         n = int(rng.integers(2, 25))
         e = int(rng.integers(0, 50))
         a, b = rng.integers(0, n, e), rng.integers(0, n, e)
         a, b = a[a != b], b[a != b]
+        if i % 2:  # the trace's int32 edges, and int64 as older traces and callers give
+            a, b = a.astype(np.int32), b.astype(np.int32)
         cyclic = _dfs_has_cycle(a, b, n)
         cyclic_seen += cyclic
         assert (acyclic_remainder(a, b, n) > 0) == cyclic
         assert (cyclic_ops(a, b, n) > 0) == cyclic
+        if path == "native":  # every op numpy's windowed Kahn leaves unordered, and maybe
+            # more: the ops behind a cycle past the window of backward edges
+            assert native(a, b, n) >= acyclic_remainder(a, b, n)
     assert 30 < cyclic_seen < 270  # both outcomes were exercised
+
+
+def test_native_cycle_check_refuses_an_edge_outside_the_ops():
+    """The compiled check names the bad edge instead of reading out of bounds."""
+    native = pytest.importorskip("xsim_flowcore").unordered_ops
+    with pytest.raises(ValueError, match="edge 1 names an op outside 0..3"):
+        native(np.array([0, 5]), np.array([1, 2]), 4)
 
 
 @pytest.mark.parametrize(("column", "value"), [("flops", -1e12), ("flops", np.nan),

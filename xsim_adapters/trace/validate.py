@@ -189,22 +189,37 @@ def _check_deps(deps: pd.DataFrame, n: int, where: str) -> None:
 
 # edges above which scipy's strongly connected components beat Kahn in numpy even with scipy's
 # first import (0.17-0.33 s): Kahn measured 0.08-0.10 s at 0.3-0.5 M edges and 0.92 s at 3.7 M,
-# scipy 0.01-0.12 s on the same graphs (shipped plans, one core)
+# scipy 0.01-0.12 s on the same graphs (shipped plans, one core). Used only without the compiled
+# flow core, whose Kahn takes 1-53 ms on 0.16-5.2 M edges (shipped plans, one core).
 SCC_MIN_EDGES = 1_000_000
+
+
+def _native_unordered() -> Any:
+    """The compiled flow core's Kahn (``xsim_flowcore.unordered_ops``), or None."""
+    try:
+        from xsim_flowcore import unordered_ops
+    except ImportError:
+        return None
+    return unordered_ops
 
 
 def cyclic_ops(pred: np.ndarray, succ: np.ndarray, n: int) -> int:
     """0 if the graph is a DAG, else a positive count of ops on or behind a cycle.
 
-    Uses scipy's strongly connected components (compiled, linear) from :data:`SCC_MIN_EDGES`
-    edges on, else :func:`acyclic_remainder` (Kahn in numpy, one pass per level); the choice
-    depends on the graph alone, so the count in an error is the same in every process. Both
-    are exact; scipy is faster on deep graphs (0.12 s vs 0.92 s on hetero-dp's 3.7 M edges),
-    Kahn cheaper than importing scipy below the threshold.
+    With the compiled flow core installed (the README's install), its Kahn's algorithm in one
+    linear pass; else :func:`acyclic_remainder` (Kahn in numpy, one pass per level) below
+    :data:`SCC_MIN_EDGES` edges and scipy's strongly connected components above. All are
+    exact about whether there is a cycle; the count in an error is the same in every process
+    of one installation (Kahn's counts the ops behind a cycle too, scipy's only those on one).
     """
     back = pred > succ
     if not back.any():
         return 0  # op-id order is a topological order
+    native = _native_unordered()
+    if native is not None:
+        if pred.dtype != succ.dtype or pred.dtype not in (np.int32, np.int64):
+            pred, succ = pred.astype(np.int64), succ.astype(np.int64)
+        return int(native(np.ascontiguousarray(pred), np.ascontiguousarray(succ), n))
     if len(pred) < SCC_MIN_EDGES:
         return acyclic_remainder(pred, succ, n)
     try:

@@ -17,6 +17,7 @@
 
 #include "executor.hpp"
 #include "maxmin.hpp"
+#include "order.hpp"
 
 namespace nb = nanobind;
 
@@ -212,6 +213,18 @@ Out<double> maxmin(In<int64_t> flow_offsets, In<int32_t> flow_links, In<double> 
   return owned(rate, k);
 }
 
+int64_t unordered_ops(AnyIn pred, AnyIn succ, std::size_t num_ops) {
+  flowcore::ProblemView pv;
+  set_edges(pv, pred, succ);
+  int64_t left = 0;
+  {
+    nb::gil_scoped_release nogil;
+    left = flowcore::unordered_ops(num_ops, pv.num_edges, pv.pred64, pv.succ64, pv.pred32,
+                                   pv.succ32);
+  }
+  return left;
+}
+
 }  // namespace
 
 NB_MODULE(_flowcore, m) {
@@ -238,4 +251,7 @@ NB_MODULE(_flowcore, m) {
   m.def("maxmin", &maxmin, nb::arg("flow_offsets").noconvert(),
         nb::arg("flow_links").noconvert(), nb::arg("capacity").noconvert(),
         "Max-min fair rates of flows given as a CSR of link ids.");
+  m.def("unordered_ops", &unordered_ops, nb::arg("pred").noconvert(),
+        nb::arg("succ").noconvert(), nb::arg("num_ops"),
+        "How many of num_ops ops Kahn's algorithm cannot order (0: the edges form a DAG).");
 }

@@ -15,6 +15,8 @@ plain numpy arrays.
   (bytes/ns per link).
 - ``maxmin(flow_offsets, flow_links, capacity) -> ndarray``: max-min fair rates of flows given
   as a CSR of link ids (same unit as ``capacity``).
+- ``unordered_ops(pred, succ, num_ops) -> int``: how many ops Kahn's algorithm cannot order
+  (0: the edges, int64 or int32 pairs, form a DAG); the trace validator's cycle check.
 - ``INTERFACE_VERSION``: bumped whenever ``run``'s arguments or result change.
 """
 
@@ -22,11 +24,11 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ._flowcore import INTERFACE_VERSION, maxmin, run
+from ._flowcore import INTERFACE_VERSION, maxmin, run, unordered_ops
 
 try:
     __version__ = version("xsim-flowcore")
 except PackageNotFoundError:  # pragma: no cover - imported from a build tree
     __version__ = "0+unknown"
 
-__all__ = ["INTERFACE_VERSION", "__version__", "maxmin", "run"]
+__all__ = ["INTERFACE_VERSION", "__version__", "maxmin", "run", "unordered_ops"]
