@@ -194,7 +194,10 @@ def test_an_off_diagonal_ring_step_computes_half_the_local_square_unmasked(devic
     work = RING_STEP_BLOCKS * 4.0 * s * s * hd * HEADS  # b = 1, tp = 1: every head
     q = k.tiled_quantization(HEADS * s // k.FLASH_BLOCK_Q, c.attn_rates.sm_count)
     if dt.compute_capability == 90:
-        scale = c.attn_rates.gemm_flops / (k.HOPPER_ATTN_REF_TFLOPS * 1e12)
+        # the device's MAMF over the curves' H100 MAMF, at its sustained clock over the curves'
+        # locked 1830 MHz (H100 SXM: 1768 MHz)
+        scale = dt.peak_tflops * dt.efficiency / k.HOPPER_ATTN_REF_TFLOPS * min(
+            1.0, dt.sustained_clock_MHz / k.HOPPER_ATTN_REF_CLOCK_MHZ)
         wave = q / k.tiled_quantization(k.HOPPER_ATTN_REF_BLOCKS, c.attn_rates.sm_count)
         fwd = k._curve(s, k.HOPPER_FWD_TFLOPS) * 1e12 * scale * wave
         bwd = k._curve(s, k.HOPPER_BWD_TFLOPS) * 1e12 * scale * wave

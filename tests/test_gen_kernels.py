@@ -124,11 +124,16 @@ def test_precision_picks_the_peak() -> None:
     h100 = device_presets()["H100-80GB"]
     rates = {p: device_rates(h100, replace(TR, precision=p))[0].gemm_flops for p in
              ("bf16", "fp16", "fp8", "tf32", "fp32")}  # fmt: skip
-    eff = h100.efficiency * 1e12
+    # the MAMF fractions were measured in bursts at the 1980 MHz boost clock; a training step
+    # holds 1768 MHz at the 700 W cap (11.04 ms bursty vs 12.36 ms back to back, 16k^3 matmul)
+    clock = 1768 / 1980
+    assert h100.sustained_clock_fraction == pytest.approx(clock)
+    assert 1980 * 11.04 / 12.36 == pytest.approx(h100.sustained_clock_MHz, abs=1.0)
+    eff = h100.efficiency * 1e12 * clock
     # fp8 at its own measured best-shape fraction (MAMF H100 SXM fp8 1402.6 of 1979)
     assert h100.fp8_efficiency == pytest.approx(1402.6 / 1979, abs=5e-4)
     assert rates == pytest.approx(
-        {"bf16": 989 * eff, "fp16": 989 * eff, "fp8": 1979 * h100.fp8_efficiency * 1e12,
+        {"bf16": 989 * eff, "fp16": 989 * eff, "fp8": 1979 * h100.fp8_efficiency * 1e12 * clock,
          "tf32": 494.5 * eff, "fp32": 67 * eff}  # fmt: skip
     )
     # an fp8 part without an fp8 measurement runs fp8 at its bf16 fraction
@@ -302,7 +307,8 @@ def test_hopper_attention_follows_the_measured_cudnn_curves() -> None:
     """Hopper (compute capability 90): the causal forward runs at the measured cuDNN causal rate
     on the causal half (518 TFLOP/s at 4k on the H100 SXM of the FA3 paper), the backward at the
     non-causal backward rate times the forward's causal / non-causal ratio; both scale with the
-    part's best GEMM rate relative to the H100 SXM MAMF, between the measured lengths in log2."""
+    part's best GEMM rate relative to the H100 SXM MAMF and its sustained clock relative to the
+    curves' locked 1830 MHz, between the measured lengths in log2."""
     from xsim_adapters.workload.gemm import tiled_quantization
     from xsim_adapters.workload.kernels import (
         HOPPER_ATTN_REF_BLOCKS,
@@ -322,10 +328,49 @@ def test_hopper_attention_follows_the_measured_cudnn_curves() -> None:
     llama = ModelSpec("l", 2, 4096, 14336, 32, 8, 4096, 32000)
     c = make_ctx(llama, TR, h100, 1)
     full = 4.0 * 4096 * 4096 * 128 * 32
-    scale = c.attn_rates.gemm_flops / (HOPPER_ATTN_REF_TFLOPS * 1e12)
+    # the curves' H100 at its own MAMF, at the 1768 MHz it sustains instead of the locked 1830
+    scale = 989 * h100.efficiency / HOPPER_ATTN_REF_TFLOPS * 1768 / 1830
     wave = tiled_quantization(32 * 32, 132) / tiled_quantization(HOPPER_ATTN_REF_BLOCKS, 132)
     (f,) = [k for k in attention_kernels(c, False) if k.name == "flash_fwd"]
     assert f.flops == full
     assert f.seconds == pytest.approx(0.5 * full / (518e12 * scale * wave))
     (bk,) = [k for k in attention_kernels(c, True) if k.name == "flash_bwd"]
     assert bk.seconds == pytest.approx(2.5 * 0.5 * full / (499e12 * 518 / 609 * scale * wave))
+
+
+def test_sustained_clock_derates_tensor_cores_not_memory() -> None:
+    """A part whose benchmarks ran at a burst clock above what it sustains at its power cap
+    runs GEMMs and attention at the ratio of the two clocks; HBM-bound kernels do not move.
+    Unmeasured parts (0) are not derated."""
+    a100 = device_presets()["A100-80GB"]
+    assert (a100.burst_clock_MHz, a100.sustained_clock_MHz) == (0, 0)
+    assert a100.sustained_clock_fraction == 1.0
+    assert a100.sustained_tflops == pytest.approx(312 * a100.efficiency)
+    fast = replace(a100, burst_clock_MHz=1410.0, sustained_clock_MHz=1410.0)
+    slow = replace(a100, burst_clock_MHz=1410.0, sustained_clock_MHz=1128.0)  # 0.8
+    g_fast, a_fast = device_rates(fast, TR)
+    g_slow, a_slow = device_rates(slow, TR)
+    assert g_slow.gemm_flops == pytest.approx(0.8 * g_fast.gemm_flops)
+    assert a_slow.gemm_flops == pytest.approx(0.8 * a_fast.gemm_flops)
+    assert g_slow.hbm_Bps == g_fast.hbm_Bps
+    # a big GEMM-bound MLP takes 1/0.8 as long in its GEMMs; its norm (HBM-bound) is unchanged
+    big = ModelSpec("l", 2, 8192, 28672, 64, 8, 4096, 32000)
+    kf = {k.name: k.seconds for k in mlp_kernels(make_ctx(big, TR, fast, 1), False)}
+    ks = {k.name: k.seconds for k in mlp_kernels(make_ctx(big, TR, slow, 1), False)}
+    assert ks["up"] == pytest.approx(kf["up"] / 0.8)
+    assert ks["norm"] == kf["norm"]
+
+
+def test_hopper_attention_curves_scale_by_the_clock_they_were_locked_at() -> None:
+    """The FA3 curves were measured with the clock locked at 1830 MHz: an H100 sustaining 1768
+    MHz runs them at 1768/1830 (its bf16 MAMF is the curves' reference, 794.5 = 989 x 0.803)."""
+    from xsim_adapters.workload.kernels import attention_curve_scale
+
+    h100 = device_presets()["H100-80GB"]
+    assert attention_curve_scale(h100, TR) == pytest.approx(989 * 0.803 / 794.5 * 1768 / 1830,
+                                                            rel=1e-3)
+    unclocked = replace(h100, burst_clock_MHz=0.0, sustained_clock_MHz=0.0)
+    assert attention_curve_scale(unclocked, TR) == pytest.approx(989 * 0.803 / 794.5, rel=1e-3)
+    # an fp8 plan runs attention at the 16-bit peak: the same scale
+    assert attention_curve_scale(h100, replace(TR, precision="fp8")) == pytest.approx(
+        attention_curve_scale(h100, TR))

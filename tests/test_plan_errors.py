@@ -87,6 +87,17 @@ CASES = [
         "training.grad_reduce_dtype: expected one of auto, fp32, bf16, fp16 (got 'fp8')",
     ),
     (
+        "sustained clock above the burst clock",
+        _set(["device_types"], {"H100-80GB": {"sustained_clock_MHz": 2000}}),
+        "device_types.H100-80GB.sustained_clock_MHz: must not exceed burst_clock_MHz (1980) "
+        "(got 2000)",
+    ),
+    (
+        "negative clock",
+        _set(["device_types"], {"H100-80GB": {"burst_clock_MHz": -1}}),
+        "device_types.H100-80GB.burst_clock_MHz: expected a number in [0, 100000] (got -1)",
+    ),
+    (
         "fp8 efficiency above 1",
         _set(["device_types"], {"H100-80GB": {"fp8_efficiency": 1.5}}),
         "device_types.H100-80GB.fp8_efficiency: expected a number in [0, 1] (got 1.5)",

@@ -22,13 +22,14 @@ def test_apportion_rules():
 
 def test_batch_split_by_speed_on_the_example():
     plan = plan_from_dict(example())
-    # H100 replica: 8 * 989 * 0.803 TFLOP/s over 32 layers; A100: slowest stage 4*312*0.869 / 18
-    # (preset efficiencies = measured best-GEMM fractions, presets/devices.yaml)
-    fast, slow = 8 * 989 * 0.803 / 32, 4 * 312 * 0.869 / 18
+    # H100 replica: 8 * 989 * 0.803 TFLOP/s at its sustained 1768 of 1980 MHz over 32 layers;
+    # A100: slowest stage 4*312*0.869 / 18 (preset efficiencies = measured best-GEMM fractions;
+    # the A100 has no clock measurement, so no derating; presets/devices.yaml)
+    fast, slow = 8 * 989 * 0.803 * 1768 / 1980 / 32, 4 * 312 * 0.869 / 18
     assert replica_speed(plan, 0) == pytest.approx(fast)
     assert replica_speed(plan, plan.replicas[1]) == pytest.approx(slow)
-    # 64 * fast / (fast + slow) = 49.10 -> 49; 14.90 -> 14 + the largest remainder -> 15
-    assert [r.micro_batches for r in plan.replicas] == [49, 15]
+    # 64 * fast / (fast + slow) = 47.77 -> 47; 16.23 -> 16; the largest remainder -> 48 / 16
+    assert [r.micro_batches for r in plan.replicas] == [48, 16]
     assert all(r.batch_share is None for r in plan.replicas)
 
 
@@ -36,8 +37,8 @@ def test_efficiency_override_moves_the_split():
     d = example()
     d["device_types"] = {"H100-80GB": {"efficiency": 0.2}}
     plan = plan_from_dict(d)
-    # 8*989*0.2/32 = 49.45 vs 60.25: 64 * 49.45 / 109.70 = 28.85 -> 29, 35.15 -> 35
-    assert [r.micro_batches for r in plan.replicas] == [29, 35]
+    # 8*989*0.2*1768/1980/32 = 44.15 vs 60.25: 64 * 44.15 / 104.40 = 27.07 -> 27, 36.93 -> 37
+    assert [r.micro_batches for r in plan.replicas] == [27, 37]
     assert plan.device_types["H100-80GB"].efficiency == 0.2
     assert plan.device_types["H100-80GB"].hbm_GB == 85.52  # preset fields the override leaves alone
 
@@ -77,10 +78,11 @@ def test_every_replica_gets_at_least_one_micro_batch():
 
 def test_auto_layers_by_compute():
     plan = load_plan(WORKLOADS / "hetero-pipeline-reshard.yaml")
-    # speeds 8*989*0.803 = 6353.3 and 4*312*0.869 = 1084.5 TFLOP/s: 32 layers -> 27.3 / 4.7
+    # speeds 8*989*0.803*1768/1980 = 5673.1 and 4*312*0.869 = 1084.5 TFLOP/s: 32 layers ->
+    # 26.86 / 5.14 -> 27 / 5
     assert [s.layers for s in plan.replicas[0].stages] == [(0, 27), (27, 32)]
     types = device_presets()
-    assert stage_speed(types["H100-80GB"], 8) == pytest.approx(8 * 989 * 0.803)
+    assert stage_speed(types["H100-80GB"], 8) == pytest.approx(8 * 989 * 0.803 * 1768 / 1980)
 
 
 def test_auto_layers_gives_every_stage_a_layer():

@@ -58,8 +58,8 @@ def ranges_from_counts(counts: Sequence[int], start: int = 0) -> list[tuple[int,
 
 
 def stage_speed(device_type: DeviceType, tp: int) -> float:
-    """Sustained TFLOP/s of a stage's TP group: ``tp * peak_tflops * efficiency``."""
-    return tp * device_type.peak_tflops * device_type.efficiency
+    """Sustained TFLOP/s of a stage's TP group: ``tp * DeviceType.sustained_tflops``."""
+    return tp * device_type.sustained_tflops
 
 
 def stage_speed_in(plan: Plan, stage: Stage) -> float:

@@ -54,6 +54,7 @@ MAX_FAT_TREE_K = 256  # a k-ary fat tree has 5k^2/4 switches and k^3/4 hosts
 MIN_RATE = 1e-3  # smallest TFLOP/s, GB/s or Gb/s a device or link may have
 MAX_RATE = 1e9  # largest; beyond it durations round to zero
 MAX_TIME_US = 1e12  # latencies and event times (11.6 days)
+MAX_CLOCK_MHZ = 1e5  # SM clocks of a device type (100 GHz: far above any part)
 
 # ---- the plan as a whole
 MAX_TRACE_OPS = 50_000_000  # ops of one trace (the 1,024-GPU shipped plan has 2.6 million)

@@ -195,7 +195,7 @@ def expert_params_per_device(plan: Plan, replica: int, stage: int) -> tuple[floa
     speeds = []
     for r in range(r0, r0 + g):
         dt = plan.device_types[plan.group(plan.replicas[r].stages[stage].group).type]
-        speeds += [dt.peak_tflops * dt.efficiency] * st.tp
+        speeds += [dt.sustained_tflops] * st.tp
     held = max(expert_counts(moe, speeds[::st.etp]))  # one speed per EP position
     per_expert = expert_params(plan.model, st.etp)  # an ETP rank's share of one expert
     return float(held * per_expert * moe_layers_in(plan.model, st.layers)), plan.dp // g

@@ -269,6 +269,12 @@ class DeviceType:
     compute_capability: int = 0
     # NVLink SHARP (NVLS): the server's NVSwitches (gen3+) reduce and multicast in the switch.
     nvls: bool = False
+    # SM clocks of the power-capped part (docs/compute.md "Sustained clock"): the clock at which
+    # `efficiency` / `fp8_efficiency` were measured (short benchmarks run at the boost clock)
+    # and the clock the part holds under back-to-back tensor-core work at its board power cap,
+    # as a training step runs. 0 (either): unmeasured, no derating.
+    burst_clock_MHz: float = 0.0
+    sustained_clock_MHz: float = 0.0
     # Optional measured per-layer times: absolute path of a CSV with columns
     # tp, micro_batch, seq_len, fwd_layer_us, bwd_layer_us (see docs/plan.md).
     profile: str | None = None
@@ -278,6 +284,21 @@ class DeviceType:
     source: str = ""  # where the numbers come from
     # How servers of this type are wired inside (default: an NVSwitch star, one NIC per GPU).
     server: ServerSpec = field(default_factory=ServerSpec)
+
+    @property
+    def sustained_tflops(self) -> float:
+        """16-bit TFLOP/s the best-shaped GEMM sustains in a training step: ``peak_tflops x
+        efficiency x sustained_clock_fraction`` (what layer and batch splits by speed use)."""
+        return self.peak_tflops * self.efficiency * self.sustained_clock_fraction
+
+    @property
+    def sustained_clock_fraction(self) -> float:
+        """Tensor-core rate a training step sustains over the rate of the benchmark behind
+        `efficiency`: ``sustained_clock_MHz / burst_clock_MHz`` (1.0 where either is unknown);
+        dimensionless, at most 1."""
+        if self.burst_clock_MHz > 0 and self.sustained_clock_MHz > 0:
+            return min(1.0, self.sustained_clock_MHz / self.burst_clock_MHz)
+        return 1.0
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,8 @@ DEVICE_KEYS = (
     "sm_count",
     "compute_capability",
     "nvls",
+    "burst_clock_MHz",
+    "sustained_clock_MHz",
     "profile",
     "source",
     "server",
@@ -285,6 +287,13 @@ def parse_device_type(
                                                  maximum=1000, limit="CUDA compute capability x 10")
     if "nvls" in m:
         values["nvls"] = f.get_bool(m, "nvls", path)
+    for key in ("burst_clock_MHz", "sustained_clock_MHz"):  # 0: unmeasured
+        if key in m:
+            values[key] = f.get_number(m, key, path, positive=False, at_most=lim.MAX_CLOCK_MHZ)
+    if 0 < values.get("burst_clock_MHz", 0) < values.get("sustained_clock_MHz", 0):
+        raise PlanError(f.join(path, "sustained_clock_MHz"),
+                        f"must not exceed burst_clock_MHz ({values['burst_clock_MHz']:g}) "
+                        f"(got {values['sustained_clock_MHz']:g})")
     if "source" in m:
         values["source"] = f.get_str(m, "source", path)
     if "profile" in m:

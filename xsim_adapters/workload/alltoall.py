@@ -195,7 +195,7 @@ class MoEPlanner:
         for r in members[::etp]:  # one per EP position (its ETP group shares a TP group)
             g, _, _ = plan.rank_info(r)
             dt = plan.device_types[g.type]
-            speeds.append(dt.peak_tflops * dt.efficiency)
+            speeds.append(dt.sustained_tflops)
         ex = expert_counts(moe, speeds)
         owner = owner_of_experts(ex)
         # ep 1: one "member" (the TP group) routes all b*s tokens; ep > 1: each its local ones

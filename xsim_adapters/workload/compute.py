@@ -78,9 +78,9 @@ def layer_flops(model: ModelSpec, training: TrainingSpec, tp: int,
 
 
 def compute_time_ns(flops: float, nbytes: float, device: DeviceType) -> int:
-    """Plain roofline in ns at the bf16 best-GEMM rate: max(flops / (peak * efficiency),
+    """Plain roofline in ns at the bf16 best-GEMM rate: max(flops / sustained_tflops,
     bytes / (HBM * hbm_efficiency)). For callers without a kernel list (estimates, tests)."""
-    t_compute = flops / (device.peak_tflops * 1e12 * device.efficiency)
+    t_compute = flops / (device.sustained_tflops * 1e12)
     t_memory = nbytes / (device.hbm_GBps * 1e9 * device.hbm_efficiency)
     return int(round(max(t_compute, t_memory) * 1e9))
 

@@ -59,6 +59,9 @@ HOPPER_FWD_TFLOPS = (497.0, 574.0, 617.0, 609.0, 600.0, 595.0)  # non-causal for
 HOPPER_FWD_CAUSAL_TFLOPS = (315.0, 410.0, 484.0, 518.0, 529.0, 539.0)  # causal forward
 HOPPER_BWD_TFLOPS = (305.0, 408.0, 465.0, 499.0, 518.0, 516.0)  # non-causal backward
 HOPPER_ATTN_REF_TFLOPS = 794.5  # H100 SXM bf16 MAMF (the device the curves were measured on)
+# The FA3 paper's measurements lock the H100's SM clock at 1830 MHz (FA3 App. C.1): a part that
+# sustains less under its power cap (DeviceType.sustained_clock_MHz) runs the curves slower.
+HOPPER_ATTN_REF_CLOCK_MHZ = 1830.0
 HOPPER_ATTN_REF_BLOCKS = 16 * 16384 // FLASH_BLOCK_Q  # thread blocks of the measured shape
 DROPOUT_MASK_BYTES = 1  # one byte per element (PyTorch bool / uint8 mask)
 FP32_BYTES = 4
@@ -88,6 +91,9 @@ class Ctx:
     kv_len: int = 0  # keys per query at the attention core; 0: the sequence (a window: fewer)
     grad_bytes: int = 2  # bytes per element of the gradient buffer (training.grad_reduce_bytes)
     compute_capability: int = 0  # the device's (x 10): 90 picks the Hopper attention curves
+    # The measured Hopper attention curves' TFLOP/s -> this device's: its best attention GEMM
+    # over the H100 SXM MAMF, times its sustained clock over the curves' locked 1830 MHz
+    attn_curve_scale: float = 1.0
 
     @property
     def tokens(self) -> int:
@@ -99,29 +105,50 @@ class Ctx:
         return self.tokens / self.tp if self.training.sequence_parallel else float(self.tokens)
 
 
-def device_rates(device: DeviceType, training: TrainingSpec) -> tuple[Rates, Rates]:
-    """(GEMM rates, attention-core rates) of ``device`` at ``training.precision``.
-
-    bf16/fp16 use ``peak_tflops`` (parts without bf16 run bf16 plans as fp16 mixed precision);
-    fp8 uses ``fp8_tflops`` x ``fp8_efficiency`` (``efficiency`` where unmeasured) for the
-    GEMMs and the 16-bit peak for attention (and the bf16 output layer); tf32 uses
-    ``tf32_tflops`` (or ``fp32_tflops`` where 0); fp32 uses ``fp32_tflops``.
-    """
-    p = training.precision
+def _peaks_tflops(device: DeviceType, precision: str) -> tuple[float, float]:
+    """(GEMM peak, attention-core peak) in TFLOP/s of ``device`` at ``precision``: fp8 runs
+    attention (and the bf16 output layer) at the 16-bit peak (Transformer Engine)."""
     peak = {
         "bf16": device.peak_tflops,
         "fp16": device.peak_tflops,
         "fp8": device.fp8_tflops,
         "tf32": device.tf32_tflops or device.fp32_tflops,
         "fp32": device.fp32_tflops,
-    }[p]
+    }[precision]
     if peak <= 0:  # only reachable for plans built without the loader's precision check
-        raise ValueError(f"device type {device.name} has no {p} peak")
+        raise ValueError(f"device type {device.name} has no {precision} peak")
+    return peak, (device.peak_tflops if precision == "fp8" else peak)
+
+
+def device_rates(device: DeviceType, training: TrainingSpec) -> tuple[Rates, Rates]:
+    """(GEMM rates, attention-core rates) of ``device`` at ``training.precision``.
+
+    bf16/fp16 use ``peak_tflops`` (parts without bf16 run bf16 plans as fp16 mixed precision);
+    fp8 uses ``fp8_tflops`` x ``fp8_efficiency`` (``efficiency`` where unmeasured) for the
+    GEMMs and the 16-bit peak for attention (and the bf16 output layer); tf32 uses
+    ``tf32_tflops`` (or ``fp32_tflops`` where 0); fp32 uses ``fp32_tflops``. Both tensor-core
+    rates are scaled by the device's ``sustained_clock_fraction`` (the efficiencies are short
+    benchmarks at the burst clock; a training step runs at the power-capped clock); HBM
+    bandwidth follows the memory clock, which SM clock capping leaves alone.
+    """
+    p = training.precision
+    peak, attn_peak = _peaks_tflops(device, p)
     hbm = device.hbm_GBps * 1e9 * device.hbm_efficiency
     eff = (device.fp8_efficiency or device.efficiency) if p == "fp8" else device.efficiency
-    gemm = Rates(peak * 1e12 * eff, hbm, device.sm_count)
-    attn_peak = device.peak_tflops if p == "fp8" else peak
-    return gemm, Rates(attn_peak * 1e12 * device.efficiency, hbm, device.sm_count)
+    clock = device.sustained_clock_fraction
+    gemm = Rates(peak * 1e12 * eff * clock, hbm, device.sm_count)
+    return gemm, Rates(attn_peak * 1e12 * device.efficiency * clock, hbm, device.sm_count)
+
+
+def attention_curve_scale(device: DeviceType, training: TrainingSpec) -> float:
+    """Factor from the measured Hopper attention curves (H100 SXM, clock locked at
+    :data:`HOPPER_ATTN_REF_CLOCK_MHZ`) to ``device``: its best attention GEMM at the burst
+    clock over the H100 SXM MAMF, times its sustained clock over the curves' (at most 1)."""
+    attn_peak = _peaks_tflops(device, training.precision)[1]
+    scale = attn_peak * device.efficiency / HOPPER_ATTN_REF_TFLOPS
+    if device.sustained_clock_MHz > 0:
+        scale *= min(1.0, device.sustained_clock_MHz / HOPPER_ATTN_REF_CLOCK_MHZ)
+    return scale
 
 
 def make_ctx(model: ModelSpec, training: TrainingSpec, device: DeviceType, tp: int,
@@ -132,7 +159,8 @@ def make_ctx(model: ModelSpec, training: TrainingSpec, device: DeviceType, tp: i
     act = FP32_BYTES if training.precision in ("fp32", "tf32") else 2
     kv = kv_len if 0 < kv_len < model.seq_len else 0
     return Ctx(model, training, tp, gemm, attn, act, 1 if training.precision == "fp8" else act,
-               kv, training.grad_reduce_bytes(model.dtype_bytes), device.compute_capability)
+               kv, training.grad_reduce_bytes(model.dtype_bytes), device.compute_capability,
+               attention_curve_scale(device, training))
 
 
 # ---------------------------------------------------------------- building blocks
@@ -244,11 +272,10 @@ def _curve(seq: int, values: tuple[float, ...]) -> float:
 
 def _hopper_rate_factor(c: Ctx, q: float) -> float:
     """FLOP/s per TFLOP/s of the measured Hopper curves on this device and shape: the device's
-    attention GEMM rate over the H100 SXM MAMF the curves were measured at, and the shape's
-    wave quantization ``q`` over the measured shape's."""
-    scale = c.attn_rates.gemm_flops / (HOPPER_ATTN_REF_TFLOPS * 1e12)
+    :func:`attention_curve_scale` and the shape's wave quantization ``q`` over the measured
+    shape's."""
     q_ref = tiled_quantization(HOPPER_ATTN_REF_BLOCKS, c.attn_rates.sm_count)
-    return 1e12 * scale * (q / q_ref if q_ref > 0 else 1.0)
+    return 1e12 * c.attn_curve_scale * (q / q_ref if q_ref > 0 else 1.0)
 
 
 def _hopper_flash(c: Ctx, bwd: bool, full: float, fwd_flops: float, q: float, b: int, s: int,
