@@ -131,8 +131,8 @@ def test_training_plans_follow_their_sources() -> None:
 # by 15-30% (the compute model's GEMMs run at 95-97% of the MAMF on shapes where the real runs
 # reach less), AMP's 2020-21 DeepSpeed stack by 15-55% (its host-side costs).
 FAST_BOUNDS = {  # source: (median |error|, worst |error|)
-    "nemo-h100": (0.26, 0.26),  # measured 21.1%, 21.5% (Llama 2 7B, Llama 3 8B, 8 GPUs)
-    "megatron-core-h100": (0.28, 0.35),  # measured 23.5%, 29.0% (1.7B, 7.1B)
+    "nemo-h100": (0.19, 0.21),  # measured 15.8%, 17.3% (Llama 2 7B, Llama 3 8B, 8 GPUs)
+    "megatron-core-h100": (0.22, 0.29),  # measured 18.3%, 23.9% (1.7B, 7.1B)
     "amp-hetero": (0.43, 0.64),  # measured 35.8%, 53.0% (12 trials)
 }
 
