@@ -119,6 +119,33 @@ def test_uniform_shorthand_expands_to_contiguous_slices():
     assert [r.micro_batches for r in plan.replicas] == [8, 8]
 
 
+def test_uniform_order_tp_dp_pp_puts_the_pipeline_outermost():
+    """Megatron-Core's rank order: stage s of replica r at devices (s*dp + r)*tp, so a stage's
+    EP block (ep consecutive replicas) sits on one server and the pipeline crosses servers."""
+    d = example()
+    d["device_groups"] = {"h100": {"type": "H100-80GB", "nodes": 4, "gpus_per_node": 8}}
+    d["model"] = "mixtral-8x7b"
+    d["training"] = {"global_batch": 32, "micro_batch": 1}
+    d["replicas"] = {"uniform": {"group": "h100", "tp": 1, "pp": 4, "dp": 8, "ep": 8,
+                                 "order": "tp-dp-pp"}}
+    plan = plan_from_dict(d, feasibility=False)
+    devices = [[s.devices for s in r.stages] for r in plan.replicas]
+    assert devices[0] == [(0, 1), (8, 9), (16, 17), (24, 25)]
+    assert devices[7] == [(7, 8), (15, 16), (23, 24), (31, 32)]
+    # each stage's 8 EP peers (the 8 replicas) on one 8-GPU server; the default order spreads
+    # them over 4 servers (replica r on devices 4r..4r+3)
+    for s in range(4):
+        assert {plan.replicas[r].stages[s].devices[0] // 8 for r in range(8)} == {s}
+    d["replicas"]["uniform"]["order"] = "tp-pp-dp"
+    default = plan_from_dict(d, feasibility=False)
+    assert {default.replicas[r].stages[0].devices[0] // 8 for r in range(8)} == {0, 1, 2, 3}
+    d["replicas"]["uniform"]["order"] = "pp-dp-tp"
+    with pytest.raises(ValueError) as info:
+        plan_from_dict(d, feasibility=False)
+    assert str(info.value) == (
+        "replicas.uniform.order: expected one of tp-pp-dp, tp-dp-pp (got 'pp-dp-tp')")
+
+
 def test_uniform_remainder_goes_to_the_earliest_stages_and_dp_defaults_to_fill():
     d = example()
     d["replicas"] = [

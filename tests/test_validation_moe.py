@@ -9,6 +9,18 @@ from xsim_adapters.plan.memory import model_params
 from xsim_adapters.plan.parallel import ep_ranks
 
 
+def _assert_megatron_placement(plan) -> None:
+    """Megatron-Core's rank order (tp-cp-ep-dp-pp): the pipeline is outermost, so with TP 1 and
+    EP 8 on 8-GPU servers every EP group is one server and stage s spans servers 2s, 2s + 1."""
+    for r, rep in enumerate(plan.replicas):
+        for s, st in enumerate(rep.stages):
+            assert st.devices == (s * plan.dp + r, s * plan.dp + r + 1)
+    for s in range(plan.replicas[0].pp):
+        for block in range(0, plan.dp, 8):
+            servers = {plan.replicas[r].stages[s].devices[0] // 8 for r in range(block, block + 8)}
+            assert len(servers) == 1, (s, block, servers)
+
+
 def test_plan_is_the_readme_mapping() -> None:
     (row,) = mc.rows()
     assert float(row["measured_tflops_per_gpu"]) == 468.0
@@ -18,6 +30,7 @@ def test_plan_is_the_readme_mapping() -> None:
     st = plan.replicas[0].stages[0]
     assert (st.tp, st.ep, plan.replicas[0].pp) == (1, 8, 4)
     assert len(ep_ranks(plan, 0, 0)) == 8
+    _assert_megatron_placement(plan)
     assert round(model_params(plan.model) / 1e8) * 1e8 == 46.7e9
     assert mc.SOURCE in fw.discover()
 
@@ -35,6 +48,7 @@ def test_megatron_bridge_rows_are_the_published_mapping() -> None:
         st = plan.replicas[0].stages[0]
         assert (st.tp, st.ep, st.etp, plan.replicas[0].pp) == (1, 8, 1, 4)
         assert plan.model.moe is not None and plan.model.moe.routing == "balanced"
+        _assert_megatron_placement(plan)
     assert mb.SOURCE in fw.discover()
 
 

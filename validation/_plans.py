@@ -96,6 +96,14 @@ def megatron_flops(batch: int, seq: int, layers: int, hidden: int, ffn: int, hea
     return 12.0 * batch * seq * layers * hidden * hidden * (attn + mlp + logit)
 
 
+# Megatron-LM, Megatron-Core and NeMo place ranks TP innermost and the pipeline outermost
+# (Megatron-Core parallel_state.RankGenerator, default order "tp-cp-ep-dp-pp"; Megatron-LM 2021's
+# initialize_model_parallel: pipeline groups are ranks i, i + N/pp, ...): a stage's DP, CP and EP
+# peers are neighbours and the pipeline crosses servers. Only plans whose TP x PP does not fill
+# whole servers see a difference.
+MEGATRON_ORDER = "tp-dp-pp"
+
+
 def uniform_plan(
     name: str,
     model: dict[str, Any],
@@ -109,15 +117,17 @@ def uniform_plan(
     device_types: dict[str, Any] | None = None,
     group: dict[str, Any] | None = None,
     cp: int = 1,
+    order: str = MEGATRON_ORDER,
 ) -> dict[str, Any]:
     """A plan dict: ``gpus`` devices of type ``device`` in servers of ``gpus_per_node``, one
     ``uniform`` replica block of TP ``tp`` x PP ``pp`` x ``gpus / (tp pp)`` replicas, of which
-    ``cp`` consecutive ones form a CP group (docs/moe.md): DP ``gpus / (tp pp cp)``."""
+    ``cp`` consecutive ones form a CP group (docs/moe.md): DP ``gpus / (tp pp cp)``. ``order``:
+    the block's device order (docs/plan.md), Megatron-Core's by default."""
     dp = gpus // (tp * pp)  # replicas; CP groups are cp consecutive replicas
     if dp * tp * pp != gpus or dp % cp:
         raise ValueError(f"{name}: {gpus} GPUs are not a multiple of tp x pp x cp")
     gpn = min(gpus_per_node, gpus)
-    uniform: dict[str, Any] = {"group": "g", "tp": tp, "pp": pp, "dp": dp}
+    uniform: dict[str, Any] = {"group": "g", "tp": tp, "pp": pp, "dp": dp, "order": order}
     if cp > 1:
         uniform["cp"] = cp
     d: dict[str, Any] = {
@@ -135,5 +145,5 @@ def uniform_plan(
     return d
 
 
-__all__ = ["Simulated", "dp_channels", "iteration_cases", "lighter_edge_stages",
+__all__ = ["MEGATRON_ORDER", "Simulated", "dp_channels", "iteration_cases", "lighter_edge_stages",
            "megatron_flops", "predict_iteration_s", "read_rows", "simulate", "uniform_plan"]

@@ -11,7 +11,8 @@ distribution among experts and all benchmarks are token-dropless").
 The plan (:func:`plan_dict`): the gpt-oss-120b preset (sliding-window and full layers
 alternating, attention sinks, biases; experts 128, top-4) at 4096 tokens, balanced routing
 (the forced balance), the row's mapping, the distributed optimizer (ZeRO-1), 1F1B, 8-GPU
-H100-80GB servers with 400 Gb/s NICs on a non-blocking leaf-spine. Not modelled that the run
+H100-80GB servers with 400 Gb/s NICs on a non-blocking leaf-spine, Megatron-Core's rank order
+(pipeline outermost: each stage's EP group on one server). Not modelled that the run
 has: ``recompute_modules: [layernorm, moe_act]`` (a memory saving our plan does not need: it
 fits without), the router fusion, the fused permutation kernels. The whole iteration is
 simulated: 1.9 M trace ops, about 15 CPU s on the flow backend.
@@ -43,7 +44,9 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
     """The published configuration as a plan (see the module docstring)."""
     gpus, tp, pp, cp, ep, etp = (int(row[k]) for k in ("gpus", "tp", "pp", "cp", "ep", "etp"))
     dp = gpus // (tp * pp)
-    stage: dict[str, Any] = {"group": "h100", "tp": tp, "pp": pp, "dp": dp, "ep": ep, "cp": cp}
+    # Megatron-Core's rank order (tp-cp-ep-dp-pp): a stage's EP ranks are neighbours (docs/plan.md)
+    stage: dict[str, Any] = {"group": "h100", "tp": tp, "pp": pp, "dp": dp, "ep": ep, "cp": cp,
+                             "order": "tp-dp-pp"}
     if etp != 1:
         stage["etp"] = etp
     return {

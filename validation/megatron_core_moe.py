@@ -12,10 +12,11 @@ The plan (``plan_dict``) takes from the source: the Mixtral 8x7B preset at 4096 
 4 (8 layers per stage; 8 layers per virtual stage = no interleaving), EP 8, micro-batch 1,
 global batch 256 (16 replicas x 16 micro-batches), distributed optimizer (ZeRO-1) with grad
 reduce and param gather overlapped, H100-80GB preset, 8 GPUs per server, 400 Gb/s NICs, a
-non-blocking leaf-spine fabric. Balanced routing (the README's numbers come from a trained,
+non-blocking leaf-spine fabric, Megatron-Core's rank order (pipeline outermost: each stage's
+EP group on one server). Balanced routing (the README's numbers come from a trained,
 aux-loss-balanced router). Metric: model TFLOP/s per GPU = the trace's model FLOPs / (GPUs x
 simulated iteration time); Megatron's own counter uses the same terms (no causal halving).
-The whole 64-GPU iteration is simulated (~0.5 M ops; not in the fast subset).
+The whole 64-GPU iteration is simulated (~0.3 M ops; not in the fast subset).
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
         "device_groups": {"h100": {"type": "H100-80GB", "nodes": gpus // 8,
                                    "gpus_per_node": 8}},
         "network": {"scale_out": {"topology": "leaf_spine", "link_gbps": 400}},
-        "replicas": {"uniform": {"group": "h100", "tp": tp, "pp": pp, "dp": dp, "ep": ep}},
+        # Megatron-Core's rank order: each stage's 8 EP ranks on one server (docs/plan.md)
+        "replicas": {"uniform": {"group": "h100", "tp": tp, "pp": pp, "dp": dp, "ep": ep,
+                                 "order": "tp-dp-pp"}},
     }
 
 

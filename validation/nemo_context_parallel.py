@@ -65,7 +65,9 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
         "device_groups": {"h100": {"type": "H100-80GB", "nodes": gpus // GPUS_PER_NODE,
                                    "gpus_per_node": GPUS_PER_NODE}},
         "network": {"scale_out": {"topology": "leaf_spine", "link_gbps": NIC_GBPS}},
-        "replicas": {"uniform": {"group": "h100", "tp": tp, "pp": pp, "dp": dp * cp, "cp": cp}},
+        # Megatron-Core's rank order (tp-cp-ep-dp-pp; docs/plan.md)
+        "replicas": {"uniform": {"group": "h100", "tp": tp, "pp": pp, "dp": dp * cp, "cp": cp,
+                                 "order": "tp-dp-pp"}},
     }
 
 

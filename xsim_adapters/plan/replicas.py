@@ -25,7 +25,12 @@ GROUP_OPTIONAL_KEYS = ("nic_gbps", "server")
 STAGE_KEYS = ("group", "devices", "tp", "layers", "ep", "cp", "etp")
 REPLICA_KEYS = ("stages", "auto_layers", "batch_share", "micro_batches")
 UNIFORM_KEYS = ("group", "tp", "pp", "dp", "devices", "batch_share", "micro_batches", "ep", "cp",
-                "etp")
+                "etp", "order")
+# Device order of the uniform shorthand, innermost first: "tp-pp-dp" puts a replica's stages on
+# neighbouring devices (the default); "tp-dp-pp" puts the pipeline outermost, as Megatron-Core's
+# default rank order "tp-cp-ep-dp-pp" does (parallel_state.RankGenerator): a stage's DP, CP and
+# EP peers are neighbours (one server when they fit) and the pipeline crosses servers.
+UNIFORM_ORDERS = ("tp-pp-dp", "tp-dp-pp")
 AUTO_LAYERS = ("by_compute",)
 SHARE_TOLERANCE = 1e-6
 
@@ -273,10 +278,12 @@ def _check_tp(st: _Stage, ctx: _Context) -> None:
 
 
 def _expand_uniform(value: Any, path: str, ctx: _Context) -> list[_Replica]:
-    """``{group, tp, pp, dp, devices}`` -> dp identical replicas on contiguous device slices.
+    """``{group, tp, pp, dp, devices, order}`` -> dp identical replicas.
 
-    Replica r takes devices ``[start + r*pp*tp, start + (r+1)*pp*tp)``; its stage s the ``tp``
-    devices ``s*tp`` on from there; layers are split evenly, the remainder to the earliest stages.
+    ``order: tp-pp-dp`` (default): replica r takes devices ``[start + r*pp*tp, start +
+    (r+1)*pp*tp)``, its stage s the ``tp`` devices ``s*tp`` on from there. ``order: tp-dp-pp``
+    (Megatron-Core's order): stage s of replica r takes the ``tp`` devices from ``start +
+    (s*dp + r)*tp``. Layers are split evenly, the remainder to the earliest stages.
     """
     m = f.expect_mapping(value, path)
     f.check_keys(m, path, UNIFORM_KEYS, ("group",))
@@ -305,6 +312,7 @@ def _expand_uniform(value: Any, path: str, ctx: _Context) -> list[_Replica]:
     share, mbs = _replica_batch_fields(m, path)
     ep, cp = f.get_int(m, "ep", path, 1), f.get_int(m, "cp", path, 1)
     etp = f.get_int(m, "etp", path, 1)
+    pipeline_outermost = f.get_enum(m, "order", path, UNIFORM_ORDERS, "tp-pp-dp") == "tp-dp-pp"
     layer_ranges = ranges_from_counts(even_split(ctx.model.layers, pp))
     paths = {"tp": f.join(path, "tp"), "devices": path, "layers": f.join(path, "pp"),
              "ep": f.join(path, "ep"), "cp": f.join(path, "cp"), "etp": f.join(path, "etp")}
@@ -312,7 +320,7 @@ def _expand_uniform(value: Any, path: str, ctx: _Context) -> list[_Replica]:
     for r in range(dp):
         stages = []
         for s in range(pp):
-            lo = a + (r * pp + s) * tp
+            lo = a + ((s * dp + r) if pipeline_outermost else (r * pp + s)) * tp
             st = _Stage(group.name, (lo, lo + tp), tp, layer_ranges[s], path, dict(paths), ep, cp,
                         etp)
             _check_tp(st, ctx)

@@ -86,7 +86,7 @@ EXEMPLARS: tuple[dict[str, Any], ...] = (
         "device_groups": {"h100": _GROUPS["h100"]},
         "perturb": {"slow": [{"rank": 7, "factor": 1.5}, {"server": 0, "factor": 1.5}]},
         "replicas": {"uniform": {"group": "h100", "tp": 2, "pp": 2, "dp": 2,
-                                 "devices": [0, 8], "micro_batches": 4}},
+                                 "devices": [0, 8], "micro_batches": 4, "order": "tp-dp-pp"}},
     },
     {
         "name": "schema-c", "model": "tiny-gpt",
