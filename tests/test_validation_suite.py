@@ -95,7 +95,9 @@ def test_training_plans_follow_their_sources() -> None:
     f = 12 * 192 * s * layers * h * h * ((1 + 1 + s / h) + 4 + v / (2 * layers * h))
     assert mc.measured_iteration_s(r) == pytest.approx(f / (48 * 408.8e12))
     d = mc.plan_dict(mc.rows()[4])  # 70B: TP 8, PP 2, DP 48, batch 384
-    assert d["replicas"]["uniform"] == {"group": "g", "tp": 8, "pp": 2, "dp": 48}
+    # Megatron-Core's rank order: the pipeline outermost (docs/plan.md, uniform `order`)
+    assert d["replicas"]["uniform"] == {"group": "g", "tp": 8, "pp": 2, "dp": 48,
+                                        "order": "tp-dp-pp"}
     assert d["training"]["overlap"]["tp_comm"] and d["training"]["sequence_parallel"]
     assert d["collectives"] == {"channels": 1}  # a TP 8 DP ring has one GPU (one NIC) a server
     assert mc.plan_dict(r)["collectives"] == {"channels": 8}
@@ -103,7 +105,8 @@ def test_training_plans_follow_their_sources() -> None:
     n = next(x for x in nemo.rows() if x["model"] == "LLAMA2-7B")
     assert nemo.measured_iteration_s(n) == pytest.approx(128 * 4096 / (8 * 16934))
     d = nemo.plan_dict(next(x for x in nemo.rows() if x["model"] == "LLAMA3-70B"))
-    assert d["replicas"]["uniform"] == {"group": "g", "tp": 4, "pp": 4, "dp": 4, "cp": 2}
+    assert d["replicas"]["uniform"] == {"group": "g", "tp": 4, "pp": 4, "dp": 4, "cp": 2,
+                                        "order": "tp-dp-pp"}
     assert d["training"]["schedule"] == "interleaved" and d["training"]["virtual_stages"] == 5
     assert d["training"]["precision"] == "fp8" and d["training"]["grad_reduce_dtype"] == "bf16"
     # Llama 3 and BLOOM: one layer fewer on the first and the last stage
