@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from validation._plans import MEGATRON_ORDER
 from validation.framework import DATA, Case, read_rows, row_case, simulate_summary
 
 SOURCE = "megatron-bridge-moe"
@@ -46,7 +47,7 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
     dp = gpus // (tp * pp)
     # Megatron-Core's rank order (tp-cp-ep-dp-pp): a stage's EP ranks are neighbours (docs/plan.md)
     stage: dict[str, Any] = {"group": "h100", "tp": tp, "pp": pp, "dp": dp, "ep": ep, "cp": cp,
-                             "order": "tp-dp-pp"}
+                             "order": MEGATRON_ORDER}
     if etp != 1:
         stage["etp"] = etp
     return {

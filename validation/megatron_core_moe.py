@@ -26,8 +26,10 @@ import functools
 from typing import Any
 
 try:  # as part of the validation package (python -m validation) or as a script
+    from validation._plans import MEGATRON_ORDER
     from validation.framework import DATA, Case, simulate_summary
 except ImportError:  # pragma: no cover - run as a plain script from validation/
+    from _plans import MEGATRON_ORDER  # type: ignore[no-redef]
     from framework import DATA, Case, simulate_summary  # type: ignore[no-redef]
 
 SOURCE = "megatron-core-moe"
@@ -54,7 +56,7 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
         "network": {"scale_out": {"topology": "leaf_spine", "link_gbps": 400}},
         # Megatron-Core's rank order: each stage's 8 EP ranks on one server (docs/plan.md)
         "replicas": {"uniform": {"group": "h100", "tp": tp, "pp": pp, "dp": dp, "ep": ep,
-                                 "order": "tp-dp-pp"}},
+                                 "order": MEGATRON_ORDER}},
     }
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from validation._plans import MEGATRON_ORDER
 from validation.framework import DATA, Case, read_rows, row_case, simulate_summary
 
 SOURCE = "nemo-cp"
@@ -67,7 +68,7 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
         "network": {"scale_out": {"topology": "leaf_spine", "link_gbps": NIC_GBPS}},
         # Megatron-Core's rank order (tp-cp-ep-dp-pp; docs/plan.md)
         "replicas": {"uniform": {"group": "h100", "tp": tp, "pp": pp, "dp": dp * cp, "cp": cp,
-                                 "order": "tp-dp-pp"}},
+                                 "order": MEGATRON_ORDER}},
     }
 
 
