@@ -95,6 +95,32 @@ def test_paths_for_matches_path_as_csr():
     assert ((0 <= bucket_of(keys)) & (bucket_of(keys) < 256)).all()
 
 
+def test_paths_of_rows_in_slices_matches_path_per_row(monkeypatch):
+    """Routing in slices (3 flows per slice here) gives every listed row the path of
+    ``path(rank, dst, row)`` and every other row no links, as CSR over all rows."""
+    from xsim_adapters.topology import routing
+
+    monkeypatch.setattr(routing, "ROUTE_SLICE_FLOWS", 3)
+    topo = leaf_spine()
+    rng = np.random.default_rng(2)
+    n = 40
+    rank = rng.integers(0, 64, size=n).astype(np.int32)
+    dst = rng.integers(0, 64, size=n).astype(np.int32)
+    rows = np.sort(rng.choice(n, size=25, replace=False))
+    offsets, links = topo.paths_of_rows(rank, dst, rows)
+    assert offsets.dtype == np.int64 and links.dtype == np.int32
+    assert len(offsets) == n + 1 and offsets[0] == 0 and offsets[-1] == len(links)
+    listed = set(rows.tolist())
+    for r in range(n):
+        got = links[offsets[r]:offsets[r + 1]].tolist()
+        want = topo.path(int(rank[r]), int(dst[r]), r).tolist() if r in listed else []
+        assert got == want, r
+    # the path table numbers each distinct route once
+    toff, tlinks = topo.router.path_table()
+    table = {tuple(tlinks[toff[i]:toff[i + 1]].tolist()) for i in range(len(toff) - 1)}
+    assert len(table) == len(toff) - 1
+
+
 def test_router_built_lazily_from_frames_equals_the_builder_router():
     topo = leaf_spine()
     fresh = Router(topo.nodes, topo.links)

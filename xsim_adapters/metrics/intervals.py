@@ -13,17 +13,68 @@ import pandas as pd
 
 
 def sort_order(key: np.ndarray, start: np.ndarray) -> np.ndarray:
-    """Indices sorting by (key, start): a stable sort by start, then a stable one by key.
+    """Indices sorting by (key, start), ties in input order: for non-negative integers whose
+    bits fit in 63, one stable sort of the pair packed in an int64; else a stable sort by
+    start, then a stable one by key.
 
     Faster than ``np.lexsort`` because the key pass runs on 16-bit keys (radix sort) when the
     keys fit, which they do for up to 32,767 ranks.
     """
     key = np.asarray(key)
+    start = np.asarray(start)
+    bits = _pack_bits(key, start)
+    if bits is not None:
+        # one stable sort of a packed (key, start) int64: the same order as the two passes
+        # below (ties in original order), with one index array, not three
+        packed = key.astype(np.int64) << bits
+        packed |= start
+        return np.argsort(packed, kind="stable")
     o = np.argsort(start, kind="stable")
     k = key[o]
     if len(k) and k.min() >= 0 and k.max() < 2**15:
         k = k.astype(np.int16)
     return o[np.argsort(k, kind="stable")]
+
+
+def _pack_bits(key: np.ndarray, start: np.ndarray) -> int | None:
+    """Bits of ``start`` in a packed (key, start) int64, or None if they do not both fit
+    (negative or non-integer values, or more than 63 bits together)."""
+    if not (len(key) and np.issubdtype(key.dtype, np.integer)
+            and np.issubdtype(start.dtype, np.integer)):
+        return None
+    kmin, kmax = int(key.min()), int(key.max())
+    smin, smax = int(start.min()), int(start.max())
+    bits = smax.bit_length()
+    if kmin < 0 or smin < 0 or kmax.bit_length() + bits > 63:
+        return None
+    return bits
+
+
+def sort_consuming(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(order, key[order], start[order])`` for ``cols = [key, start]``, sorted as
+    :func:`sort_order`; the list is emptied and, when the pair packs into an int64, the
+    ``start`` array is overwritten with the packed pair (pass arrays nothing else uses).
+
+    Leaner than :func:`sort_order` plus two gathers: the keys and starts are read back from
+    the sorted packed pair, so at the peak only the packed pair, the order and the sort's
+    buffer are held.
+    """
+    key, start = cols
+    cols.clear()
+    bits = _pack_bits(key, start)
+    if bits is None:
+        order = sort_order(key, start)
+        return order, key[order], start[order]
+    kdt = key.dtype
+    packed = start.astype(np.int64, copy=False)
+    del start
+    packed |= key.astype(np.int64) << bits
+    del key
+    order = np.argsort(packed, kind="stable")
+    packed = packed[order]
+    k = (packed >> bits).astype(kdt)
+    packed &= (1 << bits) - 1
+    return order, k, packed
 
 
 def union_blocks(

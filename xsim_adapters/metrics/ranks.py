@@ -7,7 +7,7 @@ import pandas as pd
 
 from ..trace.schema import COMM_PHASES, KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX, Trace
 from ..trace.timeline import Timeline
-from .intervals import clip, sort_order, union_blocks, union_length
+from .intervals import clip, sort_consuming, union_blocks, union_length
 from .straggler import straggler_by_rank, straggler_frame
 from .timeline import as_frame, rank_table
 
@@ -25,8 +25,8 @@ RANK_COLUMNS = (
     *BREAKDOWN_COLUMNS,
 )
 # Intervals per slice of whole ranks in which rank_metrics measures its unions (the
-# temporaries of one slice are ~50 bytes per interval: a fixed ~13 MB, not per op).
-UNION_CHUNK = 1 << 18
+# temporaries of one slice are ~50 bytes per interval: a fixed ~3 MB, not per op).
+UNION_CHUNK = 1 << 16
 # Time columns that add up meaningfully over ranks (summary ``rank_ns_sums``, in rank-ns).
 SUMMABLE_COLUMNS = (
     "compute_ns", "comm_ns", "exposed_comm_ns", "bubble_ns", "straggler_wait_ns",
@@ -156,18 +156,24 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
     # Sort every interval once by (rank, start); each metric below is a masked subset of
     # these arrays, which keeps that order, so no further sorting is needed. The unsorted
     # pieces are dropped as soon as they are consumed (this step is the metrics' peak).
+    # Each column is joined (and its pieces freed) before the sort, then permuted one at a
+    # time: at the peak, the joined columns, the order and one permuted copy.
     nc = len(c_rank)
     s = np.concatenate([c_s, f_s])
     del c_s, f_s
     k = np.concatenate([c_rank, f_rank])
     del c_rank, f_rank
-    order = sort_order(k, s)
-    k, s = k[order], s[order]
-    e = np.concatenate([c_e, f_e])[order]
+    e = np.concatenate([c_e, f_e])
     del c_e, f_e
+    ph = np.concatenate([np.full(nc, -1, dtype=np.int8), f_ph.astype(np.int8)])
+    del f_ph
+    cols = [k, s]
+    del k, s
+    order, k, s = sort_consuming(cols)
+    e = e[order]
+    ph = ph[order]
     is_comp = order < nc
-    ph = np.concatenate([np.full(nc, -1, dtype=np.int8), f_ph.astype(np.int8)])[order]
-    del order, f_ph
+    del order
 
     # Unions run over slices of whole ranks of at most ~UNION_CHUNK intervals (views of the
     # sorted arrays), so their temporaries stay a fixed size whatever the trace's.

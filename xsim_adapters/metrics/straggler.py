@@ -41,6 +41,7 @@ STRAGGLER_COLUMNS = (
 )
 
 _MAX_BARRIER_DEPTH = 32
+_EDGE_SLICE = 1 << 20  # edges per slice of _pred_end_max (bounded temporaries)
 
 
 def _pred_end_max(deps: pd.DataFrame, end: np.ndarray, n: int,
@@ -52,15 +53,23 @@ def _pred_end_max(deps: pd.DataFrame, end: np.ndarray, n: int,
     out = np.zeros(n, dtype=np.float64)
     if len(deps) == 0:
         return out
-    succ = deps["succ"].to_numpy(dtype=np.int64)
-    pred = deps["pred"].to_numpy(dtype=np.int64)
+    succ_all = deps["succ"].to_numpy()
+    pred_all = deps["pred"].to_numpy()
+    wanted = None
     if ops is not None:
         wanted = np.zeros(n, dtype=bool)
         wanted[ops] = True
-        keep = wanted[succ]
-        succ, pred = succ[keep], pred[keep]
-    m = pd.Series(end[pred]).groupby(succ).max()
-    out[m.index.to_numpy()] = m.to_numpy()
+    # edges in slices, in their own dtype: no 64-bit copy of the whole edge list
+    for lo in range(0, len(succ_all), _EDGE_SLICE):
+        succ = succ_all[lo:lo + _EDGE_SLICE]
+        pred = pred_all[lo:lo + _EDGE_SLICE]
+        if wanted is not None:
+            keep = wanted[succ]
+            succ, pred = succ[keep], pred[keep]
+        if len(succ):
+            m = pd.Series(end[pred]).groupby(succ).max()
+            idx = m.index.to_numpy()
+            out[idx] = np.maximum(out[idx], m.to_numpy())
     return out
 
 

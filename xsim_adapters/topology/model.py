@@ -104,3 +104,19 @@ class Topology:
         src = self.rank_node[np.asarray(src_ranks, dtype=np.int64)]
         dst = self.rank_node[np.asarray(dst_ranks, dtype=np.int64)]
         return self.router.paths_for(src, dst, np.asarray(keys, dtype=np.int64))
+
+    def paths_of_rows(
+        self, src_ranks: np.ndarray, dst_ranks: np.ndarray, rows: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Paths of the flows at ``rows`` (ascending) of a trace's op table, keyed by their
+        op ids (the row numbers), as CSR over *every* row: ``(offsets int64[len(src_ranks) +
+        1], link ids int32)``; rows not listed have no links. ``src_ranks``/``dst_ranks`` are
+        the whole ``rank``/``dst`` columns: routed in slices, so memory beyond the result is
+        4 bytes per flow plus a bounded slice (:func:`~.routing.route_rows`).
+        """
+        from .routing import route_rows
+
+        node = self.rank_node
+        return route_rows(self.router, rows, len(src_ranks), lambda lo, hi: (
+            node[src_ranks[rows[lo:hi]]], node[dst_ranks[rows[lo:hi]]],
+            np.asarray(rows[lo:hi], dtype=np.int64)))

@@ -19,6 +19,8 @@ Python's ``hash()`` of strings is salted per process, so only integer mixing (sp
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 
@@ -181,6 +183,10 @@ class Router:
         }
         self._cache: dict[int, np.ndarray] = {}  # (pair, bucket) -> path, branching pairs
         self._single: dict[int, np.ndarray] = {}  # pair -> its only shortest path
+        # path ids (path_ids): cache key (-1 - pair for single paths) -> index in _table
+        self._ids: dict[int, int] = {}
+        self._table: list[np.ndarray] = []
+        self._table_csr: tuple[np.ndarray, np.ndarray] | None = None
 
     # -- one path -------------------------------------------------------------------------
     def path(self, src_node: int, dst_node: int, key: int) -> np.ndarray:
@@ -257,6 +263,67 @@ class Router:
         return (s * self.num_nodes + t) in self._single
 
     # -- many paths -----------------------------------------------------------------------
+    def path_ids(
+        self, src_nodes: np.ndarray, dst_nodes: np.ndarray, keys: np.ndarray
+    ) -> np.ndarray:
+        """Path id (int32, into :meth:`path_table`) of each flow ``src_nodes[i] ->
+        dst_nodes[i]`` keyed by ``keys[i]``: the path of :meth:`path`.
+
+        Ids are assigned in order of first routing and stay valid for the router's lifetime;
+        call it on slices of a large trace (:func:`route_rows` does) to bound the temporaries.
+        """
+        s = np.asarray(src_nodes, dtype=np.int64)
+        t = np.asarray(dst_nodes, dtype=np.int64)
+        nn = self.num_nodes
+        pair = s * nn + t
+        # pairs with a single shortest path need no per-bucket work (all of NVSwitch traffic)
+        upair, pinv = np.unique(pair, return_inverse=True)
+        pair_id = np.full(len(upair), -1, dtype=np.int64)
+        # by destination, so each destination's distances are computed once (Plane.dist)
+        for j in np.lexsort((upair // nn, upair % nn)).tolist():
+            pk = int(upair[j])
+            u, v = divmod(pk, nn)
+            self._path_bucket(u, v, 0)
+            if pk in self._single:
+                pair_id[j] = self._table_id(-1 - pk, self._single[pk])
+        out = pair_id[pinv]
+        del pinv
+        need = np.flatnonzero(out < 0)
+        if len(need):
+            triple = pair[need] * BUCKETS + bucket_of(np.asarray(keys, dtype=np.int64)[need])
+            utriple, tinv = np.unique(triple, return_inverse=True)
+            ids = np.zeros(len(utriple), dtype=np.int64)
+            upk = utriple // BUCKETS
+            for j in np.lexsort((upk // nn, upk % nn)).tolist():
+                ck = int(utriple[j])
+                pk, bucket = divmod(ck, BUCKETS)
+                u, v = divmod(pk, nn)
+                ids[j] = self._table_id(ck, self._path_bucket(u, v, bucket))
+            out[need] = ids[tinv]
+        return out.astype(np.int32)
+
+    def _table_id(self, key: int, path: np.ndarray) -> int:
+        """The id of ``path`` in the path table (``key``: the cache key, negative for a
+        single-path pair), numbering it on first use."""
+        got = self._ids.get(key)
+        if got is None:
+            got = self._ids[key] = len(self._table)
+            self._table.append(path)
+            self._table_csr = None
+        return got
+
+    def path_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every path :meth:`path_ids` numbered, as CSR ``(offsets int64, link ids int32)``."""
+        if self._table_csr is None:
+            lens = np.fromiter((len(p) for p in self._table), dtype=np.int64,
+                               count=len(self._table))
+            off = np.zeros(len(self._table) + 1, dtype=np.int64)
+            np.cumsum(lens, out=off[1:])
+            flat = (np.concatenate(self._table).astype(np.int32, copy=False) if self._table
+                    else np.zeros(0, dtype=np.int32))
+            self._table_csr = (off, flat)
+        return self._table_csr
+
     def paths_for(
         self, src_nodes: np.ndarray, dst_nodes: np.ndarray, keys: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -265,47 +332,47 @@ class Router:
         Flow ``i`` crosses ``link_ids[offsets[i]:offsets[i+1]]``, identical to
         ``path(src_nodes[i], dst_nodes[i], keys[i])``.
         """
-        s = np.asarray(src_nodes, dtype=np.int64)
-        t = np.asarray(dst_nodes, dtype=np.int64)
-        b = bucket_of(np.asarray(keys, dtype=np.int64))
-        pair = s * self.num_nodes + t
-        # pairs with a single shortest path need no per-bucket work (all of NVSwitch traffic)
-        upair, pinv = np.unique(pair, return_inverse=True)
-        paths: list[np.ndarray] = []
-        pair_path = np.full(len(upair), -1, dtype=np.int64)
-        # by destination, so each destination's distances are computed once (Plane.dist)
-        by_dst = np.lexsort((upair // self.num_nodes, upair % self.num_nodes))
-        for j in by_dst.tolist():
-            pk = int(upair[j])
-            u, v = divmod(pk, self.num_nodes)
-            first = self._path_bucket(u, v, 0)
-            if self._single.get(pk) is not None:
-                pair_path[j] = len(paths)
-                paths.append(first)
-        flow_path = pair_path[pinv]
-        need = flow_path < 0
-        if need.any():
-            triple = pair[need] * BUCKETS + b[need]
-            utriple, tinv = np.unique(triple, return_inverse=True)
-            base = len(paths)
-            upk = utriple // BUCKETS
-            by_dst = np.lexsort((upk // self.num_nodes, upk % self.num_nodes))
-            found: list[np.ndarray] = [np.zeros(0, dtype=np.int32)] * len(utriple)
-            for j in by_dst.tolist():
-                pk, bucket = divmod(int(utriple[j]), BUCKETS)
-                u, v = divmod(pk, self.num_nodes)
-                found[j] = self._path_bucket(u, v, bucket)
-            paths.extend(found)
-            flow_path[need] = base + tinv
-        ulen = np.fromiter((len(p) for p in paths), dtype=np.int64, count=len(paths))
-        uoff = np.zeros(len(paths) + 1, dtype=np.int64)
-        np.cumsum(ulen, out=uoff[1:])
-        flat = np.concatenate(paths) if paths else np.zeros(0, dtype=np.int32)
-        lens = ulen[flow_path] if len(paths) else np.zeros(len(s), dtype=np.int64)
-        offsets = np.zeros(len(s) + 1, dtype=np.int64)
-        np.cumsum(lens, out=offsets[1:])
-        total = int(offsets[-1])
-        if total == 0:
-            return offsets, np.zeros(0, dtype=np.int32)
-        idx = np.repeat(uoff[flow_path] - offsets[:-1], lens) + np.arange(total, dtype=np.int64)
-        return offsets, flat[idx].astype(np.int32, copy=False)
+        n = len(src_nodes)
+        return route_rows(self, np.arange(n, dtype=np.int64), n, lambda lo, hi: (
+            np.asarray(src_nodes[lo:hi], dtype=np.int64),
+            np.asarray(dst_nodes[lo:hi], dtype=np.int64),
+            np.asarray(keys[lo:hi], dtype=np.int64)))
+
+
+#: Flows routed per slice by :func:`route_rows`: bounds its temporaries (about 100 bytes per
+#: flow of the slice: ~25 MB) whatever the trace's size.
+ROUTE_SLICE_FLOWS = 1 << 18
+
+
+def route_rows(router: Router, rows: np.ndarray, num_rows: int,
+               endpoints: Callable[[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]]
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Paths of the flows at ``rows`` (ascending) of a table of ``num_rows`` rows, as CSR over
+    all rows: ``(offsets int64[num_rows + 1], link ids int32)``, other rows with no links.
+
+    ``endpoints(lo, hi)`` gives (source node, destination node, ECMP key) of ``rows[lo:hi]``.
+    Flows are routed ``ROUTE_SLICE_FLOWS`` at a time into path ids (4 bytes per flow), then
+    expanded: beyond the result, memory is that int32 id per flow and a slice's temporaries.
+    """
+    step = ROUTE_SLICE_FLOWS
+    pid = np.empty(len(rows), dtype=np.int32)
+    for lo in range(0, len(rows), step):
+        hi = min(lo + step, len(rows))
+        pid[lo:hi] = router.path_ids(*endpoints(lo, hi))
+    toff, tlinks = router.path_table()
+    tlen = np.diff(toff)
+    offsets = np.zeros(num_rows + 1, dtype=np.int64)
+    tail = offsets[1:]
+    for lo in range(0, len(rows), step):
+        hi = min(lo + step, len(rows))
+        tail[rows[lo:hi]] = tlen[pid[lo:hi]]
+    np.cumsum(offsets, out=offsets)
+    links = np.empty(int(offsets[-1]), dtype=np.int32)
+    for lo in range(0, len(rows), step):
+        hi = min(lo + step, len(rows))
+        r, p = rows[lo:hi], pid[lo:hi]
+        a, b = int(offsets[r[0]]), int(offsets[r[-1] + 1])
+        if b > a:  # rows ascending, other rows empty: the slice's links are contiguous
+            links[a:b] = tlinks[np.repeat(toff[p] - offsets[r], tlen[p])
+                                + np.arange(a, b, dtype=np.int64)]
+    return offsets, links

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import BackendError
-from .schema import Trace
+from .schema import Trace, is_dense_ids
 
 #: Queue telemetry columns of ``Timeline.link_stats``: the most bytes queued at the link's
 #: egress, the time-mean of its queued bytes over the run, packets dropped there, their
@@ -47,7 +47,7 @@ class Timeline:
         """Raise BackendError unless every op of ``trace`` has finite start <= end."""
         f = self.frame
         n = trace.num_ops
-        if len(f) != n or not np.array_equal(f["op_id"].to_numpy(), np.arange(n)):
+        if len(f) != n or not is_dense_ids(f["op_id"].to_numpy()):
             raise BackendError(
                 f"{self.backend}: timeline has {len(f)} ops, trace has {n}; a partial timeline"
                 " is not a result"

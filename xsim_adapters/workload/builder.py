@@ -41,6 +41,11 @@ _COLL_DEFAULTS: dict[str, Any] = {
 }
 
 
+#: Ops plus edges per batch of :meth:`BulkBuilder.add_tiled` (its temporaries are ~40 bytes
+#: per op and per edge of a batch: ~10 MB, whatever the number of copies).
+TILE_BATCH_ROWS = 1 << 18
+
+
 def _column(value: Any, n: int, dtype: Any) -> np.ndarray:
     arr = np.asarray(value, dtype=object) if dtype is object else np.asarray(value)
     if arr.ndim == 0:
@@ -157,31 +162,39 @@ class BulkBuilder:
         """
         t, nc = tpl.num_ops, tpl.num_collectives
         base = self.num_ops + np.arange(copies, dtype=np.int64) * t
-        cols: dict[str, Any] = {}
-        for c, arr in tpl.cols.items():
-            if c in per_copy:
-                cols[c] = np.repeat(np.asarray(per_copy[c]), t)
-            elif c in ("rank", "dst"):
-                mapped = np.where(arr >= 0, rank_map[np.maximum(arr, 0)], -1)
-                cols[c] = np.tile(mapped, copies)
-            elif c == "collective":
-                coll_base = self.num_collectives + np.arange(copies, dtype=np.int64) * nc
-                local = np.tile(arr.astype(np.int64), copies)
-                cols[c] = np.where(local >= 0, local + np.repeat(coll_base, t), -1)
-            else:
-                cols[c] = np.tile(arr, copies)
-        self.add_ops(t * copies, **cols)
-        if len(tpl.pred):
-            off = np.repeat(base, len(tpl.pred))
-            self.add_edges(np.tile(tpl.pred, copies) + off, np.tile(tpl.succ, copies) + off)
-        if nc:
-            ccols: dict[str, Any] = {}
-            for c, arr in tpl.colls.items():
-                if c == "ranks":
-                    ccols[c] = np.tile(np.array([rank_label[s] for s in arr], dtype=object), copies)
+        # copies in batches, so the 64-bit temporaries of one call stay a bounded size
+        batch = max(1, TILE_BATCH_ROWS // max(1, t + len(tpl.pred)))
+        mapped = {c: np.where(tpl.cols[c] >= 0, rank_map[np.maximum(tpl.cols[c], 0)], -1)
+                  for c in ("rank", "dst") if c in tpl.cols}
+        labels = (np.array([rank_label[x] for x in tpl.colls["ranks"]], dtype=object)
+                  if nc and "ranks" in tpl.colls else None)
+        for lo in range(0, copies, batch):
+            k = min(batch, copies - lo)
+            cols: dict[str, Any] = {}
+            for c, arr in tpl.cols.items():
+                if c in per_copy:
+                    cols[c] = np.repeat(np.asarray(per_copy[c])[lo:lo + k], t)
+                elif c in mapped:
+                    cols[c] = np.tile(mapped[c], k)
+                elif c == "collective":
+                    coll_base = (self.num_collectives
+                                 + np.arange(k, dtype=np.int64) * nc)
+                    local = np.tile(arr.astype(np.int64), k)
+                    cols[c] = np.where(local >= 0, local + np.repeat(coll_base, t), -1)
                 else:
-                    ccols[c] = np.tile(arr, copies)
-            self.add_collectives(nc * copies, **ccols)
+                    cols[c] = np.tile(arr, k)
+            self.add_ops(t * k, **cols)
+            del cols
+            if len(tpl.pred):
+                off = np.repeat(base[lo:lo + k], len(tpl.pred))
+                self.add_edges(np.tile(tpl.pred, k) + off, np.tile(tpl.succ, k) + off)
+                del off
+            if nc:
+                ccols: dict[str, Any] = {}
+                for c, arr in tpl.colls.items():
+                    ccols[c] = np.tile(labels if c == "ranks" and labels is not None
+                                       else arr, k)
+                self.add_collectives(nc * k, **ccols)
         return base
 
     def _op_arrays(self) -> dict[str, np.ndarray]:
@@ -190,15 +203,12 @@ class BulkBuilder:
     def frames(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
         """(ops, deps, collectives) frames with the schema's columns and dtypes."""
         ops = {"op_id": np.arange(self.num_ops, dtype=np.int64)}
-        for c in _OP_COLS:  # column by column, each one's chunks released once joined
-            ops[c] = _cat(self._ops[c], OP_COLUMNS[c])
-            self._ops[c] = []
+        for c in _OP_COLS:  # column by column, each chunk released once copied
+            ops[c] = _drain(self._ops[c], OP_COLUMNS[c])
         ops_df = pd.DataFrame(ops, columns=list(OP_COLUMNS), copy=False)
         del ops
-        pred = _cat(self._pred, np.int32)
-        self._pred = []
-        succ = _cat(self._succ, np.int32)
-        self._succ = []  # release the chunks
+        pred = _drain(self._pred, np.int32)
+        succ = _drain(self._succ, np.int32)
         deps = pd.DataFrame({"pred": pred, "succ": succ}, columns=list(DEP_COLUMNS), copy=False)
         colls = {"collective": np.arange(self.num_collectives, dtype=np.int32)}
         colls.update({c: _cat(v, COLLECTIVE_COLUMNS[c]) for c, v in self._colls.items()})
@@ -213,3 +223,19 @@ def _cat(chunks: list[np.ndarray], dtype: Any) -> np.ndarray:
     if not chunks:
         return np.zeros(0, dtype=dtype)
     return np.concatenate(chunks).astype(dtype, copy=False)
+
+
+def _drain(chunks: list[np.ndarray], dtype: Any) -> np.ndarray:
+    """The chunks joined into one array of ``dtype``; the list is emptied as they are copied,
+    so the column is held about once (not chunks plus joined copy) at the peak."""
+    if len(chunks) == 1 and chunks[0].dtype == dtype:
+        return chunks.pop()
+    out = np.empty(sum(len(c) for c in chunks), dtype=dtype)
+    pos = 0
+    chunks.reverse()
+    while chunks:
+        c = chunks.pop()
+        out[pos:pos + len(c)] = c
+        pos += len(c)
+        del c
+    return out

@@ -13,7 +13,7 @@ from ...errors import BackendError
 from ...options import COMMON_OPTIONS, Option, check_options
 from ...topology.model import Topology
 from ...topology.reroute import detours, epochs, no_detours
-from ...trace.schema import KIND_FLOW, Trace
+from ...trace.schema import KIND_FLOW, Trace, is_dense_ids
 from ...trace.slowdowns import schedule
 from ...trace.timeline import Timeline
 from ..base import Backend, ReplayProgress, flow_totals
@@ -79,13 +79,15 @@ class FlowBackend(Backend):
                 problem, lambda done, total: rp.update(done) if done < total else None)
         else:
             result = run_flows(problem, lambda done, sim_ns: rp.update(done, sim_ns))
+        del problem  # its arrays (paths, edges) are not needed for the timeline
         rp.finish(float(result.end_ns.max()) if len(result.end_ns) else 0.0)
         frame = pd.DataFrame(
             {
                 "op_id": np.arange(trace.num_ops, dtype=np.int64),
                 "start_ns": result.start_ns,
                 "end_ns": result.end_ns,
-            }
+            },
+            copy=False,  # no consolidated copy of the two time columns
         )
         stats = {"engine": engine, **result.stats}
         stats["sim_wall_s"] = stats["wall_s"]
@@ -104,7 +106,7 @@ def build_problem(trace: Trace, topology: Topology) -> tuple[FlowProblem, float]
     """Plain arrays for the executor, with every flow routed; and the routing time in s."""
     ops = trace.ops
     n = len(ops)
-    if n and not np.array_equal(ops["op_id"].to_numpy(), np.arange(n)):
+    if not is_dense_ids(ops["op_id"].to_numpy()):
         raise BackendError("flow: trace ops must have dense op_id 0..N-1 equal to the row index")
     kind = ops["kind"].to_numpy(dtype=np.int8)
     rank = ops["rank"].to_numpy(dtype=np.int32)
@@ -124,21 +126,18 @@ def build_problem(trace: Trace, topology: Topology) -> tuple[FlowProblem, float]
     is_flow = kind == KIND_FLOW
     flow_ids = np.flatnonzero(is_flow)
     nr = topology.num_ranks
-    for col, arr in (("rank", rank[flow_ids]), ("dst", dst[flow_ids])):
-        bad = np.flatnonzero((arr < 0) | (arr >= nr))
+    for col, arr in (("rank", rank), ("dst", dst)):
+        bad = np.flatnonzero(is_flow & ((arr < 0) | (arr >= nr)))
         if len(bad):
-            op = int(flow_ids[bad[0]])
+            op = int(bad[0])
             raise BackendError(
-                f"flow: op {op} is a flow with {col} {int(arr[bad[0]])}, but the topology has"
+                f"flow: op {op} is a flow with {col} {int(arr[op])}, but the topology has"
                 f" {nr} ranks"
             )
     t0 = time.perf_counter()
-    f_off, links = topology.paths_for(rank[flow_ids], dst[flow_ids], flow_ids)
+    offsets, links = topology.paths_of_rows(rank, dst, flow_ids)
+    del flow_ids
     routing_s = time.perf_counter() - t0
-    lens = np.zeros(n, dtype=np.int64)
-    lens[flow_ids] = np.diff(f_off)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
     lk = topology.links
     names = topology.nodes["name"].astype(str).to_numpy()
     link_names = [

@@ -32,9 +32,7 @@ class Executor {
  private:
   void check_input() const;
   void build_successors();
-  double latency(int32_t op) const {
-    return lat_prefix_[p_.path_offsets[op + 1]] - lat_prefix_[p_.path_offsets[op]];
-  }
+  double latency(int32_t op) const { return op_lat_[op]; }
   void finish(int32_t op, double t);
   void start_flow(int32_t op, double t);
   void stop_flow(int32_t slot);
@@ -60,7 +58,9 @@ class Executor {
   std::vector<int64_t> succ_off_;
   std::vector<int32_t> succ_list_;
   std::vector<int32_t> indeg_;
-  std::vector<double> lat_prefix_;  // prefix sums of link latency over path_links
+  // per op: its path latency as the difference of two prefix sums of link latency over
+  // path_links (executor.py's rounding), without holding the prefix per path entry
+  std::vector<double> op_lat_;
   std::vector<double> det_lat_prefix_;  // the same over reroute_links
   std::size_t max_path_ = 0;  // the longest route or detour
   // links, bytes/ns
@@ -115,11 +115,14 @@ Executor::Executor(const ProblemView& p)
     : p_(p), n_(p.num_ops), m_(p.num_links), solver_(p.num_links) {
   check_input();
   build_successors();
-  const std::size_t num_entries = static_cast<std::size_t>(p_.path_offsets[n_]);
-  lat_prefix_.resize(num_entries + 1);
-  lat_prefix_[0] = 0.0;  // np.cumsum: a sequential sum, the same rounding
-  for (std::size_t i = 0; i < num_entries; ++i) {
-    lat_prefix_[i + 1] = lat_prefix_[i] + p_.link_latency_ns[p_.path_links[i]];
+  op_lat_.resize(n_);
+  double prefix = 0.0;  // np.cumsum: a sequential sum, the same rounding
+  for (std::size_t op = 0; op < n_; ++op) {
+    const double before = prefix;
+    for (int64_t i = p_.path_offsets[op]; i < p_.path_offsets[op + 1]; ++i) {
+      prefix += p_.link_latency_ns[p_.path_links[i]];
+    }
+    op_lat_[op] = prefix - before;
   }
   const std::size_t det_entries =
       p_.num_detours ? static_cast<std::size_t>(p_.reroute_offsets[p_.num_detours]) : 0;
@@ -226,12 +229,15 @@ void Executor::build_successors() {
   }
   for (std::size_t i = 0; i < n_; ++i) succ_off_[i + 1] += succ_off_[i];
   succ_list_.resize(p_.num_edges);
-  std::vector<int64_t> cursor(succ_off_.begin(), succ_off_.end() - 1);
+  // fill through succ_off_[a] as the cursor of op a (no copy of the offsets), which moves
+  // each op's offset to the next op's: shift them back afterwards
   for (std::size_t e = 0; e < p_.num_edges; ++e) {
     const int64_t a = p_.pred64 ? p_.pred64[e] : p_.pred32[e];
     const int64_t b = p_.succ64 ? p_.succ64[e] : p_.succ32[e];
-    succ_list_[cursor[a]++] = static_cast<int32_t>(b);
+    succ_list_[succ_off_[a]++] = static_cast<int32_t>(b);
   }
+  for (std::size_t i = n_; i > 0; --i) succ_off_[i] = succ_off_[i - 1];
+  succ_off_[0] = 0;
   for (std::size_t op = 0; op < n_; ++op) {
     const auto len = static_cast<std::size_t>(p_.path_offsets[op + 1] - p_.path_offsets[op]);
     max_path_ = std::max(max_path_, len);
