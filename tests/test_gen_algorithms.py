@@ -92,6 +92,59 @@ def test_nvls_one_server_sends_and_receives_s_plus_s_over_m(ppn) -> None:
     assert np.all(_received(t, ppn) == want)
 
 
+@pytest.mark.parametrize("ppn", [4, 5, 6, 8])
+def test_nvls_phase_b_waits_on_phase_a_through_a_join_when_it_is_smaller(ppn) -> None:
+    """One server, one piece: 2m(m-1) flows; phase B from a GPU waits on the m-1 phase-A flows
+    into it. As (m-1)^2 edges per GPU, or through one join (a zero-byte barrier of that GPU)
+    with 2(m-1) edges when (m-1)^2 > 2(m-1) + JOIN_COST_EDGES: m >= 6."""
+    from xsim_adapters.trace.schema import KIND_BARRIER, KIND_FLOW
+    from xsim_adapters.workload.algorithms import JOIN_COST_EDGES, worth_a_join
+
+    m = ppn
+    t = staged_flows(_layout(1, m), 1 << 20, "all_reduce", "nvls", chunks=4)
+    joined = (m - 1) ** 2 > 2 * (m - 1) + JOIN_COST_EDGES
+    assert joined == worth_a_join(m - 1, m - 1) == (m >= 6)
+    flows = 2 * m * (m - 1)
+    if not joined:
+        assert t.kind is None and t.size == flows and len(t.pred) == m * (m - 1) ** 2
+        return
+    kinds = t.op_kinds()
+    assert t.size == flows + m and int((kinds == KIND_BARRIER).sum()) == m
+    assert len(t.pred) == m * 2 * (m - 1)
+    joins = np.flatnonzero(kinds == KIND_BARRIER)
+    assert (t.nbytes[joins] == 0).all() and (t.src[joins] == t.dst[joins]).all()
+    assert sorted(t.src[joins].tolist()) == list(range(m))
+    assert (t.op_dst()[joins] == -1).all() and (t.op_dst()[kinds == KIND_FLOW] >= 0).all()
+    for j in joins.tolist():  # in: the flows into its GPU; out: the flows from it
+        g = int(t.src[j])
+        ins, outs = t.pred[t.succ == j], t.succ[t.pred == j]
+        assert sorted(t.dst[ins].tolist()) == [g] * (m - 1)
+        assert sorted(t.src[outs].tolist()) == [g] * (m - 1)
+    # no join is a gate or a tail
+    assert not np.isin(joins, t.start).any() and not np.isin(joins, t.tails).any()
+
+
+def test_nvls_join_leaves_the_timeline_as_the_edges_do(monkeypatch) -> None:
+    """The same 8-GPU NVLS all-reduce with joins and with (m-1)^2 edges per GPU: the same end
+    time for every flow, on the flow backend."""
+    from xsim_adapters.workload import algorithms
+
+    plan = bench_plan("H100-80GB", 1, 8)
+    topo = build_topology(plan)
+    s = 96 << 20
+    with_join, end_a, _ = lowered_trace(plan, "all_reduce", s, 0, True, "nvls")
+    monkeypatch.setattr(algorithms, "JOIN_COST_EDGES", 10**9)
+    plain, end_b, _ = lowered_trace(plan, "all_reduce", s, 0, True, "nvls")
+    assert with_join.num_ops == plain.num_ops + 8
+    assert len(with_join.deps) < len(plain.deps)
+    ta = FlowBackend().run(with_join, topo, {}).frame["end_ns"].to_numpy()
+    tb = FlowBackend().run(plain, topo, {}).frame["end_ns"].to_numpy()
+    assert ta[end_a] == tb[end_b] > 0
+    fa = with_join.ops["kind"].to_numpy() == 1
+    fb = plain.ops["kind"].to_numpy() == 1
+    assert np.array_equal(ta[fa], tb[fb])
+
+
 def test_nvls_two_servers_adds_the_rail_all_reduce_of_a_slice() -> None:
     s, m = 1 << 24, 8
     t = staged_flows(_layout(2, m), s, "all_reduce", "nvls", chunks=4)

@@ -125,7 +125,10 @@ def add_template(tb: TraceBuilder, t: Any, ranks: list[int], ready: int, delay_n
         if not folded[m]:
             first[m] = [tb.add(KIND_BARRIER, r, phase=phase, deps=first[m],
                                duration_ns=delay_ns, collective=collective)]
-    ids = [tb.add(KIND_FLOW, ranks[int(t.src[j])], phase=phase, dst=ranks[int(t.dst[j])],
+    joins = set() if t.kind is None else set(np.flatnonzero(t.kind != KIND_FLOW).tolist())
+    ids = [tb.add(KIND_BARRIER, ranks[int(t.src[j])], phase=phase, collective=collective)
+           if j in joins else
+           tb.add(KIND_FLOW, ranks[int(t.src[j])], phase=phase, dst=ranks[int(t.dst[j])],
                   bytes=int(t.nbytes[j]), duration_ns=int(lat[j]), collective=collective,
                   step=int(t.step[j]), channel=int(t.channel[j])) for j in range(t.size)]
     for p, q in zip(t.pred.tolist(), t.succ.tolist(), strict=True):

@@ -119,6 +119,7 @@ def estimate_ops(plan: Plan, simulated: Collection[int] | None = None) -> int:
                     c.channels or _tp_ring_channels(plan, st))
                 for k in kinds
             )
+            flows += _nvls_joins(plan, st, c.chunks) if "all_reduce" in kinds else 0
             per_mb = units * (per_unit * st.tp + flows)
             per_mb += _ep_cp_ops_per_rank(plan, st) * st.tp
             per_mb += (per_layer * n_layers + (2 * v if zb else 0)) * st.tp
@@ -133,6 +134,20 @@ def estimate_ops(plan: Plan, simulated: Collection[int] | None = None) -> int:
     # (ZeRO's all-gather rings as many again)
     total += 2 * buckets * big_l * steps * chans * dp
     return total + 4 * plan.num_ranks
+
+
+def _nvls_joins(plan: Plan, st: Any, chunks: int) -> int:
+    """Joins an NVLS all-reduce of the stage's TP group may add (upper): one per member and
+    piece where NVLS can run (NVLink SHARP on an NVSwitch server) and a join is worth it
+    (:func:`xsim_adapters.workload.algorithms.worth_a_join`)."""
+    from ..workload.algorithms import worth_a_join
+
+    g = plan.group(st.group)
+    m = min(st.tp, g.gpus_per_node)
+    if not (plan.device_types[g.type].nvls and plan.server_spec(g).fabric == "nvswitch"
+            and worth_a_join(m - 1, m - 1)):
+        return 0
+    return st.tp * (1 if st.tp <= g.gpus_per_node else max(1, chunks))
 
 
 def _tp_ring_channels(plan: Plan, st: Any) -> int:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..trace.schema import KIND_BARRIER, KIND_FLOW
 from .collectives import RingFlows, ring_flows
 
 
@@ -86,6 +87,7 @@ class _Graph:
         self.chan: list[int] = []
         self.pred: list[int] = []
         self.succ: list[int] = []
+        self.joins: list[int] = []
 
     def flow(self, s: int, d: int, b: int, step: int, chan: int) -> int:
         self.src.append(s)
@@ -98,6 +100,11 @@ class _Graph:
     def edge(self, p: int, s: int) -> None:
         self.pred.append(p)
         self.succ.append(s)
+
+    def join(self, member: int) -> int:
+        """A zero-duration barrier of ``member`` (see :class:`RingFlows` ``kind``)."""
+        self.joins.append(len(self.src))
+        return self.flow(member, member, 0, -1, -1)
 
     def ring(self, members: list[int], nbytes: int, kind: str, chan: int,
              step0: int) -> tuple[np.ndarray, np.ndarray]:
@@ -118,6 +125,10 @@ class _Graph:
 
     def done(self, start: np.ndarray, tails: np.ndarray) -> RingFlows:
         z = np.zeros(len(self.src), dtype=np.int64)
+        kind = None
+        if self.joins:
+            kind = np.full(len(self.src), KIND_FLOW, dtype=np.int8)
+            kind[self.joins] = KIND_BARRIER
         return RingFlows(
             src=np.asarray(self.src, dtype=np.int64), dst=np.asarray(self.dst, dtype=np.int64),
             nbytes=np.asarray(self.nbytes, dtype=np.int64),
@@ -125,7 +136,7 @@ class _Graph:
             channel=np.asarray(self.chan, dtype=np.int64), instance=z,
             pred=np.asarray(self.pred, dtype=np.int64),
             succ=np.asarray(self.succ, dtype=np.int64),
-            start=start[None].astype(np.int64), tails=tails[None].astype(np.int64))
+            start=start[None].astype(np.int64), tails=tails[None].astype(np.int64), kind=kind)
 
 
 def _cuts(total: int, parts: int) -> list[int]:
@@ -239,10 +250,31 @@ def _nvls_phase(g: _Graph, block: list[int], piece: int, share: int, step: int,
             tails[d - 1, i] = (ids[d - 1, (i - d) % m], ids[d - 1, i])
     if gate is not None:  # gate[k, i]: ops member i must finish before sending
         for i in range(m):
-            for k in gate[:, i].reshape(-1):
-                for d in range(m - 1):
-                    g.edge(int(k), int(ids[d, i]))
+            before = [int(k) for k in gate[:, i].reshape(-1)]
+            after = [int(x) for x in ids[:, i]]
+            if worth_a_join(len(before), len(after)):  # all before any: k + j edges
+                j = g.join(block[i])
+                for k in before:
+                    g.edge(k, j)
+                for x in after:
+                    g.edge(j, x)
+            else:
+                for k in before:
+                    for x in after:
+                        g.edge(k, x)
     return ids, tails
+
+
+#: A join (a zero-duration barrier) costs one op row: 64 bytes, as much as 8 edges of 8 bytes
+#: (trace/schema.py), and one event per backend.
+JOIN_COST_EDGES = 8
+
+
+def worth_a_join(before: int, after: int) -> bool:
+    """Whether "all ``before`` ops end before any of ``after`` starts" is smaller in a trace as
+    a join (before + after edges and one op) than as before x after edges. The timeline is
+    the same either way: the join ends when its last predecessor does."""
+    return before * after > before + after + JOIN_COST_EDGES
 
 
 def staged_flows(layout: Layout, nbytes: int, kind: str, intra: str,
@@ -374,7 +406,8 @@ def tile(t: RingFlows, members: np.ndarray) -> RingFlows:
         pred=(off[:, None] + t.pred[None, :]).reshape(-1),
         succ=(off[:, None] + t.succ[None, :]).reshape(-1),
         start=off[:, None, None] + t.start[0][None],
-        tails=off[:, None, None, None] + t.tails[0][None])
+        tails=off[:, None, None, None] + t.tails[0][None],
+        kind=None if t.kind is None else np.tile(t.kind, num_i))
 
 
 def nominal_ns(t: RingFlows, server: np.ndarray, intra_GBps: float, nic_GBps: float) -> float:
@@ -419,4 +452,8 @@ def merge(parts: list[tuple[np.ndarray, RingFlows]], num_i: int) -> RingFlows:
         tails[idx] = np.tile(rf.tails + off, (1, reps_t, 1, 1))[:, :ct]
         off += rf.size
     cat = {k: np.concatenate(v).astype(np.int64) for k, v in cols.items()}
-    return RingFlows(start=start, tails=tails, **cat)
+    kind = None
+    if any(rf.kind is not None for _, rf in parts):
+        kind = np.concatenate([np.full(rf.size, KIND_FLOW, dtype=np.int8) if rf.kind is None
+                               else rf.kind for _, rf in parts])
+    return RingFlows(start=start, tails=tails, kind=kind, **cat)

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..plan.attention import is_window_layer
 from ..plan.model import DeviceType, Plan, Stage
-from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, LAYER_EMBEDDING, PHASE_INDEX
+from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, LAYER_EMBEDDING, PHASE_INDEX
 from .algorithms import lower
 from .builder import BulkBuilder, Template
 from .collectives import RingFlows, ring_flows
@@ -455,9 +455,9 @@ def build_block(
             )
             fl = tb.add_ops(
                 rf.size,
-                kind=KIND_FLOW,
+                kind=rf.op_kinds(),
                 rank=rf.src,
-                dst=rf.dst,
+                dst=rf.op_dst(),
                 bytes=rf.nbytes,
                 # NCCL latency and protocol cost: a start latency on each member's gate flows
                 duration_ns=gate_latency(rf, delay, folded[None]) if delay > 0 else 0,

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..trace.schema import KIND_FLOW
+
 
 def num_steps(kind: str, n: int, granularity: str, chunks: int) -> int:
     """Flows per ring edge of one collective: steps (``step``) or pieces (``chunked``)."""
@@ -55,6 +57,11 @@ class RingFlows:
     ``start[i, c, m]``: local index of the first flow member m sends on channel c;
     ``tails[i, c, m]``: the two local flows after which member m holds the result on channel c
     (the last flow it receives, the last flow it sends). Edges are local (pred, succ).
+
+    ``kind`` (None: every entry is a flow) marks *joins*: zero-duration barriers of member
+    ``src`` (``dst == src``, 0 bytes, step and channel -1) that stand for "all of these before
+    any of those" with k + j edges instead of k x j (:func:`.algorithms._nvls_phase`). A join
+    never is a gate or a tail.
     """
 
     src: np.ndarray
@@ -67,10 +74,21 @@ class RingFlows:
     succ: np.ndarray
     start: np.ndarray
     tails: np.ndarray
+    kind: np.ndarray | None = None
 
     @property
     def size(self) -> int:
         return len(self.src)
+
+    def op_kinds(self) -> np.ndarray | int:
+        """The trace ``kind`` of each entry: KIND_FLOW, or KIND_BARRIER for a join."""
+        return KIND_FLOW if self.kind is None else self.kind
+
+    def op_dst(self) -> np.ndarray:
+        """The trace ``dst`` of each entry (local positions): the flow's, -1 for a join."""
+        if self.kind is None:
+            return self.dst
+        return np.where(self.kind == KIND_FLOW, self.dst, -1)
 
 
 def ring_flows(

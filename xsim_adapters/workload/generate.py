@@ -618,9 +618,9 @@ class _Generator:
         )
         ids = tb.add_ops(
             rf.size,
-            kind=KIND_FLOW,
+            kind=rf.op_kinds(),
             rank=rf.src,
-            dst=rf.dst,
+            dst=rf.op_dst(),
             bytes=rf.nbytes,
             # NCCL latency and protocol cost: a start latency on each member's gate flows
             duration_ns=gate_latency(rf, delay, folded) if folded is not None else 0,
