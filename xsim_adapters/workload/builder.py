@@ -203,7 +203,7 @@ class BulkBuilder:
     def frames(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
         """(ops, deps, collectives) frames with the schema's columns and dtypes."""
         ops = {"op_id": np.arange(self.num_ops, dtype=np.int64)}
-        for c in _OP_COLS:  # column by column, each chunk released once copied
+        for c in _OP_COLS:  # column by column, each one's chunks released once joined
             ops[c] = _drain(self._ops[c], OP_COLUMNS[c])
         ops_df = pd.DataFrame(ops, columns=list(OP_COLUMNS), copy=False)
         del ops
@@ -226,16 +226,11 @@ def _cat(chunks: list[np.ndarray], dtype: Any) -> np.ndarray:
 
 
 def _drain(chunks: list[np.ndarray], dtype: Any) -> np.ndarray:
-    """The chunks joined into one array of ``dtype``; the list is emptied as they are copied,
-    so the column is held about once (not chunks plus joined copy) at the peak."""
+    """The chunks joined into one array of ``dtype``, and the list emptied. A single chunk of
+    that dtype (a template tiled in one batch) is returned as it is, not copied; otherwise the
+    peak is the chunks plus the joined column, as for :func:`_cat`."""
     if len(chunks) == 1 and chunks[0].dtype == dtype:
         return chunks.pop()
-    out = np.empty(sum(len(c) for c in chunks), dtype=dtype)
-    pos = 0
-    chunks.reverse()
-    while chunks:
-        c = chunks.pop()
-        out[pos:pos + len(c)] = c
-        pos += len(c)
-        del c
+    out = _cat(chunks, dtype)
+    chunks.clear()
     return out
