@@ -154,10 +154,9 @@ def rank_metrics(trace: Trace, timeline: Timeline | pd.DataFrame,
         c_rank, weights=tf["flops"].to_numpy(dtype=np.float64)[cm], minlength=n)[:n]
 
     # Sort every interval once by (rank, start); each metric below is a masked subset of
-    # these arrays, which keeps that order, so no further sorting is needed. The unsorted
-    # pieces are dropped as soon as they are consumed (this step is the metrics' peak).
-    # Each column is joined (and its pieces freed) before the sort, then permuted one at a
-    # time: at the peak, the joined columns, the order and one permuted copy.
+    # these arrays, which keeps that order, so no further sorting is needed. This step is the
+    # metrics' peak: each column is joined (its pieces freed) before the sort, then permuted
+    # one at a time, so the joined columns, the order and one permuted copy are held at most.
     nc = len(c_rank)
     s = np.concatenate([c_s, f_s])
     del c_s, f_s
