@@ -17,33 +17,17 @@ import argparse
 import dataclasses
 import sys
 import time
-from typing import Any
 
 import numpy as np
-import yaml
+from _variant import load_variant
 
 import xsim_adapters as xs
 from xsim_adapters.workload.coarsen import decide
 
 
-def _load(path: str, sets: list[str]) -> Any:
-    if not sets:
-        return xs.load_plan(path)
-    with open(path) as fh:
-        d = yaml.safe_load(fh)
-    for item in sets:
-        key, value = item.split("=", 1)
-        *parents, leaf = key.split(".")
-        node = d
-        for k in parents:
-            node = node.setdefault(k, {})
-        node[leaf] = yaml.safe_load(value)
-    return xs.load_plan(yaml.safe_dump(d))
-
-
 def compare(path: str, microbatches: bool = False, sets: list[str] | None = None) -> dict:
     """One plan, both ways: {way: (ops, CPU s, iteration ns, mfu, ranks frame)} and the error."""
-    plan = _load(path, sets or [])
+    plan = load_variant(path, sets or [])
     topo = xs.build_topology(plan)
     if microbatches:
         co = decide(plan, "on")

@@ -23,14 +23,14 @@ FABRIC = {"topology": "leaf_spine", "rail_optimized": True, "link_gbps": 400,
           "latency_us": 1.0, "oversubscription": 1.0}
 
 
-def _plan(pp=4, dp=2, m=24, schedule="1f1b", fabric=None, **training):
+def _plan(pp=4, dp=2, m=24, schedule="1f1b", fabric=None, ecmp="flow", **training):
     return xs.load_plan(yaml.safe_dump({
         "name": "steady-test",
         "model": {"preset": "tiny-gpt"},
         "training": {"global_batch": dp * m, "micro_batch": 1, "schedule": schedule,
                      **training},
         "device_groups": {"h100": {"type": "H100-80GB", "nodes": dp, "gpus_per_node": 8}},
-        "network": {"scale_out": fabric or FABRIC},
+        "network": {"scale_out": fabric or FABRIC, "ecmp": ecmp},
         "replicas": {"uniform": {"group": "h100", "tp": 2, "pp": pp, "dp": dp}},
     }))
 
@@ -152,3 +152,16 @@ def test_routes_that_depend_on_op_ids_keep_every_microbatch() -> None:
     assert not rec["used"] and rec["simulated"] is None
     assert "several equal-cost paths (ECMP hashes each flow's op id)" in rec["reason"]
     assert set(trace.ops.loc[trace.ops["microbatch"] >= 0, "microbatch"]) == set(range(24))
+
+
+def test_routes_that_follow_connections_merge_microbatches() -> None:
+    # the fabric above with network.ecmp: connection: each DP ring connection keeps one of the
+    # two spine paths for the whole run, so every micro-batch meets the same collisions and
+    # merging gives the full run's iteration (one ns of rounding per period at most)
+    fabric = dict(FABRIC, rail_optimized=False, nodes_per_leaf=1, spines=2)
+    plan = _plan(fabric=fabric, ecmp="connection")
+    runs = _runs(plan)
+    (tm, mm), (tf, mf) = runs["merged"], runs["full"]
+    assert mm.summary["coarsening"]["microbatches"]["used"] and tm.num_ops < tf.num_ops
+    periods = 24 - (plan.replicas[0].pp + STEADY_EXTRA)
+    assert abs(mm.summary["iteration_time_ns"] - mf.summary["iteration_time_ns"]) <= periods

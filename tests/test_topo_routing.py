@@ -7,6 +7,7 @@ import sys
 from collections import Counter
 
 import numpy as np
+import pandas as pd
 from test_topo_helpers import make_plan
 
 from xsim_adapters.plan.model import ScaleOut
@@ -107,7 +108,7 @@ def test_paths_of_rows_in_slices_matches_path_per_row(monkeypatch):
     rank = rng.integers(0, 64, size=n).astype(np.int32)
     dst = rng.integers(0, 64, size=n).astype(np.int32)
     rows = np.sort(rng.choice(n, size=25, replace=False))
-    offsets, links = topo.paths_of_rows(rank, dst, rows)
+    offsets, links = topo.paths_of_rows(pd.DataFrame({"rank": rank, "dst": dst}), rows)
     assert offsets.dtype == np.int64 and links.dtype == np.int32
     assert len(offsets) == n + 1 and offsets[0] == 0 and offsets[-1] == len(links)
     listed = set(rows.tolist())

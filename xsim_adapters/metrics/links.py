@@ -70,7 +70,7 @@ def link_metrics(trace: Trace, timeline: Timeline | pd.DataFrame, topology: Topo
     links = topology.links
     L = len(links)
     offsets, path_links = topology.paths_for(
-        ops["rank"].to_numpy()[fl], ops["dst"].to_numpy()[fl], ops["op_id"].to_numpy()[fl]
+        ops["rank"].to_numpy()[fl], ops["dst"].to_numpy()[fl], topology.ecmp_keys(ops, fl)
     )
     offsets, path_links = _start_paths(topology, ops, fl, tf, offsets, path_links)
     per_flow = np.diff(offsets)
@@ -126,7 +126,7 @@ def _start_paths(topology: Topology, ops: pd.DataFrame, fl: np.ndarray, tf: pd.D
     if not ep.any_down or len(fl) == 0:
         return offsets, links
     det = detours(topology, ops["rank"].to_numpy()[fl], ops["dst"].to_numpy()[fl],
-                  ops["op_id"].to_numpy()[fl], offsets, links, ep)
+                  topology.ecmp_keys(ops, fl), offsets, links, ep)
     if not len(det):
         return offsets, links
     start = tf["start_ns"].to_numpy(dtype=np.float64)[fl]

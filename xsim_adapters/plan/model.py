@@ -32,6 +32,7 @@ Resharding = Literal["lcm", "gather_p2p_scatter", "direct"]
 Granularity = Literal["step", "chunked"]
 RingOrder = Literal["hetero_aware", "natural"]
 Algorithm = Literal["auto", "ring", "tree", "nvls", "hierarchical"]
+EcmpMode = Literal["flow", "connection"]
 ScaleOutTopology = Literal["leaf_spine", "fat_tree"]
 LinkEventKind = Literal["degrade", "fail", "restore", "nic_down", "nic_up"]
 #: Event kinds that name a GPU (its NIC's cable to the fabric) instead of two nodes.
@@ -385,6 +386,9 @@ class NetworkSpec:
     links: tuple[ExplicitLink, ...] = ()
     events: tuple[LinkEvent, ...] = ()
     measured: MeasuredSpec | None = None
+    # What picks a flow's path among equal-cost ones (topology/routing.py, ECMP_MODES): "flow"
+    # hashes each flow (op), "connection" each NCCL connection (src, dst, phase, channel).
+    ecmp: EcmpMode = "flow"
 
 
 @dataclass(frozen=True)

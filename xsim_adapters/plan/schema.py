@@ -64,6 +64,7 @@ EXEMPLARS: tuple[dict[str, Any], ...] = (
                 {"at_us": 40, "kind": "nic_down", "rank": 1},
                 {"at_us": 50, "kind": "nic_up", "rank": 1},
             ],
+            "ecmp": "connection",
         },
         "replicas": [
             {"stages": [{"group": "h100", "devices": [0, 2], "tp": 2, "layers": [0, 2]},

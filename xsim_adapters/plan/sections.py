@@ -27,6 +27,7 @@ from .model import (
     CollectiveAlgorithms,
     CollectivesSpec,
     DeviceType,
+    EcmpMode,
     ExplicitLink,
     GradDtype,
     Granularity,
@@ -437,7 +438,7 @@ def parse_network(value: Any, path: str, base_dir: str | None = None) -> Network
     ``base_dir`` resolves a relative ``measured`` CSV path (default: the working directory).
     """
     m = f.expect_mapping(value, path)
-    f.check_keys(m, path, ("scale_out", "scale_up", "links", "events", "measured"))
+    f.check_keys(m, path, ("scale_out", "scale_up", "links", "events", "measured", "ecmp"))
     so = _parse_scale_out(m.get("scale_out", {}), f.join(path, "scale_out"))
     su = _parse_scale_up(m.get("scale_up", {}), f.join(path, "scale_up"))
     links = tuple(
@@ -452,7 +453,9 @@ def parse_network(value: Any, path: str, base_dir: str | None = None) -> Network
         parse_measured(m["measured"], f.join(path, "measured"), so.latency_us, base_dir)
         if m.get("measured") is not None else None
     )
-    return NetworkSpec(scale_out=so, scale_up=su, links=links, events=events, measured=measured)
+    ecmp = f.get_enum(m, "ecmp", path, get_args(EcmpMode), NetworkSpec.ecmp)
+    return NetworkSpec(scale_out=so, scale_up=su, links=links, events=events, measured=measured,
+                       ecmp=ecmp)  # type: ignore[arg-type]
 
 
 def _parse_scale_out(value: Any, path: str) -> ScaleOut:

@@ -86,6 +86,7 @@ def build_topology(plan: Plan) -> Topology:
         events=events,
         meta=meta,
         _router=Router(nodes, links),
+        ecmp=plan.network.ecmp,
     )
 
 

@@ -18,7 +18,9 @@ link ids.
 
 Routing is deterministic ECMP: :meth:`Topology.path` gives the link ids a flow crosses, from
 its source GPU to its destination GPU, chosen among equal-cost shortest paths by a hash of
-``key`` (the flow's op_id), so every backend that asks gets the same path.
+``key``, so every backend that asks gets the same path. :meth:`Topology.ecmp_keys` gives each
+flow's key by the plan's ``network.ecmp`` (``ecmp``): its op id (``flow``) or its NCCL
+connection (``connection``; :func:`~.routing.connection_keys`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Topology:
     events: pd.DataFrame = field(default_factory=pd.DataFrame)
     meta: dict[str, Any] = field(default_factory=dict)
     _router: Any = None  # set by the builder: an object with path(src_node, dst_node, key)
+    ecmp: str = "flow"  # network.ecmp: what keys a flow's path (routing.ECMP_MODES)
 
     @property
     def num_ranks(self) -> int:
@@ -105,18 +108,32 @@ class Topology:
         dst = self.rank_node[np.asarray(dst_ranks, dtype=np.int64)]
         return self.router.paths_for(src, dst, np.asarray(keys, dtype=np.int64))
 
-    def paths_of_rows(
-        self, src_ranks: np.ndarray, dst_ranks: np.ndarray, rows: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Paths of the flows at ``rows`` (ascending) of a trace's op table, keyed by their
-        op ids (the row numbers), as CSR over *every* row: ``(offsets int64[len(src_ranks) +
-        1], link ids int32)``; rows not listed have no links. ``src_ranks``/``dst_ranks`` are
-        the whole ``rank``/``dst`` columns: routed in slices, so memory beyond the result is
-        4 bytes per flow plus a bounded slice (:func:`~.routing.route_rows`).
+    def ecmp_keys(self, ops: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+        """ECMP key (int64) of the flows at ``rows`` of a trace's op table (``op_id`` equal to
+        the row index): the op id under ``ecmp: flow``, the flow's NCCL connection (source,
+        destination, phase, channel) under ``ecmp: connection``. Every backend routes a
+        flow with this key, so they agree on its path."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if self.ecmp == "flow":
+            return rows
+        from .routing import connection_keys
+
+        def col(name: str) -> np.ndarray:
+            return ops[name].to_numpy()[rows]
+
+        return connection_keys(col("rank"), col("dst"), col("phase"), col("channel"))
+
+    def paths_of_rows(self, ops: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Paths of the flows at ``rows`` (ascending) of a trace's op table, keyed by
+        :meth:`ecmp_keys`, as CSR over *every* row: ``(offsets int64[len(ops) + 1], link ids
+        int32)``; rows not listed have no links. Routed in slices, so memory beyond the result
+        is 4 bytes per flow plus a bounded slice (:func:`~.routing.route_rows`).
         """
         from .routing import route_rows
 
         node = self.rank_node
-        return route_rows(self.router, rows, len(src_ranks), lambda lo, hi: (
+        src_ranks = ops["rank"].to_numpy()
+        dst_ranks = ops["dst"].to_numpy()
+        return route_rows(self.router, rows, len(ops), lambda lo, hi: (
             node[src_ranks[rows[lo:hi]]], node[dst_ranks[rows[lo:hi]]],
-            np.asarray(rows[lo:hi], dtype=np.int64)))
+            self.ecmp_keys(ops, rows[lo:hi])))

@@ -13,6 +13,12 @@ Rules (the same for every backend, so "the same plan" means the same paths every
   link id) by a stable hash of the flow key and the hop index. The key is first reduced to one
   of ``BUCKETS`` buckets, so paths are cached per (source node, destination node, bucket) and
   millions of flows between a few thousand GPU pairs are routed from a small cache.
+- What the key is (``network.ecmp``, :data:`ECMP_MODES`): ``flow``, the flow's op id, so every
+  flow draws its own path (a message-granular spread, as adaptive routing or a per-message
+  source port gives); ``connection``, a hash of (source rank, destination rank, phase,
+  channel), NCCL's connection: RoCE switches hash the UDP source port of the queue pair, fixed
+  for the queue pair's life (one per peer per channel of a communicator, NCCL_IB_QPS_PER_CONNECTION
+  = 1), so every flow of a connection takes one path for the whole run and collisions persist.
 
 Python's ``hash()`` of strings is salted per process, so only integer mixing (splitmix64) is used.
 """
@@ -30,6 +36,9 @@ BUCKETS = 256  # ECMP buckets per (src, dst) pair; more than any fabric here has
 
 _M64 = (1 << 64) - 1
 
+#: ``network.ecmp``: what keys a flow's ECMP path (module doc).
+ECMP_MODES = ("flow", "connection")
+
 
 def stable_hash(x: int) -> int:
     """splitmix64 of a non-negative integer: a stable, well-mixed 64-bit hash."""
@@ -45,6 +54,20 @@ def stable_hash_array(x: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
+
+
+def connection_keys(src: np.ndarray, dst: np.ndarray, phase: np.ndarray, channel: np.ndarray
+                    ) -> np.ndarray:
+    """ECMP key (int64 >= 0) of each flow's NCCL connection: a hash of its source rank,
+    destination rank, phase (tp, dp, pp, ...: one communicator kind each) and channel (-1:
+    none). Flows that share all four share the key, whatever their op ids; the key does not
+    depend on how ops are numbered."""
+    z = stable_hash_array(np.asarray(src, dtype=np.int64).astype(np.uint64))
+    z = stable_hash_array(z ^ np.asarray(dst, dtype=np.int64).astype(np.uint64))
+    tag = ((np.asarray(phase, dtype=np.int64) & 0xFF) << 16) | (
+        np.asarray(channel, dtype=np.int64) & 0xFFFF)
+    z = stable_hash_array(z ^ tag.astype(np.uint64))
+    return (z >> np.uint64(1)).astype(np.int64)
 
 
 def bucket_of(keys: np.ndarray) -> np.ndarray:

@@ -213,13 +213,17 @@ def fabric_asymmetry(plan: Plan) -> str | None:
 
 def ecmp_choice(plan: Plan, src: Any, dst: Any) -> str | None:
     """Why a trace's micro-batches would not repeat on this fabric, or None: its flows go from
-    ranks ``src[i]`` to ``dst[i]``; a pair with several equal-cost paths gets a path per flow
-    from the hash of the flow's op id, so each micro-batch (and the sync after them, whose op
-    ids depend on how many came before) meets its own collisions. With one shortest path for
-    every pair, no route depends on op ids."""
+    ranks ``src[i]`` to ``dst[i]``; under ``network.ecmp: flow`` a pair with several equal-cost
+    paths gets a path per flow from the hash of the flow's op id, so each micro-batch (and the
+    sync after them, whose op ids depend on how many came before) meets its own collisions.
+    With one shortest path for every pair, or under ``ecmp: connection`` (a flow's path
+    follows its connection, the same in every micro-batch), no route depends on op ids."""
     import numpy as np
 
     from ..topology import build_topology
+
+    if plan.network.ecmp == "connection":
+        return None
 
     n = plan.num_ranks
     # by destination: the router computes one destination's distances once for all sources

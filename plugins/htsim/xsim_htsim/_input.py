@@ -31,20 +31,20 @@ starts (its start latency, trace schema 2), 2 a join (a barrier without delay). 
 the magic, the version (it reads version 5 only, and says so), the file size against the
 counts (a truncated file is refused) and every id against its range.
 
-``from_host`` is 1 for a link whose queue is a host's, not a switch port's: links leaving a GPU
-or a NIC node, and PCIe links (lossless and credit-based: they back-pressure, never trim or
-drop), so NDP/EQDS trim only at Ethernet switch ports. Routes are the topology's own ECMP
-paths (``Topology.path(src, dst, op_id)`` forward and ``Topology.path(dst, src, op_id)`` for
-ACKs), deduplicated in order of first use, so htsim routes every flow exactly as the flow
-backend does. ``scale_up`` is 1 when the flow's forward route stays inside a server
-(``topology.model.is_scale_up_path`` over ``Topology.server_links()``, the definition ns-3 uses
-too: an intra-server NVLink/NVSwitch/PCIe flow, which the driver times with its fluid model under
-``--scale-up fluid``), else 0 (always 0 for a local flow). The flag depends only on the
+``from_host`` is 1 for a link whose queue is a host's, not a switch port's: links leaving a GPU or
+a NIC node, and PCIe links (lossless and credit-based: they back-pressure, never trim or drop), so
+NDP/EQDS trim only at Ethernet switch ports. Routes are the topology's own ECMP paths
+(``Topology.path(src, dst, key)`` forward and ``Topology.path(dst, src, key)`` for ACKs, ``key``
+the flow's ``Topology.ecmp_keys``), deduplicated in order of first use, so htsim routes every flow
+exactly as the flow backend does. ``scale_up`` is 1 when the flow's forward route stays inside a
+server (``topology.model.is_scale_up_path`` over ``Topology.server_links()``, the definition ns-3
+uses too: an intra-server NVLink/NVSwitch/PCIe flow, which the driver times with its fluid model
+under ``--scale-up fluid``), else 0 (always 0 for a local flow). The flag depends only on the
 topology, so the file is the same for either scale-up mode. ``events`` are the topology's timed
-link events (``Topology.events``): from ``at_ps`` on, link ``link`` serves at ``bps``
-(``round(gbps x factor x 1e9)``; 0 takes it down until a later event). Times go out in
-picoseconds (``ns x 1000``), capacities in bits per second. The output is a pure function of
-the trace and topology (byte-identical across runs) and is written atomically.
+link events (``Topology.events``): from ``at_ps`` on, link ``link`` serves at ``bps`` (``round(gbps
+x factor x 1e9)``; 0 takes it down until a later event). Times go out in picoseconds (``ns x
+1000``), capacities in bits per second. The output is a pure function of the trace and topology
+(byte-identical across runs) and is written atomically.
 
 What-if sections (SR = K = P = D = 0 when the run has none): slowdown segments are
 :func:`xsim_adapters.trace.slowdowns.schedule`'s, in ps; the driver stretches a compute op as
@@ -191,7 +191,8 @@ def _whatif_sections(trace: Trace, topology: Topology, flow_idx: np.ndarray,
     if paths is not None and ep.any_down:
         f_off, f_ids, b_off, b_ids = paths
         r_idx = np.flatnonzero(remote)
-        keys = flow_idx[r_idx].astype(np.int64)
+        op_of = flow_idx[r_idx].astype(np.int64)
+        keys = topology.ecmp_keys(trace.ops, op_of)
         src, dst = fsrc[r_idx], fdst[r_idx]
         fwd = detours(topology, src, dst, keys, f_off, f_ids, ep)
         rev = detours(topology, dst, src, keys, b_off, b_ids, ep)
@@ -201,7 +202,7 @@ def _whatif_sections(trace: Trace, topology: Topology, flow_idx: np.ndarray,
                 e, i = divmod(key, det.num_items)
                 path = det.path(j).astype(np.int64)
                 rid = table.setdefault(path.tobytes(), len(table))
-                per_epoch[e].setdefault(int(keys[i]), [-1, -1])[side] = rid
+                per_epoch[e].setdefault(int(op_of[i]), [-1, -1])[side] = rid
         p = len(ep.at_ns)
         items = [sorted(entries.items()) for entries in per_epoch]
         d_off = np.zeros(p + 1, dtype="<u8")
@@ -255,7 +256,8 @@ def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> In
     rev = np.full(len(flow_idx), -1, dtype=np.int64)
     if remote.any():
         r_idx = np.flatnonzero(remote)
-        keys = flow_idx[r_idx].astype(np.int64)
+        op_of = flow_idx[r_idx].astype(np.int64)
+        keys = topology.ecmp_keys(ops, op_of)
         f_off, f_ids = _flow_paths(topology, fsrc[r_idx], fdst[r_idx], keys)
         b_off, b_ids = _flow_paths(topology, fdst[r_idx], fsrc[r_idx], keys)
         f_rid = _route_ids(f_off, f_ids, table)
@@ -264,7 +266,7 @@ def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> In
         if len(missing):
             i = int(missing[0])
             raise BackendError(
-                f"htsim: flow op {int(keys[i])} ({int(fsrc[r_idx][i])} -> "
+                f"htsim: flow op {int(op_of[i])} ({int(fsrc[r_idx][i])} -> "
                 f"{int(fdst[r_idx][i])}) has no route in the topology"
             )
         fwd[r_idx] = f_rid

@@ -3,11 +3,13 @@
 Routing choice: static host routes computed from ``Topology.path``, not ns-3's global routing.
 Each (source GPU, destination GPU) pair with packet flows gets one persistent connection and a
 /32 destination address of its own; host routes for it are installed hop by hop along
-``Topology.path(src, dst, key)`` with ``key`` the pair's first flow op id. So data packets cross
-exactly the links the flow backend routes that pair's first flow over, including the chosen
-parallel link of a multi-edge; ns-3's global routing could not promise that (it picks its own
-equal-cost path and ignores multi-edge identity). Later flows of a pair reuse the connection
-and its path; the flow backend may hash them onto other equal-cost paths (ECMP per flow).
+``Topology.path(src, dst, key)`` with ``key`` the ECMP key of the pair's first flow
+(``Topology.ecmp_keys``). So data packets cross exactly the links the flow backend routes that
+pair's first flow over, including the chosen parallel link of a multi-edge; ns-3's global
+routing could not promise that (it picks its own equal-cost path and ignores multi-edge
+identity). Later flows of a pair reuse the connection and its path; the flow backend may route
+them onto other equal-cost paths: under ``network.ecmp: flow`` each flow draws its own, under
+``connection`` each (phase, channel) connection of the pair does.
 ACKs go back to the source's interface address along ``Topology.path(dst, src, key)``; where
 two pairs disagree about a hop toward the same source, the first pair's route is kept.
 """
@@ -165,10 +167,12 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
     used_links: set[int] = set()
     pair_is_fluid = np.zeros(len(uniq), bool)
     pair_slot = np.full(len(uniq), -1, np.int64)
+    pair_ecmp = topology.ecmp_keys(ops, flow_ids[first])  # the pair's first flow's ECMP key
     for p, key in enumerate(uniq):
         s, d = int(key // nr), int(key % nr)
         op0 = int(flow_ids[first[p]])
-        path = np.asarray(topology.path(s, d, op0), np.int64)
+        ek = int(pair_ecmp[p])
+        path = np.asarray(topology.path(s, d, ek), np.int64)
         if len(path) == 0:
             raise BackendError(
                 f"ns3: the topology has no path from rank {s} to rank {d} (op {op0})"
@@ -177,13 +181,13 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
             pair_is_fluid[p] = True
             fluid_paths[p] = path
             continue
-        back = np.asarray(topology.path(d, s, op0), np.int64)
+        back = np.asarray(topology.path(d, s, ek), np.int64)
         if len(back) == 0:
             raise BackendError(f"ns3: the topology has no path from rank {d} back to rank {s}")
         used_links.update(path.tolist())
         used_links.update(back.tolist())
         pair_slot[p] = len(pairs)
-        pairs.append({"src": s, "dst": d, "path": path, "back": back, "key": op0})
+        pairs.append({"src": s, "dst": d, "path": path, "back": back, "key": ek})
 
     # Rerouting (_whatif.py): where each pair's paths move when links are down.
     ep = epochs(topology)
@@ -195,7 +199,7 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
     fluid_moves = [(e, fluid_ids[i], pth) for e, i, pth in path_moves(
         topology, ep, [int(uniq[q] // nr) for q in fluid_ids],
         [int(uniq[q] % nr) for q in fluid_ids],
-        [int(flow_ids[first[q]]) for q in fluid_ids], [fluid_paths[q] for q in fluid_ids])]
+        [int(pair_ecmp[q]) for q in fluid_ids], [fluid_paths[q] for q in fluid_ids])]
     for _, _, pth in fwd_moves + back_moves:
         used_links.update(pth.tolist())
 

@@ -135,7 +135,7 @@ def build_problem(trace: Trace, topology: Topology) -> tuple[FlowProblem, float]
                 f" {nr} ranks"
             )
     t0 = time.perf_counter()
-    offsets, links = topology.paths_of_rows(rank, dst, flow_ids)
+    offsets, links = topology.paths_of_rows(ops, flow_ids)
     del flow_ids
     routing_s = time.perf_counter() - t0
     lk = topology.links
@@ -150,7 +150,8 @@ def build_problem(trace: Trace, topology: Topology) -> tuple[FlowProblem, float]
     has_events = len(ev) > 0
     sched = schedule(trace.manifest, nr)
     ep = epochs(topology)
-    det = (detours(topology, rank, dst, np.arange(n, dtype=np.int64), offsets, links, ep)
+    det = (detours(topology, rank, dst, topology.ecmp_keys(ops, np.arange(n)), offsets, links,
+                   ep)
            if ep.any_down else no_detours(n))
     problem = FlowProblem(
         kind=kind,
