@@ -118,16 +118,19 @@ def uniform_plan(
     group: dict[str, Any] | None = None,
     cp: int = 1,
     order: str = MEGATRON_ORDER,
+    stage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A plan dict: ``gpus`` devices of type ``device`` in servers of ``gpus_per_node``, one
     ``uniform`` replica block of TP ``tp`` x PP ``pp`` x ``gpus / (tp pp)`` replicas, of which
     ``cp`` consecutive ones form a CP group (docs/moe.md): DP ``gpus / (tp pp cp)``. ``order``:
-    the block's device order (docs/plan.md), Megatron-Core's by default."""
+    the block's device order (docs/plan.md), Megatron-Core's by default; ``stage``: more keys
+    of the block (``ep``, ``etp``)."""
     dp = gpus // (tp * pp)  # replicas; CP groups are cp consecutive replicas
     if dp * tp * pp != gpus or dp % cp:
         raise ValueError(f"{name}: {gpus} GPUs are not a multiple of tp x pp x cp")
     gpn = min(gpus_per_node, gpus)
-    uniform: dict[str, Any] = {"group": "g", "tp": tp, "pp": pp, "dp": dp, "order": order}
+    uniform: dict[str, Any] = {"group": "g", "tp": tp, "pp": pp, "dp": dp, "order": order,
+                               **(stage or {})}
     if cp > 1:
         uniform["cp"] = cp
     d: dict[str, Any] = {

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from validation._plans import MEGATRON_ORDER
+from validation._plans import uniform_plan
 from validation.framework import DATA, Case, read_rows, row_case, simulate_summary
 
 SOURCE = "megatron-bridge-moe"
@@ -44,24 +44,16 @@ def rows() -> list[dict[str, Any]]:
 def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
     """The published configuration as a plan (see the module docstring)."""
     gpus, tp, pp, cp, ep, etp = (int(row[k]) for k in ("gpus", "tp", "pp", "cp", "ep", "etp"))
-    dp = gpus // (tp * pp)
+    training = {"global_batch": int(row["global_batch"]), "micro_batch": int(row["micro_batch"]),
+                "schedule": "1f1b", "zero_stage": 1, "sequence_parallel": tp > 1,
+                "precision": row["precision"]}
     # Megatron-Core's rank order (tp-cp-ep-dp-pp): a stage's EP ranks are neighbours (docs/plan.md)
-    stage: dict[str, Any] = {"group": "h100", "tp": tp, "pp": pp, "dp": dp, "ep": ep, "cp": cp,
-                             "order": MEGATRON_ORDER}
-    if etp != 1:
-        stage["etp"] = etp
-    return {
-        "name": f"megatron-bridge-{row['model']}-{row['gpus']}gpu",
-        "model": {"preset": row["model"], "seq_len": int(row["seq_len"])},
-        "training": {"global_batch": int(row["global_batch"]),
-                     "micro_batch": int(row["micro_batch"]), "schedule": "1f1b",
-                     "zero_stage": 1, "sequence_parallel": tp > 1,
-                     "precision": row["precision"]},
-        "device_groups": {"h100": {"type": "H100-80GB", "nodes": gpus // GPUS_PER_NODE,
-                                   "gpus_per_node": GPUS_PER_NODE}},
-        "network": {"scale_out": {"topology": "leaf_spine", "link_gbps": NIC_GBPS}},
-        "replicas": {"uniform": stage},
-    }
+    return uniform_plan(f"megatron-bridge-{row['model']}-{row['gpus']}gpu",
+                        {"preset": row["model"], "seq_len": int(row["seq_len"])}, training,
+                        "H100-80GB", gpus, tp, pp, gpus_per_node=GPUS_PER_NODE,
+                        network={"scale_out": {"topology": "leaf_spine",
+                                               "link_gbps": NIC_GBPS}},
+                        cp=cp, stage={"ep": ep, **({"etp": etp} if etp != 1 else {})})
 
 
 @functools.cache

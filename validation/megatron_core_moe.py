@@ -26,10 +26,10 @@ import functools
 from typing import Any
 
 try:  # as part of the validation package (python -m validation) or as a script
-    from validation._plans import MEGATRON_ORDER
+    from validation._plans import uniform_plan
     from validation.framework import DATA, Case, simulate_summary
 except ImportError:  # pragma: no cover - run as a plain script from validation/
-    from _plans import MEGATRON_ORDER  # type: ignore[no-redef]
+    from _plans import uniform_plan  # type: ignore[no-redef]
     from framework import DATA, Case, simulate_summary  # type: ignore[no-redef]
 
 SOURCE = "megatron-core-moe"
@@ -44,20 +44,12 @@ def rows() -> list[dict[str, Any]]:
 def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
     """The published configuration as a plan (see the module docstring)."""
     gpus, tp, pp, ep = (int(row[k]) for k in ("gpus", "tp", "pp", "ep"))
-    dp = gpus // (tp * pp)
-    return {
-        "name": f"megatron-core-moe-{row['model']}",
-        "model": {"preset": row["model"], "seq_len": int(row["seq_len"])},
-        "training": {"global_batch": int(row["global_batch"]),
-                     "micro_batch": int(row["micro_batch"]), "schedule": "1f1b",
-                     "zero_stage": 1, "sequence_parallel": tp > 1},
-        "device_groups": {"h100": {"type": "H100-80GB", "nodes": gpus // 8,
-                                   "gpus_per_node": 8}},
-        "network": {"scale_out": {"topology": "leaf_spine", "link_gbps": 400}},
-        # Megatron-Core's rank order: each stage's 8 EP ranks on one server (docs/plan.md)
-        "replicas": {"uniform": {"group": "h100", "tp": tp, "pp": pp, "dp": dp, "ep": ep,
-                                 "order": MEGATRON_ORDER}},
-    }
+    training = {"global_batch": int(row["global_batch"]), "micro_batch": int(row["micro_batch"]),
+                "schedule": "1f1b", "zero_stage": 1, "sequence_parallel": tp > 1}
+    # Megatron-Core's rank order: each stage's 8 EP ranks on one server (docs/plan.md)
+    return uniform_plan(f"megatron-core-moe-{row['model']}",
+                        {"preset": row["model"], "seq_len": int(row["seq_len"])}, training,
+                        "H100-80GB", gpus, tp, pp, stage={"ep": ep})
 
 
 def predict_tflops(row: dict[str, Any]) -> float:

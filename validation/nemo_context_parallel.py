@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from validation._plans import MEGATRON_ORDER
+from validation._plans import uniform_plan
 from validation.framework import DATA, Case, read_rows, row_case, simulate_summary
 
 SOURCE = "nemo-cp"
@@ -59,17 +59,13 @@ def plan_dict(row: dict[str, Any]) -> dict[str, Any]:
     }
     if vp > 1:
         training.update(schedule="interleaved", virtual_stages=vp)
-    return {
-        "name": f"nemo-cp-{row['model']}-{int(row['seq_len']) // 1024}k",
-        "model": {"preset": row["model"], "seq_len": int(row["seq_len"])},
-        "training": training,
-        "device_groups": {"h100": {"type": "H100-80GB", "nodes": gpus // GPUS_PER_NODE,
-                                   "gpus_per_node": GPUS_PER_NODE}},
-        "network": {"scale_out": {"topology": "leaf_spine", "link_gbps": NIC_GBPS}},
-        # Megatron-Core's rank order (tp-cp-ep-dp-pp; docs/plan.md)
-        "replicas": {"uniform": {"group": "h100", "tp": tp, "pp": pp, "dp": dp * cp, "cp": cp,
-                                 "order": MEGATRON_ORDER}},
-    }
+    # Megatron-Core's rank order (tp-cp-ep-dp-pp; docs/plan.md)
+    return uniform_plan(f"nemo-cp-{row['model']}-{int(row['seq_len']) // 1024}k",
+                        {"preset": row["model"], "seq_len": int(row["seq_len"])}, training,
+                        "H100-80GB", gpus, tp, pp, gpus_per_node=GPUS_PER_NODE,
+                        network={"scale_out": {"topology": "leaf_spine",
+                                               "link_gbps": NIC_GBPS}},
+                        cp=cp)
 
 
 def predict(row: dict[str, Any]) -> float:
