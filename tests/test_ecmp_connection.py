@@ -212,3 +212,32 @@ def test_link_metrics_count_bytes_on_the_connection_paths(runs):
                                   np.array([ch]))[0])
         want[topo.path(s, d, key)] += nbytes
     assert lm["bytes"].to_numpy(dtype=np.int64).tolist() == want.tolist()
+
+
+def test_ns3_gives_each_connection_of_a_pair_its_own_path(runs):
+    """Eight channels from rank 0 to rank 16 (another leaf: four uplinks to choose from) are
+    eight connections under ``connection``, each with its own address and the path of its own
+    key, as in the flow backend; under ``flow`` ns-3 carries the pair on one connection."""
+    from xsim_ns3._options import parse_options
+    from xsim_ns3._prepare import prepare
+
+    from xsim_adapters.trace.handmade import TraceBuilder
+
+    tb = TraceBuilder(32)
+    rows = [tb.flow(0, 16, 1 << 20, channel=c) for c in range(8)]
+    trace = tb.build()
+    for mode, conns in (("flow", 1), ("connection", 8)):
+        topo = runs[mode][1]
+        a = prepare(trace, topo, parse_options({})).arrays
+        assert len(a["conn_daddr"]) == conns
+        if mode == "flow":
+            continue
+        keys = topo.ecmp_keys(trace.ops, np.array(rows))
+        paths = set()
+        for row, key in zip(rows, keys.tolist(), strict=True):
+            hops = np.flatnonzero(a["route_addr"] == a["conn_daddr"][int(a["conn"][row])])
+            side, cab = a["route_side"][hops], a["route_cable"][hops]
+            links = np.where(side == 0, a["cable_link_ab"][cab], a["cable_link_ba"][cab])
+            assert links.tolist() == topo.path(0, 16, key).tolist()
+            paths.add(tuple(links.tolist()))
+        assert len(paths) > 1  # the connections do not all share one path

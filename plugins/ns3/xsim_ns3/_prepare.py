@@ -1,15 +1,17 @@
 """Turn a Trace and a Topology into the flat arrays the C++ replay engine loads (no ns-3 here).
 
 Routing choice: static host routes computed from ``Topology.path``, not ns-3's global routing.
-Each (source GPU, destination GPU) pair with packet flows gets one persistent connection and a
-/32 destination address of its own; host routes for it are installed hop by hop along
+Each (source GPU, destination GPU) pair with packet flows (each connection of it under
+``network.ecmp: connection``) gets one persistent connection and a /32 destination address of
+its own; host routes for it are installed hop by hop along
 ``Topology.path(src, dst, key)`` with ``key`` the ECMP key of the pair's first flow
 (``Topology.ecmp_keys``). So data packets cross exactly the links the flow backend routes that
 pair's first flow over, including the chosen parallel link of a multi-edge; ns-3's global
 routing could not promise that (it picks its own equal-cost path and ignores multi-edge
-identity). Later flows of a pair reuse the connection and its path; the flow backend may route
-them onto other equal-cost paths: under ``network.ecmp: flow`` each flow draws its own, under
-``connection`` each (phase, channel) connection of the pair does.
+identity). Under ``network.ecmp: flow`` later flows of a pair reuse the connection and its
+path, where the flow backend draws a path per flow; under ``connection`` each NCCL connection
+of a pair (phase, channel) is a connection of its own with its own address and path, so every
+flow crosses the links it crosses in the other backends.
 ACKs go back to the source's interface address along ``Topology.path(dst, src, key)``; where
 two pairs disagree about a hop toward the same source, the first pair's route is kept.
 """
@@ -157,19 +159,28 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
             f"ns3: flow op {i} goes from rank {int(ops['rank'].iat[i])} to rank"
             f" {int(ops['dst'].iat[i])}; the topology has ranks 0..{nr - 1} and a flow needs two"
         )
-    # One path per (src, dst) pair, keyed on the pair's first flow (np.unique keeps the first).
+    # One connection per (src, dst) pair, routed by its first flow's ECMP key (np.unique keeps
+    # the first); under network.ecmp: connection one per (src, dst, connection key), so each
+    # NCCL connection gets its own address and path, as in the other backends.
     pair_key = fsrc * nr + fdst
-    uniq, first, pair_of_flow = np.unique(pair_key, return_index=True, return_inverse=True)
+    if topology.ecmp == "connection":
+        group = np.stack([pair_key, topology.ecmp_keys(ops, flow_ids)], axis=1)
+        _, first, pair_of_flow = np.unique(group, axis=0, return_index=True,
+                                           return_inverse=True)
+    else:
+        _, first, pair_of_flow = np.unique(pair_key, return_index=True, return_inverse=True)
+    pair_of_flow = pair_of_flow.reshape(-1)
+    g_src, g_dst = fsrc[first], fdst[first]
     conn = np.full(n, -1, np.int64)
     fluid_lat = np.zeros(n, np.float64)
     fluid_paths: dict[int, np.ndarray] = {}
     pairs: list[dict[str, Any]] = []
     used_links: set[int] = set()
-    pair_is_fluid = np.zeros(len(uniq), bool)
-    pair_slot = np.full(len(uniq), -1, np.int64)
+    pair_is_fluid = np.zeros(len(first), bool)
+    pair_slot = np.full(len(first), -1, np.int64)
     pair_ecmp = topology.ecmp_keys(ops, flow_ids[first])  # the pair's first flow's ECMP key
-    for p, key in enumerate(uniq):
-        s, d = int(key // nr), int(key % nr)
+    for p in range(len(first)):
+        s, d = int(g_src[p]), int(g_dst[p])
         op0 = int(flow_ids[first[p]])
         ek = int(pair_ecmp[p])
         path = np.asarray(topology.path(s, d, ek), np.int64)
@@ -197,8 +208,7 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
                             [q["key"] for q in pairs], [q["back"] for q in pairs])
     fluid_ids = sorted(fluid_paths)
     fluid_moves = [(e, fluid_ids[i], pth) for e, i, pth in path_moves(
-        topology, ep, [int(uniq[q] // nr) for q in fluid_ids],
-        [int(uniq[q] % nr) for q in fluid_ids],
+        topology, ep, [int(g_src[q]) for q in fluid_ids], [int(g_dst[q]) for q in fluid_ids],
         [int(pair_ecmp[q]) for q in fluid_ids], [fluid_paths[q] for q in fluid_ids])]
     for _, _, pth in fwd_moves + back_moves:
         used_links.update(pth.tolist())
