@@ -161,6 +161,8 @@ def test_ns3_pair_routes_follow_the_connection(runs):
         # member is on another server and every TP flow stays inside one
         assert compared == int((ops["phase"].to_numpy()[fl] == PHASE_INDEX["dp"]).sum()) > 0
         assert (mismatched == 0) == agree, (mode, mismatched)
+        # the run info counts exactly those flows (xsim compare prints a hint when > 0)
+        assert rin.meta["off_route_flows"] == mismatched
 
 
 def test_connection_keys_let_microbatches_merge():
@@ -241,3 +243,23 @@ def test_ns3_gives_each_connection_of_a_pair_its_own_path(runs):
             assert links.tolist() == topo.path(0, 16, key).tolist()
             paths.add(tuple(links.tolist()))
         assert len(paths) > 1  # the connections do not all share one path
+
+
+def test_compare_prints_a_hint_for_flows_on_other_links(capsys):
+    """``xsim compare`` says when a backend carried flows on other links than the others (the
+    run info's ``off_route_flows``) and how to make them route alike."""
+    import pandas as pd
+
+    from xsim_adapters.cli import _print_run_info
+    from xsim_adapters.metrics.compare import RUN_INFO_COLUMNS
+
+    row = dict(packet_flows=1536, fluid_flows=100, packet_bytes=10, fluid_bytes=10,
+               fluid_bytes_pct=50.0, startup_s=1.0, replay_s=2.0, wall_s=3.5)
+    info = pd.DataFrame([{"backend": "flow", **row, "off_route_flows": 0},
+                         {"backend": "ns3", **row, "off_route_flows": 1008}],
+                        columns=list(RUN_INFO_COLUMNS))
+    _print_run_info(info)
+    lines = [x for x in capsys.readouterr().out.splitlines() if "other links" in x]
+    assert lines == ["  ns3: 1,008 packet flows ran on other links than the other backends"
+                     " route them (one path per GPU pair); add `ecmp: connection` under"
+                     " `network:` for identical routing (docs/ns3.md)"]

@@ -60,3 +60,5 @@ def test_compare_flow_and_ns3_defaults_on_the_reshard_plan(tmp_path: Path, capsy
     assert (info["startup_s"] > 0).all() and (info["replay_s"] > 0).all()
     assert (info["startup_s"] + info["replay_s"] <= info["wall_s"]).all()
     assert "ns3: packets " in printed and "start-up " in printed
+    # one shortest path per GPU pair on this fabric: ns-3 routes every flow as the flow backend
+    assert (info["off_route_flows"] == 0).all() and "other links" not in printed

@@ -334,6 +334,10 @@ def _print_run_info(info: Any) -> None:
               f" {_fmt_bytes(r.packet_bytes)}; fluid {r.fluid_flows:,} flows,"
               f" {_fmt_bytes(r.fluid_bytes)}{share}; start-up {r.startup_s:.2f} s, replay"
               f" {r.replay_s:.2f} s, wall {r.wall_s:.2f} s")
+        if r.off_route_flows:
+            print(f"  {r.backend}: {r.off_route_flows:,} packet flows ran on other links than"
+                  " the other backends route them (one path per GPU pair); add `ecmp:"
+                  " connection` under `network:` for identical routing (docs/ns3.md)")
 
 
 def _fmt_bytes(n: int) -> str:

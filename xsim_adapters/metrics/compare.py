@@ -91,14 +91,17 @@ def compare(trace: Trace, tl_a: Timeline, tl_b: Timeline) -> Comparison:
 
 #: Columns of :func:`run_info_frame`, in order.
 RUN_INFO_COLUMNS = ("backend", "packet_flows", "fluid_flows", "packet_bytes", "fluid_bytes",
-                    "fluid_bytes_pct", "startup_s", "replay_s", "wall_s")
+                    "fluid_bytes_pct", "startup_s", "replay_s", "wall_s", "off_route_flows")
 
 
 def run_info_frame(timelines: dict[str, Timeline]) -> pd.DataFrame:
     """One row per backend: what it simulated as packets vs timed by a fluid model (flows and
     bytes, and the fluid share of the bytes in %) and its start-up time (import, network build,
     DAG load; s) apart from its replay time (s) and the whole run (``wall_s``); from each
-    timeline's run info (the backend contract, :mod:`xsim_adapters.backends.base`)."""
+    timeline's run info (the backend contract, :mod:`xsim_adapters.backends.base`); and
+    ``off_route_flows``, the flows a backend carried on other links than
+    ``Topology.ecmp_keys`` routes them (its optional ``off_route_flows`` stat, else 0: ns-3
+    under ``network.ecmp: flow`` keeps a GPU pair on one path)."""
     rows = []
     for name, tl in timelines.items():
         st = tl.stats
@@ -109,6 +112,6 @@ def run_info_frame(timelines: dict[str, Timeline]) -> pd.DataFrame:
             "packet_bytes": pb, "fluid_bytes": fb,
             "fluid_bytes_pct": 100.0 * fb / (pb + fb) if pb + fb else float("nan"),
             "startup_s": float(st["startup_s"]), "replay_s": float(st["replay_s"]),
-            "wall_s": float(st["wall_s"]),
+            "wall_s": float(st["wall_s"]), "off_route_flows": int(st.get("off_route_flows", 0)),
         })
     return pd.DataFrame(rows, columns=list(RUN_INFO_COLUMNS))

@@ -200,6 +200,9 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
         pair_slot[p] = len(pairs)
         pairs.append({"src": s, "dst": d, "path": path, "back": back, "key": ek})
 
+    off_route = _off_route_flows(topology, ops, flow_ids, fsrc, fdst, first, pair_of_flow,
+                                 pair_slot >= 0)
+
     # Rerouting (_whatif.py): where each pair's paths move when links are down.
     ep = epochs(topology)
     fwd_moves = path_moves(topology, ep, [q["src"] for q in pairs], [q["dst"] for q in pairs],
@@ -351,5 +354,29 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
         "fluid_bytes": int(a["bytes"][flow_ids].sum() - a["bytes"][conn >= 0].sum()),
         "cables": len(used_cables),
         "pair_reroutes": len(fwd_moves) + len(back_moves) + len(fluid_moves),
+        "off_route_flows": off_route,
     }
     return out
+
+
+def _off_route_flows(topology: Topology, ops: Any, flow_ids: np.ndarray, fsrc: np.ndarray,
+                     fdst: np.ndarray, first: np.ndarray, group_of_flow: np.ndarray,
+                     packet_group: np.ndarray) -> int:
+    """Packet flows this replay carries on other links than their own ECMP key gives (the
+    links the flow backend and htsim put them on): a later flow of a pair, under
+    ``network.ecmp: flow``, whose own path differs from its connection's (its pair's first
+    flow's). 0 under ``connection``, where every flow of a connection shares its key."""
+    pk = packet_group[group_of_flow]
+    if not pk.any():
+        return 0
+    node = topology.rank_node
+    router = topology.router
+    ids = router.path_ids(node[fsrc], node[fdst], topology.ecmp_keys(ops, flow_ids))
+    # path ids number (pair, ECMP bucket) entries: map each to the first id of its link list
+    toff, tlinks = router.path_table()
+    canon: dict[bytes, int] = {}
+    lut = np.zeros(len(toff) - 1, dtype=np.int64)
+    for i in np.unique(ids).tolist():
+        lut[i] = canon.setdefault(tlinks[toff[i]:toff[i + 1]].tobytes(), i)
+    own = lut[ids]
+    return int(((own != own[first][group_of_flow]) & pk).sum())
