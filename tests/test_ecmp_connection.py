@@ -263,3 +263,17 @@ def test_compare_prints_a_hint_for_flows_on_other_links(capsys):
     assert lines == ["  ns3: 1,008 packet flows ran on other links than the other backends"
                      " route them (one path per GPU pair); add `ecmp: connection` under"
                      " `network:` for identical routing (docs/ns3.md)"]
+
+
+def test_digest_is_kept_at_the_default_and_moves_with_connection():
+    """A plan without ``ecmp`` keeps the digest it had before the key existed (sha256 computed
+    by the code of 70de368, before ``network.ecmp``); ``connection`` is another plan."""
+    from xsim_adapters.workload.generate import plan_digest
+
+    plan = xs.load_plan(Path(__file__).resolve().parents[1] / "workloads"
+                        / "homogeneous-h100.yaml")
+    assert plan_digest(plan) == (
+        "5d6bf42f278cf3489138f65d5c6d3ec55289e2e2229c52c092018ad1e86a2b66")
+    d = yaml.safe_load((PLAN.parent / "homogeneous-h100.yaml").read_text())
+    d.setdefault("network", {})["ecmp"] = "connection"
+    assert plan_digest(xs.load_plan(yaml.safe_dump(d))) != plan_digest(plan)

@@ -73,8 +73,8 @@ def plan_digest(plan: Plan) -> str:
     """sha256 (hex) of the canonical JSON form of the validated plan.
 
     Fields added later are left out at their defaults (no ``perturb`` section, no ``moe``,
-    ``ep`` = ``cp`` = 1, ``grad_reduce_dtype: auto``, ``grad_accumulation_fusion: true``), so
-    plans without them keep the digest they had before.
+    ``ep`` = ``cp`` = 1, ``grad_reduce_dtype: auto``, ``grad_accumulation_fusion: true``,
+    ``network.ecmp: flow``), so plans without them keep the digest they had before.
     """
     data = _digest_form(asdict(plan))
     if not plan.perturb.active:  # plans without a perturb section keep their earlier digests
@@ -89,6 +89,8 @@ def _digest_form(d: dict[str, Any]) -> dict[str, Any]:
     for key, default in (("grad_reduce_dtype", "auto"), ("grad_accumulation_fusion", True)):
         if d["training"].get(key) == default:
             d["training"].pop(key)
+    if d["network"].get("ecmp") == "flow":
+        d["network"].pop("ecmp")
     for rep in d["replicas"]:
         for st in rep["stages"]:
             for key in ("ep", "cp"):
