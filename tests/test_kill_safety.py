@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_output_paths import TINY, tiny_plans
+from test_output_paths import tiny_plans
 
 from xsim_adapters import cli
 
@@ -298,13 +298,7 @@ def test_htsim_driver_dies_with_a_sigkilled_parent(tmp_path):
 @pytest.mark.ns3
 @pytest.mark.skipif(not HAVE_NS3, reason="the ns-3 wheel is not installed (pip install ns3)")
 def test_ctrl_c_stops_the_ns3_worker_and_removes_its_tempdir(tmp_path):
-    # two servers, so the DP all-reduce crosses NICs as ns-3 packets: a replay of tens of
-    # seconds that Ctrl-C interrupts (on one server every flow is fluid and the replay could
-    # end before the signal lands on a loaded machine: the run then exited 0)
-    a = tmp_path / "two-servers.yaml"
-    a.write_text(TINY.format(name="two-servers", batch=8).replace(
-        "nodes: 1, gpus_per_node: 4", "nodes: 2, gpus_per_node: 4").replace(
-        "tp: 2, pp: 2, dp: 1", "tp: 4, pp: 1, dp: 2"))
+    a, _ = tiny_plans(tmp_path)
     proc = _xsim("run", str(a), "--backend", "ns3", "-o", str(tmp_path / "o"),
                  log=tmp_path / "log")
     worker = None
