@@ -299,22 +299,32 @@ def test_htsim_driver_dies_with_a_sigkilled_parent(tmp_path):
 @pytest.mark.skipif(not HAVE_NS3, reason="the ns-3 wheel is not installed (pip install ns3)")
 def test_ctrl_c_stops_the_ns3_worker_and_removes_its_tempdir(tmp_path):
     a, _ = tiny_plans(tmp_path)
-    proc = _xsim("run", str(a), "--backend", "ns3", "-o", str(tmp_path / "o"),
-                 log=tmp_path / "log")
-    worker = None
-    deadline = time.monotonic() + 90
-    while worker is None and time.monotonic() < deadline and proc.poll() is None:
-        worker = next((p for p in _descendants(proc.pid) if "xsim_ns3.worker" in _cmdline(p)),
-                      None)
-        time.sleep(0.05)
-    assert worker is not None, (tmp_path / "log").read_text()
-    work = Path(_cmdline(worker).split()[-1]).parent
-    proc.send_signal(signal.SIGINT)  # the worker is in its own session: xsim must stop it
-    try:
-        assert proc.wait(timeout=30) == 130
-        assert not _wait_gone({worker}, 2.0), "the ns-3 worker outlived Ctrl-C"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(worker, signal.SIGKILL)
-    assert not work.exists()
-    assert "xsim: interrupted" in (tmp_path / "log").read_text()
+    lost = []
+    for attempt in range(3):
+        out, log = tmp_path / f"o{attempt}", tmp_path / f"log{attempt}"
+        proc = _xsim("run", str(a), "--backend", "ns3", "-o", str(out), log=log)
+        worker = None
+        deadline = time.monotonic() + 90
+        while worker is None and time.monotonic() < deadline and proc.poll() is None:
+            worker = next((p for p in _descendants(proc.pid)
+                           if "xsim_ns3.worker" in _cmdline(p)), None)
+            time.sleep(0.05)
+        assert worker is not None, log.read_text()
+        work = Path(_cmdline(worker).split()[-1]).parent
+        proc.send_signal(signal.SIGINT)  # the worker is in its own session: xsim must stop it
+        try:
+            rc = proc.wait(timeout=30)
+            if rc == 0 and (out / "summary.json").is_file():
+                # the tiny replay ended before the signal landed (seen on a loaded machine):
+                # nothing was interrupted; run again
+                lost.append(attempt)
+                continue
+            assert rc == 130, log.read_text()
+            assert not _wait_gone({worker}, 2.0), "the ns-3 worker outlived Ctrl-C"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)
+        assert not work.exists()
+        assert "xsim: interrupted" in log.read_text()
+        return
+    pytest.fail(f"every attempt's run ended before Ctrl-C landed ({lost})")
