@@ -64,21 +64,6 @@ def _descendants(root: int) -> set[int]:
     return out
 
 
-def _sigint_state(pid: int) -> str:
-    """How process ``pid`` treats SIGINT: ``blocked``, ``ignored``, ``caught`` or ``default``
-    (from /proc/PID/status), or ``gone``."""
-    try:
-        st = dict(x.split(":\t", 1) for x in Path(f"/proc/{pid}/status").read_text()
-                  .splitlines() if ":\t" in x)
-    except OSError:
-        return "gone"
-    bit = 1 << (signal.SIGINT - 1)
-    for key, name in (("SigBlk", "blocked"), ("SigIgn", "ignored"), ("SigCgt", "caught")):
-        if int(st.get(key, "0"), 16) & bit:
-            return name
-    return "default"
-
-
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -313,38 +298,28 @@ def test_htsim_driver_dies_with_a_sigkilled_parent(tmp_path):
 @pytest.mark.ns3
 @pytest.mark.skipif(not HAVE_NS3, reason="the ns-3 wheel is not installed (pip install ns3)")
 def test_ctrl_c_stops_the_ns3_worker_and_removes_its_tempdir(tmp_path):
+    if (signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            or signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])):
+        # e.g. pytest started as a background job of a non-interactive shell: xsim inherits
+        # SIGINT ignored (Python then installs no Ctrl-C handler), so there is no Ctrl-C to test
+        pytest.skip("SIGINT is ignored or blocked in this process, and xsim would inherit it")
     a, _ = tiny_plans(tmp_path)
-    lost = []
-    for attempt in range(3):
-        out, log = tmp_path / f"o{attempt}", tmp_path / f"log{attempt}"
-        proc = _xsim("run", str(a), "--backend", "ns3", "-o", str(out), log=log)
-        worker = None
-        deadline = time.monotonic() + 90
-        while worker is None and time.monotonic() < deadline and proc.poll() is None:
-            worker = next((p for p in _descendants(proc.pid)
-                           if "xsim_ns3.worker" in _cmdline(p)), None)
-            time.sleep(0.05)
-        assert worker is not None, log.read_text()
-        work = Path(_cmdline(worker).split()[-1]).parent
-        sigint = _sigint_state(proc.pid)  # how xsim treats SIGINT when it is sent
-        proc.send_signal(signal.SIGINT)  # the worker is in its own session: xsim must stop it
-        try:
-            rc = proc.wait(timeout=30)
-            if rc == 0 and (out / "summary.json").is_file():
-                # nothing was interrupted: the tiny replay ended before the signal landed, or
-                # xsim inherited SIGINT ignored or blocked from this test process; run again
-                lost.append((attempt, sigint))
-                continue
-            assert rc == 130, log.read_text()
-            assert not _wait_gone({worker}, 2.0), "the ns-3 worker outlived Ctrl-C"
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(worker, signal.SIGKILL)
-        assert not work.exists()
-        assert "xsim: interrupted" in log.read_text()
-        return
-    if all(state != "caught" for _, state in lost):
-        # seen only in full CI runs: xsim started with SIGINT ignored or blocked, inherited from
-        # the pytest process, so there was no Ctrl-C to test (not xsim's doing)
-        pytest.skip(f"xsim inherited SIGINT as {sorted({s for _, s in lost})}: nothing to test")
-    pytest.fail(f"every attempt's run ended before Ctrl-C landed: {lost}")
+    proc = _xsim("run", str(a), "--backend", "ns3", "-o", str(tmp_path / "o"),
+                 log=tmp_path / "log")
+    worker = None
+    deadline = time.monotonic() + 90
+    while worker is None and time.monotonic() < deadline and proc.poll() is None:
+        worker = next((p for p in _descendants(proc.pid) if "xsim_ns3.worker" in _cmdline(p)),
+                      None)
+        time.sleep(0.05)
+    assert worker is not None, (tmp_path / "log").read_text()
+    work = Path(_cmdline(worker).split()[-1]).parent
+    proc.send_signal(signal.SIGINT)  # the worker is in its own session: xsim must stop it
+    try:
+        assert proc.wait(timeout=30) == 130
+        assert not _wait_gone({worker}, 2.0), "the ns-3 worker outlived Ctrl-C"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
+    assert not work.exists()
+    assert "xsim: interrupted" in (tmp_path / "log").read_text()
