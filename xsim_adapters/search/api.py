@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..sweep.runner import Executor, LocalExecutor
 from .bnb import (
+    STATUS_BUDGET,
     Entry,
     Outcome,
     Progress,
@@ -28,6 +29,7 @@ from .bnb import (
     prune_counts,
 )
 from .bound import Analyzer
+from .budget import Deadline
 from .evaluate import Evaluator, KeptPoolExecutor
 from .space import plan_dict
 from .spec import SearchSpec, load_search_spec
@@ -62,7 +64,8 @@ def search(spec: SearchSpec | str | os.PathLike[str], executor: Executor | None 
            baselines: bool = True, top: int = 5, confirm: str | None = None,
            confirm_options: dict[str, Any] | None = None,
            progress: Progress | None = None, entries: list[Entry] | None = None,
-           analyzer: Analyzer | None = None, coarsen: str = "auto") -> SearchResult:
+           analyzer: Analyzer | None = None, coarsen: str = "auto",
+           started: float | None = None) -> SearchResult:
     """Search ``spec`` (a SearchSpec, or a spec YAML path or text) and return the result.
 
     ``exhaustive``: simulate every feasible candidate (no cut by the bound; for checking the
@@ -71,14 +74,17 @@ def search(spec: SearchSpec | str | os.PathLike[str], executor: Executor | None 
     best on that backend (ns3, htsim). ``entries``: the space as :func:`enumerate_space`
     gave it for this spec with ``analyzer`` (to not enumerate twice). ``coarsen``: how the
     simulations coarsen identical replicas (``auto``, ``on``, ``off``; docs/scale.md).
+    ``started``: the :func:`time.monotonic` instant the command started (default: now), from
+    which the seconds budget and the reported wall time count (search/budget.py).
     """
-    t0 = time.monotonic()
+    t0 = time.monotonic() if started is None else started
     if not isinstance(spec, SearchSpec):
         spec = load_search_spec(spec)
+    deadline = Deadline(spec.budget.seconds, t0)
     an = analyzer or Analyzer(spec)
     if entries is None:
-        entries = enumerate_space(spec, an)
-    t_enum = time.monotonic() - t0
+        entries = enumerate_space(spec, an, deadline.enumeration_deadline())
+    t_enum = deadline.elapsed()
     kept = None
     if evaluator is None and (executor is None or type(executor) is LocalExecutor):
         # the search simulates in rounds: keep the worker processes between them
@@ -86,23 +92,27 @@ def search(spec: SearchSpec | str | os.PathLike[str], executor: Executor | None 
         executor = kept
     ev = evaluator or Evaluator(executor, base_dir=spec.base_dir, coarsen=coarsen)
     try:
-        return _search(spec, entries, ev, an, t0, t_enum, exhaustive, baselines, top, confirm,
-                       confirm_options, progress)
+        return _search(spec, entries, ev, an, deadline, t_enum, exhaustive, baselines, top,
+                       confirm, confirm_options, progress)
     finally:
         if kept is not None:
             kept.close()
 
 
-def _search(spec: SearchSpec, entries: list[Entry], ev: Evaluator, an: Analyzer, t0: float,
-            t_enum: float, exhaustive: bool, baselines: bool, top: int, confirm: str | None,
-            confirm_options: dict[str, Any] | None, progress: Progress | None) -> SearchResult:
-    s = Searcher(spec, entries, ev, progress, an)
+def _search(spec: SearchSpec, entries: list[Entry], ev: Evaluator, an: Analyzer,
+            deadline: Deadline, t_enum: float, exhaustive: bool, baselines: bool, top: int,
+            confirm: str | None, confirm_options: dict[str, Any] | None,
+            progress: Progress | None) -> SearchResult:
+    s = Searcher(spec, entries, ev, progress, an, deadline)
     main = s.run("search", exhaustive=exhaustive)
     statuses = dict(main.statuses)
     summary: dict[str, Any] = {
         "spec": spec.name,
         "objective": spec.objective,
-        "space_size": len(entries),
+        "space_size": len(entries) + s.not_analysed,
+        # phase 1 stopped by the seconds budget: the candidates after these were not analysed
+        # (not in candidates.csv; counted as not_reached:budget)
+        "analysed": len(entries),
         "feasible": main.considered,
         "evaluated": main.evaluated,
         "prune_counts": prune_counts(entries, main),
@@ -143,11 +153,19 @@ def _search(spec: SearchSpec, entries: list[Entry], ev: Evaluator, an: Analyzer,
                     key=rank)
     top_entries = ranked[:top]
     summary["simulations"] = s.simulations
-    summary["status_counts"] = dict(sorted(Counter(
-        statuses.get(e.index, e.status or "pruned:bound") for e in entries).items()))
-    if confirm:
+    counts = Counter(statuses.get(e.index, e.status or "pruned:bound") for e in entries)
+    if s.not_analysed:
+        counts[STATUS_BUDGET] += s.not_analysed
+    summary["status_counts"] = dict(sorted(counts.items()))
+    if confirm and deadline.passed():
+        summary["confirm"] = [
+            {"candidate": e.index, "key": e.cand.key,
+             "flow_iteration_time_ns": float(e.row["iteration_time_ns"]) if e.row else None,
+             f"{confirm}_iteration_time_ns": None, "ratio": None,
+             "error": "not run: the seconds budget ran out first"} for e in top_entries]
+    elif confirm:
         summary["confirm"] = _confirm(spec, ev, top_entries, confirm, confirm_options or {})
-    summary["wall_s"] = round(time.monotonic() - t0, 3)
+    summary["wall_s"] = round(deadline.elapsed(), 3)  # from the command's start
     return SearchResult(spec, entries, main, base, summary, top_entries, statuses=statuses)
 
 

@@ -55,7 +55,7 @@ def candidates_frame(s: Searcher, entries: list[Entry], statuses: dict[int, str]
             "mixed": any(len(p.groups) > 1 for p in c.parts),
             "gpus": c.num_gpus,
             "lower_bound_ns": e.lb_ns,
-            "bound": "full" if e.full else "pipeline",
+            "bound": "full" if e.full else "pipeline" if math.isfinite(e.lb_ns) else "none",
             "memory_headroom_GB": e.headroom_GB,
             "iteration_time_ns": it,
             "tokens_per_s": tok_s,
