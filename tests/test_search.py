@@ -267,3 +267,73 @@ def test_branch_and_bound_logic_matches_exhaustive_with_a_fake_simulator(objecti
         want = gpus_price / 3600 * e.row["iteration_time_ns"] * 1e-9 / (
             c.choice.global_batch * spec.model.seq_len) * 1e6
         assert s.objective(c, e.row["iteration_time_ns"]) == pytest.approx(want, rel=1e-12)
+
+
+def test_phase_one_stopped_by_its_deadline_counts_the_rest_and_proves_nothing():
+    import time
+
+    from xsim_adapters.search.bnb import STATUS_BUDGET, Space, prune_counts
+
+    spec = load_search_spec(ROOT / "workloads" / "search" / "h100-a100-16gpu.yaml")
+    an = Analyzer(spec)
+    whole = enumerate_space(spec, an)
+    assert isinstance(whole, Space) and whole.size == len(whole) and whole.not_analysed == 0
+    none = enumerate_space(spec, an, until=time.monotonic())  # the budget is already spent
+    assert len(none) == 0 and none.size == len(whole)
+    o = Searcher(spec, none, Evaluator(run=lambda t: {"error": "not called"})).run("x")
+    assert o.evaluated == 0 and not o.proven and o.not_analysed == len(whole)
+    assert prune_counts(none, o) == {STATUS_BUDGET: len(whole)}
+
+
+def test_a_row_with_an_impossible_time_is_an_error_never_the_best():
+    """Whatever gives the evaluator its rows, a time that is not finite and > 0 never ranks."""
+    import math
+
+    spec = load_search_spec(SMALL)
+    an = Analyzer(spec)
+    entries = enumerate_space(spec, an)
+
+    def fake(task):
+        bad = task["plan"]["training"]["micro_batch"] == 1
+        return {"error": "", "iteration_time_ns": -5.0 if bad else 1e9, "tokens_per_s": 1.0,
+                "mfu": 0.1}
+
+    for bad_time in (-5.0, math.nan, math.inf, 0, "1"):
+        def fake_t(task, bad_time=bad_time):
+            row = fake(task)
+            if row["iteration_time_ns"] < 0:
+                row["iteration_time_ns"] = bad_time
+            return row
+
+        s = Searcher(spec, [dataclasses.replace(e) for e in entries], Evaluator(run=fake_t),
+                     analyzer=an)
+        o = s.run("x", exhaustive=True)
+        assert o.best is not None and o.best.cand.choice.micro_batch == 2
+        assert o.best.row["iteration_time_ns"] == 1e9
+        bad = [e for e in s.entries if e.row is not None and e.cand.choice.micro_batch == 1]
+        assert bad and all(e.status == "error" for e in bad)
+
+
+def test_simulations_still_running_at_the_deadline_are_stopped_and_not_counted():
+    import math
+    import time
+
+    from xsim_adapters.search.evaluate import KeptPoolExecutor
+
+    class Killed(Evaluator):  # what a KeptPoolExecutor gives for rounds cut at the deadline
+        def evaluate(self, plans, labels, stop_at=math.inf):
+            return [None] * len(plans)
+
+    spec = load_search_spec(SMALL)
+    entries = enumerate_space(spec, Analyzer(spec))
+    s = Searcher(spec, entries, Killed())
+    o = s.run("x")
+    assert o.evaluated == 0 and s.simulations == 0 and o.best is None and not o.proven
+    assert o.unreached == o.considered  # every candidate: not reached, none cut by a bound
+    with KeptPoolExecutor(1) as ex:  # the executor itself: a worker sleeping 60 s is killed
+        ex.stop_at = time.monotonic() + 2.0
+        t0 = time.monotonic()
+        assert ex.map(time.sleep, [60]) == []
+        assert time.monotonic() - t0 < 30  # (a spawned worker starts in a few seconds)
+        ex.stop_at = math.inf
+        assert ex.map(abs, [-3, 4]) == [3, 4]  # and the next round gets a fresh worker

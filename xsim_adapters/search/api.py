@@ -157,30 +157,29 @@ def _search(spec: SearchSpec, entries: list[Entry], ev: Evaluator, an: Analyzer,
     if s.not_analysed:
         counts[STATUS_BUDGET] += s.not_analysed
     summary["status_counts"] = dict(sorted(counts.items()))
-    if confirm and deadline.passed():
-        summary["confirm"] = [
-            {"candidate": e.index, "key": e.cand.key,
-             "flow_iteration_time_ns": float(e.row["iteration_time_ns"]) if e.row else None,
-             f"{confirm}_iteration_time_ns": None, "ratio": None,
-             "error": "not run: the seconds budget ran out first"} for e in top_entries]
-    elif confirm:
-        summary["confirm"] = _confirm(spec, ev, top_entries, confirm, confirm_options or {})
+    if confirm:
+        summary["confirm"] = _confirm(spec, ev, top_entries, confirm, confirm_options or {},
+                                      deadline)
     summary["wall_s"] = round(deadline.elapsed(), 3)  # from the command's start
     return SearchResult(spec, entries, main, base, summary, top_entries, statuses=statuses)
 
 
 def _confirm(spec: SearchSpec, ev: Evaluator, top: list[Entry], backend: str,
-             options: dict[str, Any]) -> list[dict[str, Any]]:
-    """Re-run ``top`` on a packet backend; one record per plan with both times."""
+             options: dict[str, Any], deadline: Deadline) -> list[dict[str, Any]]:
+    """Re-run ``top`` on a packet backend; one record per plan with both times. Within the
+    seconds budget: none once it is spent, and runs still going at its end are stopped."""
     from ..backends.registry import check_backend_options, get_backend
 
     get_backend(backend, options)
     check_backend_options(backend, options)
     packet = Evaluator(ev.executor, backend=backend, options=options, base_dir=ev.base_dir,
                        rows_log=ev.rows_log, done=ev.cache)
-    rows = packet.evaluate([plan_dict(spec, e.cand) for e in top], [e.cand.key for e in top])
+    rows = ([None] * len(top) if deadline.passed() else
+            packet.evaluate([plan_dict(spec, e.cand) for e in top], [e.cand.key for e in top],
+                            deadline.at))
     out = []
-    for e, row in zip(top, rows, strict=True):
+    for e, got in zip(top, rows, strict=True):
+        row = got or {"error": "not run: the seconds budget ran out first"}
         flow = float(e.row["iteration_time_ns"]) if e.row is not None else math.nan
         it = row.get("iteration_time_ns")
         out.append({"candidate": e.index, "key": e.cand.key, "flow_iteration_time_ns": flow,

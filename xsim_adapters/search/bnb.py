@@ -236,7 +236,7 @@ class Searcher:
         best: Entry | None = None
         best_obj = float("inf")
         statuses: dict[int, str] = {}
-        evaluated = 0
+        evaluated = unstarted = 0  # (unstarted: killed at the deadline before finishing)
         wave = max(1, self.spec.budget.wave)
         self._pass_sims = 0
         done = False
@@ -246,6 +246,8 @@ class Searcher:
                 size = min(size, self.spec.budget.evaluations - self._pass_sims)
             batch: list[Entry] = []
             while heap and len(batch) < size:
+                if self.deadline.passed():  # (refining bounds takes time too)
+                    break
                 obj, _, i = heap[0]
                 e = by_index[i]
                 if not exhaustive and obj > best_obj:
@@ -260,11 +262,16 @@ class Searcher:
             if not batch:
                 break
             rows = self.ev.evaluate([plan_dict(self.spec, e.cand) for e in batch],
-                                    [e.cand.key for e in batch])
-            self.simulations += len(batch)
-            self._pass_sims += len(batch)
-            evaluated += len(batch)
+                                    [e.cand.key for e in batch], self.deadline.at)
+            ran = sum(row is not None for row in rows)
+            self.simulations += ran
+            self._pass_sims += ran
+            evaluated += ran
             for e, row in zip(batch, rows, strict=True):
+                if row is None:  # killed at the deadline: not simulated, no proof
+                    statuses[e.index] = STATUS_BUDGET
+                    unstarted += 1
+                    continue
                 e.row = row
                 ok = row.get("error") == "" and _valid_time(row.get("iteration_time_ns"))
                 e.status = STATUS_EVALUATED if ok else STATUS_ERROR
@@ -276,7 +283,7 @@ class Searcher:
             if self.progress:
                 shown = "none" if best is None else f"{best_obj:.4g}"
                 self.progress(len(batch), f"{label}: best {shown} after {evaluated} sims")
-        unreached = cut = 0
+        unreached, cut = unstarted, 0
         for _, _, i in heap:
             e = by_index[i]
             if e.index in statuses:
