@@ -5,10 +5,10 @@
 the command's start on the monotonic clock. Phase 1 may use at most
 :data:`ENUMERATION_SHARE` of it, so a space too large to analyse in time still gets
 simulations over the part analysed; the candidates it did not reach are ``not_reached:budget``
-and the result is not proven. Checks fall between rounds: a round of simulations already
-started finishes (at most ``budget.wave`` simulations over ``--jobs`` workers past the
-deadline). ``budget.evaluations`` (``--max-evaluations``) counts simulations per pass, so it
-gives the same result on any machine.
+and the result is not proven. Bounds are not refined past the deadline, and simulations still
+running at it are killed (:class:`.evaluate.KeptPoolExecutor`; a Ray round finishes).
+``budget.evaluations`` (``--max-evaluations``) counts simulations per pass, so it gives the
+same result on any machine.
 """
 
 from __future__ import annotations

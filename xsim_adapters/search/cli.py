@@ -44,8 +44,8 @@ def add_search_arguments(sp: argparse.ArgumentParser) -> None:
                     help="Override budget.evaluations of the spec (simulations per pass).")
     sp.add_argument("--max-seconds", default=None, metavar="S",
                     help="Override budget.seconds of the spec: wall time of the whole "
-                         "command, enumeration included (a round already started finishes; "
-                         "the result then depends on machine speed).")
+                         "command, enumeration included (simulations still running then are "
+                         "stopped; the result then depends on machine speed).")
     sp.add_argument("--coarsen", choices=("auto", "on", "off"), default="auto",
                     help="Coarsening of identical replicas in every simulation (default auto: "
                          "only where it is exact; on: also on oversubscribed fabrics, with the "
