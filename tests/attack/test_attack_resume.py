@@ -148,6 +148,28 @@ def test_a_bad_search_row_is_simulated_again_not_trusted(searched, tmp_path, mut
     assert len(ok) and (ok > 0).all() and ok.map(math.isfinite).all()
 
 
+def test_a_resumed_time_below_the_proven_bound_is_simulated_again(searched, tmp_path):
+    """1 ns is a well-formed time, but no simulation of that candidate can give it (its lower
+    bound is proven below every simulated time): trusted, it would be the best plan."""
+    out = tmp_path / "s"
+    shutil.copytree(searched, out, symlinks=True)
+    recs = _lines(out / SEARCH_ROWS)
+    k = _victim(out)
+    key = recs[k]["overrides"]["candidate"]
+    recs[k]["row"]["iteration_time_ns"] = 1
+    _write_lines(out / SEARCH_ROWS, recs)
+    before = json.loads((searched / "summary.json").read_text())
+    r = run_cli(["search", str(SMALL), "-o", str(out), "--max-evaluations", "3", "--top", "2",
+                 "--resume"], timeout=120)
+    assert r.code == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    warns = _warnings(r.stderr)
+    assert len(warns) == 1, r.stderr[-3000:]
+    assert (f"{SEARCH_ROWS}: 1 simulation row below the proven lower bound, simulated again "
+            f"instead of trusted ({key}: 1 ns is below its lower bound ") in warns[0], warns[0]
+    after = json.loads((out / "summary.json").read_text())
+    assert after["simulated_now"] == 1 and after["search"] == before["search"]
+
+
 def _rows_path_case(kind: str) -> Callable[[Path], None]:
     def build(rows: Path) -> None:
         rows.unlink()

@@ -42,6 +42,9 @@ MAX_CANDIDATES = 200_000
 STATUS_BOUND = "pruned:bound"  # bound above the incumbent
 STATUS_BUDGET = "not_reached:budget"  # the budget ran out first
 STATUS_ERROR = "error"  # simulated, but the plan or the backend failed
+# A resumed row more than this fraction below its candidate's lower bound is simulated again
+# (the bound is proven <= the simulated time, docs/search.md#bound; the slack is for rounding).
+BOUND_SLACK = 1e-6
 
 Progress = Callable[[int, str], None]
 
@@ -212,6 +215,25 @@ class Searcher:
             return False
         return not self.deadline.passed()
 
+    def _evaluate(self, batch: list[Entry]) -> list[Row | None]:
+        """The rows of ``batch`` (None: killed at the deadline). A row read back for --resume
+        whose time is below the candidate's proven lower bound cannot be a simulation's: it is
+        simulated again (and the evaluator says why) instead of trusted."""
+        plans = [plan_dict(self.spec, e.cand) for e in batch]
+        keys = [e.cand.key for e in batch]
+        rows = self.ev.evaluate(plans, keys, self.deadline.at)
+        again = [k for k, (e, row) in enumerate(zip(batch, rows, strict=True))
+                 if row is not None and _valid_time(row.get("iteration_time_ns"))
+                 and float(row["iteration_time_ns"]) < e.lb_ns * (1 - BOUND_SLACK)
+                 and self.ev.distrust(plans[k], f"{keys[k]}: {row['iteration_time_ns']} ns is "
+                                                f"below its lower bound {e.lb_ns:.0f} ns")]
+        if again:
+            redo = self.ev.evaluate([plans[k] for k in again], [keys[k] for k in again],
+                                    self.deadline.at)
+            for k, row in zip(again, redo, strict=True):
+                rows[k] = row
+        return rows
+
     def refine(self, e: Entry) -> None:
         """Give ``e`` its full bound (the DP sync and ZeRO floors on top of the pipeline's)."""
         if not e.full:
@@ -261,8 +283,7 @@ class Searcher:
                 batch.append(e)
             if not batch:
                 break
-            rows = self.ev.evaluate([plan_dict(self.spec, e.cand) for e in batch],
-                                    [e.cand.key for e in batch], self.deadline.at)
+            rows = self._evaluate(batch)
             ran = sum(row is not None for row in rows)
             self.simulations += ran
             self._pass_sims += ran

@@ -129,6 +129,13 @@ def run_search_command(args: argparse.Namespace) -> int:
         result.summary["simulated_now"] = ev.simulated
         write_result(result, out)
     write_stamp(out, "search")
+    if ev.distrusted:  # resumed rows no simulation can give (below the proven bound)
+        import sys
+
+        n = len(ev.distrusted)
+        print(f"xsim: warning: {out / ROWS_FILE}: {n} simulation row{'s' if n > 1 else ''} "
+              f"below the proven lower bound, simulated again instead of trusted "
+              f"({ev.distrusted[0]}{f'; and {n - 1} more' if n > 1 else ''})", file=sys.stderr)
     _report(result, args.output, time.monotonic() - started)
     return 0 if result.best is not None else 1
 

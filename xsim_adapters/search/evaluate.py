@@ -204,6 +204,8 @@ class Evaluator:
         self.run = run
         self.coarsen = coarsen
         self.simulated = 0  # simulations actually run by this process (not from the cache)
+        self.resumed = set(self.cache)  # digests whose row was read back, not simulated here
+        self.distrusted: list[str] = []  # why resumed rows were simulated again (see below)
 
     def task(self, plan: dict[str, Any]) -> dict[str, Any]:
         t = {"plan": plan, "base_dir": self.base_dir, "backend": self.backend,
@@ -211,6 +213,17 @@ class Evaluator:
         if self.coarsen != "auto":  # (auto stays out: the digests of earlier rows hold)
             t["coarsen"] = self.coarsen
         return t
+
+    def distrust(self, plan: dict[str, Any], why: str) -> bool:
+        """Drop the resumed row of ``plan`` from the cache (``why`` is kept), so the next
+        :meth:`evaluate` simulates it; False (nothing done) if its row was simulated here."""
+        d = variant_digest(self.task(plan))
+        if d not in self.resumed:
+            return False
+        self.resumed.discard(d)
+        self.cache.pop(d, None)
+        self.distrusted.append(why)
+        return True
 
     def evaluate(self, plans: Sequence[dict[str, Any]], labels: Sequence[str],
                  stop_at: float = math.inf) -> list[Row | None]:
