@@ -177,14 +177,12 @@ def test_connection_keys_let_microbatches_merge():
 
 @pytest.mark.htsim
 @pytest.mark.slow
-def test_flow_and_htsim_agree_under_connection_routing(runs, tmp_path_factory):
+def test_flow_and_htsim_agree_under_connection_routing(driver, runs):
     """Same paths, so the same collisions: on the congested plan the flow backend and htsim
     (RoCE) agree within 2% under ``connection`` (measured +0.9%), and the persistent
     collisions make the iteration longer than under ``flow`` (156 against 114 ms)."""
-    from test_htsim_helpers import driver_path
     from xsim_htsim import HtsimBackend
 
-    driver = str(driver_path(tmp_path_factory))
     it = {}
     for mode in ("flow", "connection"):
         trace, topo = runs[mode]

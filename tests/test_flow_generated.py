@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_topo_helpers import TraceBuilder, make_plan
+from helpers.topo import TraceBuilder, make_plan
 
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.plan import load_plan

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_gen_helpers import H100, make_plan
+from helpers.gen import H100, make_plan
 
 from xsim_adapters import api
 from xsim_adapters.errors import PlanError

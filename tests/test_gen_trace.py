@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from test_gen_helpers import A100, H100, make_plan, topo_order
+from helpers.gen import A100, H100, make_plan, topo_order
 
 from xsim_adapters.errors import TraceError
 from xsim_adapters.trace import (

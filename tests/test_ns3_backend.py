@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from test_ns3_helpers import HAVE_NS3, TraceBuilder, star_topology
+from helpers.ns3 import HAVE_NS3, TraceBuilder, star_topology
 
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.errors import BackendError, BackendUnavailable

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_ns3_helpers import needs_ns3
+from helpers.ns3 import needs_ns3
 
 import xsim_adapters as xs
 from xsim_adapters import cli

@@ -22,7 +22,7 @@ this case measured +62% (dctcp, 8 timeouts) and +41% (tcp, 3 timeouts) over the 
 from __future__ import annotations
 
 import pytest
-from test_ns3_helpers import TraceBuilder, needs_ns3, star_topology
+from helpers.ns3 import TraceBuilder, needs_ns3, star_topology
 
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.errors import BackendError

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_plan_helpers import example
+from helpers.plan import example
 
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import load_plan, plan_from_dict

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_plan_helpers import EXAMPLE
+from helpers.plan import EXAMPLE
 
 from xsim_adapters.plan import device_presets, load_plan, memory_report, model_presets
 
