@@ -1,6 +1,6 @@
 """Fixtures shared by many test files. Helper functions and hand-built cases are in
-:mod:`helpers` (``tests/helpers/``), importable from every test because pytest puts this
-directory on ``sys.path`` when it loads this file."""
+:mod:`helpers` (``tests/helpers/``), importable from every test under any import mode:
+pyproject.toml's ``pythonpath`` puts ``tests/`` on ``sys.path``."""
 
 from __future__ import annotations
 

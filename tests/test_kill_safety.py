@@ -18,14 +18,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import REPO
 from test_output_paths import tiny_plans
 
 from xsim_adapters import cli
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
-REPO = Path(__file__).resolve().parent.parent
-
-
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     paths = [str(REPO), str(REPO / "plugins" / "ns3"), str(REPO / "plugins" / "htsim")]

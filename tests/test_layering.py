@@ -27,9 +27,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import helpers
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = helpers.REPO
 PACKAGE = "xsim_adapters"
 # Source roots: top-level package name -> its directory.
 ROOTS = {

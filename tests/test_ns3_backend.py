@@ -104,7 +104,7 @@ def test_unknown_and_bad_options_are_named():
 
 def test_prepare_routes_follow_topology_paths():
     """A packet pair's forward host routes are exactly the cables of its Topology.path."""
-    from xsim_ns3._options import parse_options
+    from xsim_ns3 import parse_options
     from xsim_ns3._prepare import _cables, prepare
 
     topo = star_topology(4, 2)

@@ -76,7 +76,7 @@ def test_idle_gaps_between_flows_cause_no_timeouts(case, transport):
 
 
 def test_delayed_ack_timer_must_stay_below_the_rto():
-    from xsim_ns3._options import parse_options
+    from xsim_ns3 import parse_options
 
     assert parse_options({}).del_ack_timeout_us == 10
     with pytest.raises(BackendError, match=r"del_ack_timeout_us must be below min_rto_us=1000"

@@ -64,7 +64,7 @@ def test_fifo_host_queue_reproduces_the_ack_starvation(case):
 
 
 def test_host_queue_option_is_validated():
-    from xsim_ns3._options import parse_options
+    from xsim_ns3 import parse_options
 
     from xsim_adapters.errors import BackendError
 
