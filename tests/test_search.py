@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from helpers import REPO
 
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import load_plan, plan_to_dict
@@ -21,8 +22,7 @@ from xsim_adapters.search.evaluate import Evaluator, run_candidate
 from xsim_adapters.search.space import plan_dict
 from xsim_adapters.sweep.runner import run_variant
 
-ROOT = Path(__file__).resolve().parent.parent
-SMALL = ROOT / "tests" / "data" / "search" / "small-4gpu.yaml"
+SMALL = REPO / "tests" / "data" / "search" / "small-4gpu.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ SHIPPED = [
 
 @pytest.mark.parametrize(("plan", "space"), SHIPPED)
 def test_found_plan_at_least_as_fast_as_the_shipped_plan(plan, space):
-    path = ROOT / "workloads" / plan
+    path = REPO / "workloads" / plan
     spec = spec_from_dict(_spec_for_plan(path, space, {"evaluations": 6, "wave": 2}))
     res = search(spec, baselines=False, top=1)
     shipped = run_variant({"plan": plan_to_dict(load_plan(path))})
@@ -219,7 +219,7 @@ def test_cli_writes_outputs_and_resume_simulates_nothing_new(tmp_path, monkeypat
     assert "best:" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "workloads" / "search").glob("*.yaml")),
+@pytest.mark.parametrize("path", sorted((REPO / "workloads" / "search").glob("*.yaml")),
                          ids=lambda p: p.name)
 def test_shipped_search_specs_load(path):
     spec = load_search_spec(path)
@@ -233,7 +233,7 @@ def test_branch_and_bound_logic_matches_exhaustive_with_a_fake_simulator(objecti
     logic itself, both objectives, on the 16-GPU example space, in milliseconds."""
     import hashlib
 
-    spec = load_search_spec(ROOT / "workloads" / "search" / "h100-a100-16gpu.yaml")
+    spec = load_search_spec(REPO / "workloads" / "search" / "h100-a100-16gpu.yaml")
     raw = dict(spec.raw, objective=objective, budget={"wave": 3})
     spec = spec_from_dict(raw, spec.base_dir)
     an = Analyzer(spec)
