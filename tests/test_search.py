@@ -274,7 +274,7 @@ def test_phase_one_stopped_by_its_deadline_counts_the_rest_and_proves_nothing():
 
     from xsim_adapters.search.bnb import STATUS_BUDGET, Space, prune_counts
 
-    spec = load_search_spec(ROOT / "workloads" / "search" / "h100-a100-16gpu.yaml")
+    spec = load_search_spec(REPO / "workloads" / "search" / "h100-a100-16gpu.yaml")
     an = Analyzer(spec)
     whole = enumerate_space(spec, an)
     assert isinstance(whole, Space) and whole.size == len(whole) and whole.not_analysed == 0

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import pandas as pd
 import pytest
 import yaml
 from attack_runner import assert_clean_error, run_cli
+from test_output_paths import tiny_plans  # (tests/ is on pytest's pythonpath)
 
 from xsim_adapters.search import spec_from_dict
 from xsim_adapters.search.space import choices, structures
@@ -36,8 +36,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SMALL = ROOT / "tests" / "data" / "search" / "small-4gpu.yaml"
 SEARCH_ROWS = "search.rows.jsonl"
 SWEEP_ROWS = "sweep.rows.jsonl"
-sys.path.insert(0, str(ROOT / "tests"))
-from test_output_paths import tiny_plans  # noqa: E402
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
