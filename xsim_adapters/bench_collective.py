@@ -24,9 +24,9 @@ from .plan.model import CollectiveAlgorithms, Plan
 from .topology import build_topology
 from .trace import TraceBuilder, ring_collective
 from .trace.schema import KIND_BARRIER, KIND_FLOW
-from .workload.algorithms import lower
-from .workload.latency import gate_latency, latency_members
-from .workload.rings import (
+from .workload.comm.algorithms import lower
+from .workload.comm.latency import gate_latency, latency_members
+from .workload.comm.rings import (
     RankInfo,
     channel_orders,
     ring_bottleneck_GBps,
@@ -34,7 +34,7 @@ from .workload.rings import (
     ring_order,
     split_bytes,
 )
-from .workload.selection import choose_algorithm
+from .workload.comm.selection import choose_algorithm
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 ALGORITHM_CHOICES = ("auto", "ring", "tree", "nvls", "hierarchical")
@@ -99,8 +99,8 @@ def lowered_trace(plan: Plan, kind: str, nbytes: int, channels: int = 0,
 def ring_cost_protocol(info: RankInfo, kind: str, orders: list[list[int]],
                        sizes: list[int]) -> str:
     """The protocol NCCL's tuner picks for the ring (its first channel), for the report."""
-    from .workload.nccl import ring_cost
-    from .workload.rings import nics_per_server
+    from .workload.comm.nccl import ring_cost
+    from .workload.comm.rings import nics_per_server
 
     o, s = orders[0], sizes[0]
     hops = [(o[i], o[(i + 1) % len(o)]) for i in range(len(o))]
@@ -116,7 +116,7 @@ def add_template(tb: TraceBuilder, t: Any, ranks: list[int], ready: int, delay_n
     """Add template ``t`` (a :class:`RingFlows` over member positions) to ``tb`` on ``ranks``:
     each member's gate flows wait for ``ready`` and, if ``delay_ns`` > 0, carry it as their
     start latency (or, where a gate flow waits inside the collective, wait for a timed barrier
-    of ``delay_ns`` on that member; :mod:`.workload.latency`). Returns every member's tail
+    of ``delay_ns`` on that member; :mod:`.workload.comm.latency`). Returns every member's tail
     flows."""
     folded = latency_members(t)[0] if delay_ns > 0 else np.ones(len(ranks), dtype=bool)
     lat = gate_latency(t, delay_ns, folded[None]) if delay_ns > 0 else np.zeros(t.size, int)

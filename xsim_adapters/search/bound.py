@@ -26,7 +26,7 @@ from ..plan.layout import even_split, ranges_from_counts
 from ..plan.memory import GB, stage_memory
 from ..plan.model import Plan, Replica, Stage, TrainingSpec
 from ..workload.blocks import Unit, stage_units, tp_kinds
-from ..workload.compute import optimizer_time_ns, stage_params
+from ..workload.compute.costs import optimizer_time_ns, stage_params
 from ..workload.schedule import BWD, FWD, WGRAD, replica_chunks
 from .comm import Fabric
 from .dpbound import Costs, SyncShape, dp_tail_ns, gather_floors, sync_shape

@@ -22,15 +22,16 @@ import numpy as np
 from ..plan.attention import is_window_layer
 from ..plan.model import DeviceType, Plan, Stage
 from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, LAYER_EMBEDDING, PHASE_INDEX
-from .algorithms import lower
 from .builder import BulkBuilder, Template
-from .collectives import RingFlows, ring_flows
-from .compute import BlockCosts, embedding_cost, head_cost, layer_costs
-from .context import CPCosts, cp_costs, cp_mark, local_model
-from .kernels import microbatch_overhead_seconds
-from .latency import gate_latency, latency_members
-from .moe_units import StageMoE
-from .passes import (
+from .comm.algorithms import lower
+from .comm.collectives import RingFlows, ring_flows
+from .comm.context import CPCosts, cp_costs, cp_mark, local_model
+from .comm.latency import gate_latency, latency_members
+from .comm.selection import Choice
+from .compute.costs import BlockCosts, embedding_cost, head_cost, layer_costs
+from .compute.kernels import microbatch_overhead_seconds
+from .compute.moe_units import StageMoE
+from .compute.passes import (
     GEMM_WGRAD_SHARE,
     attention_core_flops,
     attention_wgrad_share,
@@ -38,7 +39,6 @@ from .passes import (
     selective_recompute_ns,
     split_ns,
 )
-from .selection import Choice
 
 # SMs that Transformer Engine's TP communication takes from the GEMM it overlaps, per block
 # and pass as (first GEMM, last GEMM) of the unit in run order; the median of the H100
@@ -98,7 +98,7 @@ class RingSpec:
     label: str  # channel-0 order, local indices, comma-joined
     algorithm: str
     delays: tuple[tuple[str, int], ...] = ()  # (collective kind, NCCL delay ns before a ring)
-    # Kinds lowered by another algorithm than the ring: their Choice (workload.selection)
+    # Kinds lowered by another algorithm than the ring: their Choice (workload.comm.selection)
     choices: tuple[tuple[str, Choice], ...] = ()
     # The same group's ring for the MLA latents (Unit.latent) and their bytes per micro-batch
     latent: RingSpec | None = None

@@ -44,18 +44,15 @@ from ..trace.schema import (
     SCHEMA_VERSION,
     Trace,
 )
-from .alltoall import MoEPlanner
 from .blocks import Block, RingSpec, build_block, stage_units, tp_kinds
 from .builder import BulkBuilder
 from .coarsen import Coarsening, decide, ecmp_choice, full
-from .compute import ADAM_BYTES_PER_PARAM, optimizer_time_ns, stage_params
-from .context import emit_cp
-from .dpsync import buckets, chunk_rings, sweep_segments
-from .latency import gate_latency, latency_members
-from .moe_units import StageMoE
-from .perturb import apply_perturbations, interval_slowdowns
-from .reshard import DEST, SOURCE, algorithm_label, reshard_transfers
-from .rings import (
+from .comm.alltoall import MoEPlanner
+from .comm.context import emit_cp
+from .comm.dpsync import buckets, chunk_rings, sweep_segments
+from .comm.latency import gate_latency, latency_members
+from .comm.reshard import DEST, SOURCE, algorithm_label, reshard_transfers
+from .comm.rings import (
     RankInfo,
     channel_orders,
     ring_bottleneck_GBps,
@@ -63,8 +60,11 @@ from .rings import (
     ring_order,
     split_bytes,
 )
+from .comm.selection import Choice, choose_algorithm, lower_instances
+from .compute.costs import ADAM_BYTES_PER_PARAM, optimizer_time_ns, stage_params
+from .compute.moe_units import StageMoE
+from .perturb import apply_perturbations, interval_slowdowns
 from .schedule import BWD, WGRAD, replica_chunks, stage_order
-from .selection import Choice, choose_algorithm, lower_instances
 
 GENERATOR_VERSION = "1"
 
@@ -640,7 +640,7 @@ class _Generator:
         starts = rf.start + base
         if folded is not None and not folded.all():
             # gate flows that wait inside the collective (a tree's inner members) keep a timed
-            # barrier from the member's readiness (workload/latency.py)
+            # barrier from the member's readiness (workload/comm/latency.py)
             ii, mm = np.nonzero(~folded)
             mem = dp["members"][ii, mm]
             dl = tb.add_ops(

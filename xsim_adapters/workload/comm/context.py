@@ -30,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from ..plan.attention import attention_dims
-from ..plan.model import DeviceType, ModelSpec, Plan, TrainingSpec
-from ..trace.schema import KIND_FLOW, PHASE_INDEX
-from .kernels import _attention_core, make_ctx, unit_seconds
+from ...plan.attention import attention_dims
+from ...plan.model import DeviceType, ModelSpec, Plan, TrainingSpec
+from ...trace.schema import KIND_FLOW, PHASE_INDEX
+from ..compute.kernels import _attention_core, make_ctx, unit_seconds
+from ..compute.passes import attention_core_flops
 from .nccl import RING_BASE_LATENCY_US, RING_STEP_LATENCY_US
-from .passes import attention_core_flops
 
 SIMPLE = 2  # index of the Simple protocol in nccl.PROTOCOLS
 # fraction of the local s/cp x s/cp score square one off-diagonal ring step computes, unmasked
@@ -158,7 +158,7 @@ def _emit_ring(gen: Any, reps: list[int], stage: int, chunk: int, layer: int, ph
         common = dict(phase=pc, replica=np.tile(replica, m), stage=stage,
                       microbatch=np.repeat(np.arange(m), n), layer_start=layer,
                       layer_stop=layer + 1, collective=np.repeat(coll, n), step=j - 1)
-        # NCCL's p2p cost: the flow's start latency (workload/latency.py)
+        # NCCL's p2p cost: the flow's start latency (workload/comm/latency.py)
         fl = tb.add_ops(m * n, kind=KIND_FLOW, rank=np.tile(src, m), dst=np.tile(nxt, m),
                         bytes=nbytes, duration_ns=np.tile(delay, m), **common).reshape(m, n)
         tb.add_edges(marks[0].reshape(m, n), fl)  # K/V of the local chunk exist

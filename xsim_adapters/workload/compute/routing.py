@@ -29,8 +29,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..plan.layout import apportion
-from ..plan.model import DeviceType, ModelSpec, MoESpec, Plan, TrainingSpec
+from ...plan.layout import apportion
+from ...plan.model import DeviceType, ModelSpec, MoESpec, Plan, TrainingSpec
 from .kernels import Kernel, _gemm, _linear_bwd, _linear_fwd, _mem, make_ctx, unit_seconds
 
 # Router probabilities and top-k indices written per token and expert (fp32): bytes per element.

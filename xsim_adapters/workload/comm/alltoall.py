@@ -38,12 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from ..plan.model import Plan
-from ..plan.moe import expert_params, is_moe_layer, moe_layers_in
-from ..plan.parallel import ep_ranks, group_replicas
-from ..trace.schema import KIND_BARRIER, KIND_FLOW, PHASE_INDEX
-from .etp import emit_etp
-from .moe import (
+from ...plan.model import Plan
+from ...plan.moe import expert_params, is_moe_layer, moe_layers_in
+from ...plan.parallel import ep_ranks, group_replicas
+from ...trace.schema import KIND_BARRIER, KIND_FLOW, PHASE_INDEX
+from ..compute.moe_units import MoELayerCost, StageMoE
+from ..compute.routing import (
     alltoall_matrix,
     expert_counts,
     experts_time_ns,
@@ -52,7 +52,7 @@ from .moe import (
     routing_counts,
     side_costs,
 )
-from .moe_units import MoELayerCost, StageMoE
+from .etp import emit_etp
 from .nccl import NVLINK_BW_EFFICIENCY, RING_BASE_LATENCY_US, RING_STEP_LATENCY_US
 from .rings import RankInfo
 
@@ -440,7 +440,7 @@ class MoEPlanner:
         if self.plan.collectives.nccl_cost:
             # NCCL's cost per sender: a start latency on its first-step flows; a hierarchical
             # proxy (it forwards in a second step, gated on its own delay) keeps a timed
-            # barrier (workload/latency.py)
+            # barrier (workload/comm/latency.py)
             delay = alltoall_delay_ns(ex, members, self.info)
             proxy = np.isin(senders, ex.src[~first])
             folded = senders[~proxy & (delay[senders] > 0)]

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..trace.schema import KIND_BARRIER, KIND_FLOW, PHASE_INDEX
+from ...trace.schema import KIND_BARRIER, KIND_FLOW, PHASE_INDEX
 from .rings import ring_delay_ns
 
 

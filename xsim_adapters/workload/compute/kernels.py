@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import log2
 
-from ..plan.model import DeviceType, ModelSpec, TrainingSpec
+from ...plan.model import DeviceType, ModelSpec, TrainingSpec
 from .gemm import Rates, gemm_seconds, tiled_quantization
 
 # --- global constants (docs/compute.md lists every one with its source) ---------------------

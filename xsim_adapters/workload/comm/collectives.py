@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.schema import KIND_FLOW
+from ...trace.schema import KIND_FLOW
 
 
 def num_steps(kind: str, n: int, granularity: str, chunks: int) -> int:
