@@ -21,12 +21,12 @@ import numpy as np
 
 from ..plan.attention import is_window_layer
 from ..plan.model import DeviceType, Plan, Stage
-from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, LAYER_EMBEDDING, PHASE_INDEX
+from ..trace.schema import KIND_COMPUTE, LAYER_EMBEDDING, PHASE_INDEX
 from .builder import BulkBuilder, Template
 from .comm.algorithms import lower
 from .comm.collectives import RingFlows, ring_flows
 from .comm.context import CPCosts, cp_costs, cp_mark, local_model
-from .comm.latency import gate_latency, latency_members
+from .comm.emit import emit_lowered
 from .comm.selection import Choice
 from .compute.costs import BlockCosts, embedding_cost, head_cost, layer_costs
 from .compute.kernels import microbatch_overhead_seconds
@@ -440,50 +440,22 @@ def build_block(
                     lowered[key] = lower(choice.algorithm, kind, choice.layout, nbytes,
                                          choice.channels, choice.chunks)
             rf = lowered[key]
-            delay = dict(rs.delays).get(kind, 0)
-            folded = latency_members(rf)[0] if delay > 0 else np.zeros(n, dtype=bool)
-            coll = tb.add_collectives(
-                1,
-                kind=kind,
-                phase=tp_phase,
-                bytes=nbytes,
-                ranks=rs.label,
+            coll = dict(
+                n=1, kind=kind, phase=tp_phase, bytes=nbytes, ranks=rs.label,
                 algorithm=rs.algorithm if choice is None else choice.label,
                 channels=len(rs.perm) if choice is None else choice.channels,
-                layer_start=u.layer_start,
-                layer_stop=u.layer_stop,
+                layer_start=u.layer_start, layer_stop=u.layer_stop,
             )
-            fl = tb.add_ops(
-                rf.size,
-                kind=rf.op_kinds(),
-                rank=rf.src,
-                dst=rf.op_dst(),
-                bytes=rf.nbytes,
-                # NCCL latency and protocol cost: a start latency on each member's gate flows
-                duration_ns=gate_latency(rf, delay, folded[None]) if delay > 0 else 0,
-                phase=tp_phase,
-                layer_start=u.layer_start,
-                layer_stop=u.layer_stop,
-                collective=coll[0],
-                step=rf.step,
-                channel=rf.channel,
-            )
-            base = fl[0]
-            tb.add_edges(rf.pred + base, rf.succ + base)
-            start = rf.start[0] + base  # (C, n): first send of member m on channel c
-            if delay > 0:
-                tb.add_edges(tails[folded][:, :, None], start.T[folded][:, None, :])
-                slow = np.flatnonzero(~folded)  # gate flows that wait inside (a tree's inner)
-                if len(slow):  # keep a timed barrier from the member's readiness
-                    dl = tb.add_ops(len(slow), kind=KIND_BARRIER, rank=slow, duration_ns=delay,
-                                    phase=tp_phase, layer_start=u.layer_start,
-                                    layer_stop=u.layer_stop, collective=coll[0])
-                    tb.add_edges(tails[slow], dl[:, None])
-                    tb.add_edges(dl[:, None], start.T[slow])
-            else:
-                tb.add_edges(tails[:, :, None], start.T[:, None, :])
+            # NCCL latency and protocol cost: a start latency on each member's gate flows
+            # (a timed barrier where a gate flow waits inside the collective)
+            rtails, start = emit_lowered(
+                tb, rf, local[None], dict(rs.delays).get(kind, 0), coll,
+                lambda _rk, _inst, u=u: dict(phase=tp_phase, layer_start=u.layer_start,
+                                             layer_stop=u.layer_stop))
+            # each member's gate flows (or barrier) wait for the member's compute
+            tb.add_edges_valid(tails.T[:, None, :], start[0][None])
             prev_early = prev_tails
-            tails = (rf.tails[0] + base).transpose(1, 0, 2).reshape(n, -1)  # (n, 2C)
+            tails = rtails[0].transpose(1, 0, 2).reshape(n, -1)  # (n, 2C)
             prev_tails = tails
     assert head is not None and last is not None
     tails = prev_tails if prev_tails is not None else last[:, None]
