@@ -4,8 +4,10 @@
 ``--max-gpus`` GPUs in ``workloads/`` (plans only: not ``search/`` or ``traffic/`` specs), the
 SHA-256 of its trace (ops, deps and collectives frames, rows sorted, with column names and
 dtypes; the manifest as sorted JSON) and of its flow-backend timeline (``op_id``, ``start_ns``,
-``end_ns`` sorted by op id), plus the traces of ``xsim bench-collective`` (every kind and
-algorithm at three sizes on two fabrics), into ``DIR/hashes.json``.
+``end_ns`` sorted by op id), the same for :data:`VARIANTS` (shipped plans with fields changed
+to reach the other lowering paths; a variant that fails records its error, which must stay
+the same), plus the traces of ``xsim bench-collective`` (every kind and algorithm at three
+sizes on two fabrics), into ``DIR/hashes.json``.
 ``... compare DIR`` recomputes them with the code on ``PYTHONPATH`` and exits 1 naming every
 plan whose trace or timeline differs in a single bit. Run ``record`` from the old code and
 ``compare`` from the new one (the issue 26 workload refactor was checked this way).
@@ -66,6 +68,44 @@ def plans(max_gpus: int) -> list[Path]:
     return out
 
 
+# Variants of shipped plans that reach the lowering paths the shipped plans do not: trees (inner
+# members keep a timed barrier), hierarchical all-to-all proxies, expert TP, ZeRO with and
+# without the overlapped all-gather, zero-bubble and interleaved schedules, chunked rings,
+# no NCCL cost. (plan stem, {dotted key: value}).
+VARIANTS: list[tuple[str, dict[str, Any]]] = [
+    ("homogeneous-h100", {"collectives.algorithm": "tree"}),
+    ("homogeneous-h100", {"collectives.algorithm": "hierarchical"}),
+    ("homogeneous-h100", {"training.schedule": "zb_h1"}),
+    ("homogeneous-h100", {"training.schedule": "interleaved", "training.virtual_stages": 2}),
+    ("homogeneous-h100", {"training.zero_stage": 1}),
+    ("homogeneous-h100", {"training.zero_stage": 1, "training.overlap.param_gather": False}),
+    ("homogeneous-h100", {"collectives.granularity": "chunked", "collectives.chunks": 4}),
+    ("homogeneous-h100", {"collectives.nccl_cost": False}),
+    ("hetero-dp-h100-a100", {"collectives.algorithm": "tree", "training.zero_stage": 1}),
+    ("moe-mixtral-8x7b-64xh100-ep8", {"model.moe.alltoall": "hierarchical"}),
+    ("moe-mixtral-8x7b-64xh100-ep8", {"replicas.uniform.etp": 2}),
+    ("moe-mixtral-8x7b-64xh100-ep8", {"collectives.nccl_cost": False,
+                                      "replicas.uniform.etp": 2}),
+    ("long-context-128k-cp4", {"collectives.nccl_cost": False}),
+]
+
+
+def variant_plan(stem: str, sets: dict[str, Any]) -> Any:
+    """The shipped plan ``stem`` with ``sets`` applied (dotted keys into its YAML)."""
+    import yaml
+
+    import xsim_adapters as xs
+
+    d = yaml.safe_load((ROOT / "workloads" / f"{stem}.yaml").read_text())
+    for key, value in sets.items():
+        *parents, leaf = key.split(".")
+        node = d
+        for k in parents:
+            node = node.setdefault(k, {})
+        node[leaf] = value
+    return xs.load_plan(yaml.safe_dump(d))
+
+
 def bench_cases() -> list[tuple[str, Any]]:
     """``xsim bench-collective`` traces: every kind x algorithm, three sizes, two fabrics."""
     from xsim_adapters.bench_collective import ALGORITHM_CHOICES, KINDS, bench_plan, lowered_trace
@@ -88,17 +128,25 @@ def digests(max_gpus: int) -> dict[str, Any]:
     import xsim_adapters as xs
 
     res: dict[str, Any] = {}
-    for p in plans(max_gpus):
+    cases = [(p.stem, lambda p=p: xs.load_plan(p)) for p in plans(max_gpus)] + [
+        (f"{stem}+{json.dumps(sets, sort_keys=True)}",
+         lambda st=stem, se=sets: variant_plan(st, se)) for stem, sets in VARIANTS]
+    for name, load in cases:
         t0 = time.time()
-        plan = xs.load_plan(p)
-        trace = xs.generate(plan)
+        plan = load()
+        try:
+            trace = xs.generate(plan)
+        except Exception as e:  # noqa: BLE001 - a known failure must fail the same way
+            res[name] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"{name}: {res[name]['error']}", flush=True)
+            continue
         tl = xs.run(plan, "flow", trace=trace)
         frame = tl.frame[["op_id", "start_ns", "end_ns"]]
         d = trace_digest(trace)
         d["timeline"] = frame_digest(frame, ["op_id"])
         d["makespan_ns"] = repr(tl.makespan_ns)
-        res[p.stem] = d
-        print(f"{p.stem}: {d['num_ops']} ops, makespan {d['makespan_ns']} ns,"
+        res[name] = d
+        print(f"{name}: {d['num_ops']} ops, makespan {d['makespan_ns']} ns,"
               f" {time.time() - t0:.1f} s", flush=True)
     for name, fn in bench_cases():
         trace, end_op, alg = fn()
