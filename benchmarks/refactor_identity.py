@@ -87,6 +87,11 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("moe-mixtral-8x7b-64xh100-ep8", {"collectives.nccl_cost": False,
                                       "replicas.uniform.etp": 2}),
     ("long-context-128k-cp4", {"collectives.nccl_cost": False}),
+    ("long-context-128k-cp4", {"training.recompute": "full"}),
+    ("homogeneous-h100", {"training.recompute": "full"}),
+    ("homogeneous-h100", {"training.recompute": "selective", "training.schedule": "zb_h1"}),
+    ("moe-mixtral-8x7b-64xh100-ep8", {"training.recompute": "full"}),
+    ("moe-mixtral-8x7b-64xh100-ep8", {"training.schedule": "zb_h1"}),
 ]
 
 

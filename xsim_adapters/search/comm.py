@@ -35,6 +35,7 @@ from ..topology.build import build_topology
 from ..topology.model import SERVER_TIERS, TIER_SCALE_UP
 from ..workload.comm.algorithms import lower
 from ..workload.comm.collectives import RingFlows
+from ..workload.comm.nccl import ring_steps
 from ..workload.comm.reshard import DEST, reshard_transfers
 from ..workload.comm.rings import (
     RankInfo,
@@ -50,11 +51,6 @@ from ..workload.comm.selection import Choice, choose_algorithm
 # (floor(S * i / n) segments, pieces and channels): far below a microsecond on any link, and it
 # keeps the counts lower bounds whatever the rounding of the lowering.
 CUT_SLACK_BYTES = 1 << 16
-
-
-def ring_steps(kind: str, n: int) -> int:
-    """Segments one ring member sends in a ring ``kind`` over n members (all-reduce 2(n-1))."""
-    return 2 * (n - 1) if kind == "all_reduce" else n - 1
 
 
 @dataclass(frozen=True)

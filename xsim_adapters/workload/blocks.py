@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..plan.attention import is_window_layer
-from ..plan.model import DeviceType, Plan, Stage
+from ..plan.model import DeviceType, ModelSpec, Plan, Stage, TrainingSpec
 from ..trace.schema import KIND_COMPUTE, LAYER_EMBEDDING, PHASE_INDEX
 from .builder import BulkBuilder, Template
 from .comm.algorithms import lower
@@ -110,6 +110,21 @@ def tp_kinds(plan: Plan) -> tuple[str, ...]:
     return ("reduce_scatter", "all_gather") if plan.training.sequence_parallel else ("all_reduce",)
 
 
+@dataclass(frozen=True)
+class _Chunk:
+    """What every unit of one model chunk of a stage is built from (:func:`stage_units`)."""
+
+    model: ModelSpec  # with cp > 1 the rank's s/cp tokens
+    training: TrainingSpec
+    device: DeviceType
+    tp: int
+    cpc: CPCosts | None  # ring-attention step costs (cp > 1)
+    tpk: tuple[str, ...]  # the TP collective kinds after a unit
+    kinds: dict[bool, _AttentionKind]  # is-window-layer -> that attention kind's costs
+    gather: str | None  # "all_gather" of MLA's latents under sequence parallelism, else None
+    moe: StageMoE | None
+
+
 def stage_units(
     plan: Plan,
     stage: Stage,
@@ -121,14 +136,14 @@ def stage_units(
     moe: StageMoE | None = None,
 ) -> list[list[Unit]]:
     """Units of one model chunk of a stage for one micro-batch: [forward, backward], or with
-    ``split_w`` (zero-bubble) [forward, B, W] (see :mod:`.passes`).
+    ``split_w`` (zero-bubble) [forward, B, W] (see :mod:`.compute.passes`).
 
     ``layers`` is the chunk's layer range (default: the stage's); ``first``/``last``: the chunk
     holds the embedding / the output head. Forward units carry marks ``("fwd", layer)`` and
     ``("fwd", "embedding")`` (where a parameter all-gather must have arrived); the unit after
     which a layer's weight gradient is complete carries the mark ``layer`` (``"embedding"``).
-    ``moe``: the MoE layers' costs of this stage (:mod:`.moe_units`); their MLP units are
-    replaced by the MoE units, marked for the expert-parallel all-to-all.
+    ``moe``: the MoE layers' costs of this stage (:mod:`.compute.moe_units`); their MLP units
+    are replaced by the MoE units, marked for the expert-parallel all-to-all.
     """
     model, training = plan.model, plan.training
     n = stage.tp
@@ -136,131 +151,140 @@ def stage_units(
     if stage.cp > 1:  # every cost on the rank's s/cp tokens; ring steps add the rest of the core
         model = local_model(model, stage.cp)
         cpc = cp_costs(model, training, device, n, stage.cp)
-    tpk = tp_kinds(plan)
     a, b = stage.layers if layers is None else layers
-    kinds = {w: _attention_kind(model, training, device, n, w)
-             for w in {is_window_layer(model, x) for x in range(a, b)}}
     # Megatron-Core gathers MLA's latents, not the hidden state, ahead of its attention block
     mla_sp = (model.attention is not None and model.attention.mla is not None and n > 1
               and training.sequence_parallel)
-    gather = "all_gather" if mla_sp else None
-    fwd: list[Unit] = []
-    bwd: list[Unit] = []
+    c = _Chunk(model, training, device, n, cpc, tp_kinds(plan),
+               {w: _attention_kind(model, training, device, n, w)
+                for w in {is_window_layer(model, x) for x in range(a, b)}},
+               "all_gather" if mla_sp else None, moe)
+    fwd = _forward_units(c, a, b, first, last)
+    bwd = _forward_units(c, a, b, False, False, "recompute") if training.recompute == "full" \
+        else []
     wgr: list[Unit] = []
-    grads = wgr if split_w else bwd  # where weight gradients are complete
-    if first:
-        ns, fl = embedding_cost(model, training, device)
-        emb = Unit("fwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, tpk, ("fwd", "embedding"),
-                   latent=gather)
-        fwd.append(emb)
-    for layer in range(a, b):
-        k = kinds[is_window_layer(model, layer)]
-        costs = k.costs
-        nxt = None if layer == model.layers - 1 else gather  # it feeds the next attention
-        if cpc is not None:
-            fwd.extend(_cp_units(cpc, layer, "fwd", costs.attn_fwd_ns, costs.attn_flops, tpk))
-        else:
-            fwd.append(
-                Unit("fwd", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk,
-                     ("fwd", layer), k.ga, comm_sms=TP_OVERLAP_SMS["attention_fwd"])
-            )
-        if moe is not None and layer in moe.layers:
-            fwd.extend(_moe_units(moe, layer, "fwd", tpk, nxt))
-            continue
-        fwd.append(Unit("fwd", layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk, None,
-                        k.gm, nxt, TP_OVERLAP_SMS["mlp_fwd"]))
-    if last:
-        ns, fl = head_cost(model, training, device, n)
-        fwd.append(Unit("fwd", model.layers, model.layers + 1, ns, fl, ()))
-    if training.recompute == "full":
-        for layer in range(a, b):
-            k = kinds[is_window_layer(model, layer)]
-            costs = k.costs
-            nxt = None if layer == model.layers - 1 else gather
-            if cpc is not None:
-                bwd.extend(_cp_units(cpc, layer, "recompute", costs.attn_fwd_ns,
-                                     costs.attn_flops, tpk))
-            else:
-                bwd.append(
-                    Unit("recompute", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk,
-                         None, k.ga, comm_sms=TP_OVERLAP_SMS["attention_fwd"])
-                )
-            if moe is not None and layer in moe.layers:
-                bwd.extend(_moe_units(moe, layer, "recompute", tpk, nxt))
-                continue
-            bwd.append(
-                Unit("recompute", layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk,
-                     None, k.gm, nxt, TP_OVERLAP_SMS["mlp_fwd"])
-            )
     if last:
         ns, fl = head_cost(model, training, device, n, bwd=True)  # fl: backward (2x) FLOPs
         if split_w:
             hb, hw = split_ns(ns, GEMM_WGRAD_SHARE)
-            bwd.append(Unit("bwd", model.layers, model.layers + 1, hb, fl / 2, tpk))
+            bwd.append(Unit("bwd", model.layers, model.layers + 1, hb, fl / 2, c.tpk))
             wgr.append(Unit("wgrad", model.layers, model.layers + 1, hw, fl / 2, ()))
         else:
-            bwd.append(Unit("bwd", model.layers, model.layers + 1, ns, fl, tpk))
+            bwd.append(Unit("bwd", model.layers, model.layers + 1, ns, fl, c.tpk))
     scatter = "reduce_scatter" if mla_sp else None  # the latents' gradients, backward
     for layer in range(b - 1, a - 1, -1):
-        k = kinds[is_window_layer(model, layer)]
-        costs = k.costs
-        is_moe = moe is not None and layer in moe.layers
         if split_w:
-            if moe is not None and is_moe:  # the experts' W pass stays in B (not split)
-                bwd.extend(_moe_units(moe, layer, "bwd", tpk))
-            else:
-                bwd.append(Unit("bwd", layer, layer + 1, k.mlp_b, costs.mlp_flops, tpk, None,
-                                k.rm, comm_sms=TP_OVERLAP_SMS["mlp_bwd"]))
-            if training.recompute == "selective":
-                bwd.append(Unit("recompute", layer, layer + 1, k.sel_ns, k.core, ()))
-            if cpc is not None:  # B: the ring's input gradients; the local GEMMs' W deferred
-                bwd.extend(_cp_units(cpc, layer, "bwd", k.attn_b, costs.attn_flops + k.core,
-                                     tpk, scatter))
-            else:
-                bwd.append(
-                    Unit("bwd", layer, layer + 1, k.attn_b, costs.attn_flops + k.core, tpk, None,
-                         k.ra, scatter, TP_OVERLAP_SMS["attention_bwd"])
-                )
-            mw, mfl = (0, 0.0) if is_moe else (k.mlp_w, costs.mlp_flops)
-            wgr.append(
-                Unit("wgrad", layer, layer + 1, mw + k.attn_w, mfl + k.attn_wfl, (), mark=layer)
-            )
-            continue
-        if moe is not None and is_moe:
-            bwd.extend(_moe_units(moe, layer, "bwd", tpk))
+            _split_backward_units(c, layer, scatter, bwd, wgr)
         else:
-            bwd.append(
-                Unit("bwd", layer, layer + 1, costs.mlp_bwd_ns, 2 * costs.mlp_flops, tpk, None,
-                     k.rm, comm_sms=TP_OVERLAP_SMS["mlp_bwd"])
-            )
-        if training.recompute == "selective":
-            bwd.append(Unit("recompute", layer, layer + 1, k.sel_ns, k.core, ()))
-        if cpc is not None:
-            bwd.extend(_cp_units(cpc, layer, "bwd", costs.attn_bwd_ns, 2 * costs.attn_flops, tpk,
-                                 scatter))
-            continue
-        bwd.append(
-            Unit("bwd", layer, layer + 1, costs.attn_bwd_ns, 2 * costs.attn_flops, tpk, layer,
-                 k.ra, scatter, TP_OVERLAP_SMS["attention_bwd"])
-        )
+            _backward_units(c, layer, scatter, bwd)
     if first:
         ns, fl = embedding_cost(model, training, device, bwd=True)
-        grads.append(
+        (wgr if split_w else bwd).append(  # where weight gradients are complete
             Unit("wgrad" if split_w else "bwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, (),
                  mark="embedding")
         )
-    # Framework overhead per micro-batch pass, on the pass's first layer op. With interleaving
-    # every model chunk is its own forward/backward step call (Megatron's forward_step per chunk
-    # and micro-batch), so each chunk pays it.
-    # (On its first transformer-layer op, so a stage's embedding or head op stays its own.)
+    _add_microbatch_overhead(model, (fwd, bwd))
+    return [fwd, bwd, wgr] if split_w else [fwd, bwd]
+
+
+def _forward_units(c: _Chunk, a: int, b: int, first: bool, last: bool,
+                   phase: str = "fwd") -> list[Unit]:
+    """The forward of layers [a, b) (with the embedding if ``first``, the head if ``last``),
+    or with ``phase="recompute"`` its full recompute (no marks)."""
+    model, tpk, moe = c.model, c.tpk, c.moe
+    fwd = phase == "fwd"
+    units: list[Unit] = []
+    if first:
+        ns, fl = embedding_cost(model, c.training, c.device)
+        units.append(Unit("fwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, tpk,
+                          ("fwd", "embedding"), latent=c.gather))
+    for layer in range(a, b):
+        k = c.kinds[is_window_layer(model, layer)]
+        costs = k.costs
+        nxt = None if layer == model.layers - 1 else c.gather  # it feeds the next attention
+        if c.cpc is not None:
+            units.extend(_cp_units(c.cpc, layer, phase, costs.attn_fwd_ns, costs.attn_flops,
+                                   tpk))
+        else:
+            units.append(
+                Unit(phase, layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk,
+                     ("fwd", layer) if fwd else None, k.ga,
+                     comm_sms=TP_OVERLAP_SMS["attention_fwd"])
+            )
+        if moe is not None and layer in moe.layers:
+            units.extend(_moe_units(moe, layer, phase, tpk, nxt))
+            continue
+        units.append(Unit(phase, layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk, None,
+                          k.gm, nxt, TP_OVERLAP_SMS["mlp_fwd"]))
+    if last:
+        ns, fl = head_cost(model, c.training, c.device, c.tp)
+        units.append(Unit("fwd", model.layers, model.layers + 1, ns, fl, ()))
+    return units
+
+
+def _backward_units(c: _Chunk, layer: int, scatter: str | None, bwd: list[Unit]) -> None:
+    """Append the backward of ``layer`` (MLP, selective recompute, attention) to ``bwd``."""
+    k = c.kinds[is_window_layer(c.model, layer)]
+    costs, tpk = k.costs, c.tpk
+    if c.moe is not None and layer in c.moe.layers:
+        bwd.extend(_moe_units(c.moe, layer, "bwd", tpk))
+    else:
+        bwd.append(
+            Unit("bwd", layer, layer + 1, costs.mlp_bwd_ns, 2 * costs.mlp_flops, tpk, None,
+                 k.rm, comm_sms=TP_OVERLAP_SMS["mlp_bwd"])
+        )
+    if c.training.recompute == "selective":
+        bwd.append(Unit("recompute", layer, layer + 1, k.sel_ns, k.core, ()))
+    if c.cpc is not None:
+        bwd.extend(_cp_units(c.cpc, layer, "bwd", costs.attn_bwd_ns, 2 * costs.attn_flops, tpk,
+                             scatter))
+        return
+    bwd.append(
+        Unit("bwd", layer, layer + 1, costs.attn_bwd_ns, 2 * costs.attn_flops, tpk, layer,
+             k.ra, scatter, TP_OVERLAP_SMS["attention_bwd"])
+    )
+
+
+def _split_backward_units(c: _Chunk, layer: int, scatter: str | None, bwd: list[Unit],
+                          wgr: list[Unit]) -> None:
+    """Zero-bubble: append ``layer``'s B pass to ``bwd`` and its W pass to ``wgr``."""
+    k = c.kinds[is_window_layer(c.model, layer)]
+    costs, tpk = k.costs, c.tpk
+    is_moe = c.moe is not None and layer in c.moe.layers
+    if c.moe is not None and is_moe:  # the experts' W pass stays in B (not split)
+        bwd.extend(_moe_units(c.moe, layer, "bwd", tpk))
+    else:
+        bwd.append(Unit("bwd", layer, layer + 1, k.mlp_b, costs.mlp_flops, tpk, None,
+                        k.rm, comm_sms=TP_OVERLAP_SMS["mlp_bwd"]))
+    if c.training.recompute == "selective":
+        bwd.append(Unit("recompute", layer, layer + 1, k.sel_ns, k.core, ()))
+    if c.cpc is not None:  # B: the ring's input gradients; the local GEMMs' W deferred
+        bwd.extend(_cp_units(c.cpc, layer, "bwd", k.attn_b, costs.attn_flops + k.core,
+                             tpk, scatter))
+    else:
+        bwd.append(
+            Unit("bwd", layer, layer + 1, k.attn_b, costs.attn_flops + k.core, tpk, None,
+                 k.ra, scatter, TP_OVERLAP_SMS["attention_bwd"])
+        )
+    mw, mfl = (0, 0.0) if is_moe else (k.mlp_w, costs.mlp_flops)
+    wgr.append(
+        Unit("wgrad", layer, layer + 1, mw + k.attn_w, mfl + k.attn_wfl, (), mark=layer)
+    )
+
+
+def _add_microbatch_overhead(model: ModelSpec, passes: tuple[list[Unit], ...]) -> None:
+    """Framework overhead per micro-batch pass, on the pass's first layer op, in place.
+
+    With interleaving every model chunk is its own forward/backward step call (Megatron's
+    forward_step per chunk and micro-batch), so each chunk pays it. (On its first
+    transformer-layer op, so a stage's embedding or head op stays its own.)"""
     extra = int(round(microbatch_overhead_seconds() * 1e9))
-    for units in (fwd, bwd):
+    for units in passes:
         i0 = next((i for i, u in enumerate(units) if 0 <= u.layer_start < model.layers), None)
         if i0 is not None:
             d = units[i0].duration_ns
             units[i0] = replace(units[i0], duration_ns=(
                 d + extra if isinstance(d, int) else tuple(x + extra for x in d)))
-    return [fwd, bwd, wgr] if split_w else [fwd, bwd]
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import numpy as np
 from ..plan.attention import tp_gather_width
 from ..plan.limits import check_ops, estimate_ops
 from ..plan.model import Plan, Stage
+from ..plan.sizes import activation_bytes
 from ..trace.schema import KIND_BARRIER, KIND_FLOW, PHASE_INDEX, Trace
 from .blocks import Block, RingSpec, build_block, stage_units, tp_kinds
 from .coarsen import Coarsening, decide, ecmp_choice, full
@@ -58,10 +59,9 @@ class _Generator:
         self.tb = self.em.tb
         self.info = self.em.info
         self.blocks: dict[tuple, tuple[Block, ...]] = {}
-        m = plan.model
         # a CP rank holds s / cp tokens: its TP collectives and pipeline sends carry that much
-        cp = plan.replicas[0].stages[0].cp
-        self.act_bytes = plan.training.micro_batch * (m.seq_len // cp) * m.hidden * m.dtype_bytes
+        self.act_bytes = activation_bytes(plan.model, plan.training.micro_batch,
+                                          plan.replicas[0].stages[0].cp)
         self.stage_ops = self.em.stage_ops
         self.chunks = self.em.chunks
         self.moe = MoEPlanner(plan, self.info) if plan.model.moe is not None else None

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..plan.model import Plan
+from ..plan.sizes import tokens_per_microbatch
 from ..trace.schema import KINDS, OPTIONAL_PHASES, PHASES, SCHEMA_VERSION
 from .coarsen import Coarsening
 from .compute.costs import ADAM_BYTES_PER_PARAM
@@ -112,8 +113,8 @@ def manifest(plan: Plan, coarsening: Coarsening, chunks: list[list[list[tuple[in
             "micro_batch": t.micro_batch,
             "seq_len": m.seq_len,
             # a CP group's cp replicas share each sequence (cp is one per plan)
-            "tokens_per_iteration": mbs * t.micro_batch * m.seq_len
-            // plan.replicas[0].stages[0].cp,
+            "tokens_per_iteration": mbs * tokens_per_microbatch(
+                m, t.micro_batch, plan.replicas[0].stages[0].cp),
             "schedule": t.schedule,
             "dp": plan.dp,
             "replicas": [

@@ -40,6 +40,7 @@ import numpy as np
 from ...plan.model import Plan
 from ...plan.moe import expert_params, is_moe_layer, moe_layers_in
 from ...plan.parallel import ep_ranks, group_replicas
+from ...plan.sizes import tokens_per_microbatch
 from ...trace.schema import KIND_BARRIER, PHASE_INDEX
 from ..compute.moe_units import MoELayerCost, StageMoE
 from ..compute.routing import (
@@ -201,7 +202,7 @@ class MoEPlanner:
         owner = owner_of_experts(ex)
         # ep 1: one "member" (the TP group) routes all b*s tokens; ep > 1: each its local ones
         tokens = local_tokens(plan, st.tp, st.cp) if st.ep > 1 else (
-            plan.training.micro_batch * plan.model.seq_len // st.cp)
+            tokens_per_microbatch(plan.model, plan.training.micro_batch, st.cp))
         tb = plan.model.hidden * plan.model.dtype_bytes
         counts, matrix = {}, {}
         for layer in range(*st.layers):

@@ -32,6 +32,7 @@ import numpy as np
 
 from ...plan.attention import attention_dims
 from ...plan.model import DeviceType, ModelSpec, Plan, TrainingSpec
+from ...plan.sizes import tokens_per_microbatch
 from ...trace.schema import PHASE_INDEX
 from ..compute.kernels import _attention_core, make_ctx, unit_seconds
 from ..compute.passes import attention_core_flops
@@ -97,7 +98,7 @@ def kv_bytes(plan: Plan, tp: int, cp: int) -> int:
     m = plan.model
     _, hkv, dqk, dv = attention_dims(m)
     kv_heads = max(1, hkv // tp)
-    return plan.training.micro_batch * (m.seq_len // cp) * kv_heads * (dqk + dv) * (
+    return tokens_per_microbatch(m, plan.training.micro_batch, cp) * kv_heads * (dqk + dv) * (
         m.dtype_bytes)
 
 
