@@ -15,6 +15,7 @@ the last flows of the previous unit's collective that touch its rank.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -387,6 +388,11 @@ def _pieces(u: Unit, split: bool, sm_count: int = 0) -> list[tuple[Any, Any]]:
     ]
 
 
+def _same_tags(tags: dict[str, Any], _ranks: np.ndarray, _inst: np.ndarray) -> dict[str, Any]:
+    """The op tags of a TP collective's ops: one set for all (the template is per stage)."""
+    return tags
+
+
 def build_block(
     units: list[Unit],
     n: int,
@@ -472,10 +478,10 @@ def build_block(
             )
             # NCCL latency and protocol cost: a start latency on each member's gate flows
             # (a timed barrier where a gate flow waits inside the collective)
-            rtails, start = emit_lowered(
-                tb, rf, local[None], dict(rs.delays).get(kind, 0), coll,
-                lambda _rk, _inst, u=u: dict(phase=tp_phase, layer_start=u.layer_start,
-                                             layer_stop=u.layer_stop))
+            tags: dict[str, Any] = dict(phase=tp_phase, layer_start=u.layer_start,
+                                        layer_stop=u.layer_stop)
+            rtails, start = emit_lowered(tb, rf, local[None], dict(rs.delays).get(kind, 0), coll,
+                                         partial(_same_tags, tags))
             # each member's gate flows (or barrier) wait for the member's compute
             tb.add_edges_valid(tails.T[:, None, :], start[0][None])
             prev_early = prev_tails

@@ -10,6 +10,8 @@ per rank, for its last block and every DP ring it is part of.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from ..plan.model import Plan, Stage
@@ -24,7 +26,7 @@ from .compute.costs import optimizer_time_ns, stage_params
 from .schedule import BWD, WGRAD
 
 
-def add_dp_and_optimizer(em: Emitter, rep: list[int], moe: MoEPlanner | None) -> None:
+def add_dp_and_optimizer(em: Emitter, rep: Sequence[int], moe: MoEPlanner | None) -> None:
     """Barriers, DP sync (dense and expert) and the optimizer step of every rank; ``rep``:
     replica -> the replica whose ops stand for it (coarsening)."""
     plan, tb = em.plan, em.tb
@@ -101,7 +103,7 @@ def _optimizer(em: Emitter, last_ends: list[tuple[np.ndarray, np.ndarray, Stage,
     return optim_of
 
 
-def mirror_ranks(plan: Plan, rep: list[int], per_rank: np.ndarray) -> None:
+def mirror_ranks(plan: Plan, rep: Sequence[int], per_rank: np.ndarray) -> None:
     """A mirrored replica's ranks take the ops of their representative's matching ranks
     (same stage, same TP index) in ``per_rank`` (op id per global rank), in place."""
     for r, q in enumerate(rep):

@@ -12,12 +12,27 @@
   sweep line and its rings), :mod:`.alltoall` (EP all-to-all and the MoE planner),
   :mod:`.etp` (expert-TP rings), :mod:`.context` (CP ring attention).
 
-Imports :mod:`xsim_adapters.plan`, :mod:`xsim_adapters.trace`, :mod:`..compute` and the
-pipeline schedule (:mod:`..schedule`); the build (:mod:`..generate`) sits above it.
+Imports :mod:`xsim_adapters.plan`, :mod:`xsim_adapters.trace`, :mod:`..compute` and two leaf
+modules of the build (:mod:`..builder`, :mod:`..schedule`); the build (:mod:`..generate`)
+sits above it.
 """
 
 from .collectives import RingFlows, num_steps, ring_flows
+from .dpsetup import DPSetup
+from .emit import Emitter, StageOps, emit_gated, emit_lowered
 from .rings import RankInfo
 from .selection import Choice, choose_algorithm
 
-__all__ = ["Choice", "RankInfo", "RingFlows", "choose_algorithm", "num_steps", "ring_flows"]
+__all__ = [
+    "Choice",
+    "DPSetup",
+    "Emitter",
+    "RankInfo",
+    "RingFlows",
+    "StageOps",
+    "choose_algorithm",
+    "emit_gated",
+    "emit_lowered",
+    "num_steps",
+    "ring_flows",
+]

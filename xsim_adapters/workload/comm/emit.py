@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -27,10 +27,24 @@ from .latency import gate_latency, latency_members
 from .rings import RankInfo, channel_orders, ring_bottleneck_GBps, ring_order, split_bytes
 
 
+class BlockIds(Protocol):
+    """Where to attach dependencies to a block template (:class:`..blocks.Block`): local op
+    ids per local rank."""
+
+    @property
+    def head(self) -> np.ndarray: ...  # (n,) first compute op of each rank
+    @property
+    def last(self) -> np.ndarray: ...  # (n,) last compute op of each rank
+    @property
+    def tails(self) -> np.ndarray: ...  # (n, k) ops after which each rank holds the result
+    @property
+    def marks(self) -> dict[object, np.ndarray]: ...
+
+
 class StageOps:
     """Global op ids of one stage's instantiated blocks: arrays indexed (micro-batch, rank)."""
 
-    def __init__(self, base: np.ndarray, blk: Any) -> None:
+    def __init__(self, base: np.ndarray, blk: BlockIds) -> None:
         """``base``: first op id of each micro-batch copy; ``blk``: its :class:`..blocks.Block`."""
         self.head = base[:, None] + blk.head[None, :]
         self.last = base[:, None] + blk.last[None, :]
@@ -101,7 +115,7 @@ def emit_lowered(tb: BulkBuilder, rf: RingFlows, members: np.ndarray,
                      collective=slow_i, **tags(mem, slow_i))
     _, ids, dl = emit_gated(tb, coll, dict(
         n=rf.size, kind=rf.op_kinds(), rank=rf.src, dst=rf.op_dst(), bytes=rf.nbytes,
-        duration_ns=gate_latency(rf, d, folded) if folded is not None else 0,
+        duration_ns=gate_latency(rf, d, folded) if folded is not None and d is not None else 0,
         collective=rf.instance, step=rf.step, channel=rf.channel,
         **tags(rf.src, rf.instance)), gates)
     base = int(ids[0]) if len(ids) else 0
