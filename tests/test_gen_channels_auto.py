@@ -16,7 +16,7 @@ from xsim_adapters.plan.model import CollectiveAlgorithms
 from xsim_adapters.plan.serialize import plan_to_dict
 from xsim_adapters.trace.schema import PHASE_INDEX
 from xsim_adapters.workload import generate
-from xsim_adapters.workload.rings import RankInfo, auto_orders, channel_orders, channels_for
+from xsim_adapters.workload.comm.rings import RankInfo, auto_orders, channel_orders, channels_for
 
 
 def _nic_use(info: RankInfo, orders: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:

@@ -52,7 +52,7 @@ BF16_BYTES = 2
 # replicas and the routed experts over the expert-data-parallel group (edp ranks per ring; every
 # expert in exactly one ring per EP position). Both MoE plans run ZeRO-1: the dense part's
 # reduce-scatter moves (dp - 1) x fp32 gradients and its all-gather (dp - 1) x bf16 parameters,
-# and so do the expert-DP rings (workload/alltoall.py) with edp: (edp - 1) routed x (4 + 2).
+# and so do the expert-DP rings (workload/comm/alltoall.py) with edp: (edp - 1) routed x (4 + 2).
 MIXTRAL_8X7B_PARAMS, MIXTRAL_8X7B_ROUTED = 46_702_792_704, 45_097_156_608
 QWEN_MOE_PARAMS, QWEN_MOE_ROUTED = 14_315_587_584, 12_457_082_880
 LLAMA3_8B_PARAMS = 8_030_261_248

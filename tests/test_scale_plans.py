@@ -17,7 +17,7 @@ HETERO = WORKLOADS / "llama3-405b-16k-hetero.yaml"
 
 
 def _params(plan) -> int:
-    from xsim_adapters.workload.compute import stage_params
+    from xsim_adapters.workload.compute.costs import stage_params
 
     return stage_params(plan.model, (0, plan.model.layers))
 

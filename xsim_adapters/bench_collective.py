@@ -22,11 +22,13 @@ from .errors import PlanError
 from .plan import plan_from_dict
 from .plan.model import CollectiveAlgorithms, Plan
 from .topology import build_topology
-from .trace import TraceBuilder, ring_collective
-from .trace.schema import KIND_BARRIER, KIND_FLOW
-from .workload.algorithms import lower
-from .workload.latency import gate_latency, latency_members
-from .workload.rings import (
+from .trace import TraceBuilder
+from .trace.schema import KIND_BARRIER, PHASE_INDEX, Trace
+from .workload.builder import BulkBuilder
+from .workload.comm.algorithms import lower
+from .workload.comm.collectives import RingFlows, ring_flows
+from .workload.comm.emit import emit_lowered
+from .workload.comm.rings import (
     RankInfo,
     channel_orders,
     ring_bottleneck_GBps,
@@ -34,7 +36,7 @@ from .workload.rings import (
     ring_order,
     split_bytes,
 )
-from .workload.selection import choose_algorithm
+from .workload.comm.selection import choose_algorithm
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 ALGORITHM_CHOICES = ("auto", "ring", "tree", "nvls", "hierarchical")
@@ -78,29 +80,52 @@ def lowered_trace(plan: Plan, kind: str, nbytes: int, channels: int = 0,
             assert choice.layout is not None
             t = lower(choice.algorithm, kind, choice.layout, nbytes, choice.channels,
                       choice.chunks)
-            tb = TraceBuilder(plan.num_ranks)
-            start = tb.barrier()
-            tails = add_template(tb, t, ranks, start, choice.delay_ns, collective=0)
-            end = tb.barrier(deps=tails)
-            return tb.build(), end, choice.label
+            trace, end = _one_collective(plan, t, kind, nbytes, choice.delay_ns, choice.label,
+                                         choice.channels)
+            return trace, end, choice.label
     base = ring_order(info, ranks, plan.collectives.ring_order)
     orders = channel_orders(info, base, channels)
     sizes = split_bytes(nbytes, [ring_bottleneck_GBps(info, o) for o in orders])
     delay = ring_delay_ns(info, kind, orders, sizes) if nccl_cost else 0
-    tb = TraceBuilder(plan.num_ranks)
-    start = tb.barrier()
-    last = ring_collective(tb, base, nbytes, kind=kind, ready=start, collective=0,
-                           delay_ns=delay, orders=orders, sizes=sizes)
-    end = tb.barrier(deps=last)
+    pos = {r: k for k, r in enumerate(base)}
+    rf = ring_flows(np.asarray([base], dtype=np.int64),
+                    np.asarray([[[pos[r] for r in o] for o in orders]], dtype=np.int64),
+                    np.asarray([sizes], dtype=np.int64), kind)
     proto = ring_cost_protocol(info, kind, orders, sizes) if nccl_cost else "Simple"
-    return tb.build(), end, f"ring:{proto}"
+    trace, end = _one_collective(plan, rf, kind, nbytes, delay, f"ring:{proto}", len(orders),
+                                 members=base)
+    return trace, end, f"ring:{proto}"
+
+
+def _one_collective(plan: Plan, rf: RingFlows, kind: str, nbytes: int, delay_ns: int,
+                    label: str, channels: int, members: list[int] | None = None
+                    ) -> tuple[Trace, int]:
+    """The trace of one lowered collective ``rf`` over ``members`` (default: every rank in
+    rank order) with NCCL cost ``delay_ns``, emitted as the generator emits one
+    (:func:`.workload.comm.emit.emit_lowered`) between an opening and a closing barrier;
+    returns (trace, op id of the closing barrier)."""
+    mem = np.asarray(members if members is not None else range(plan.num_ranks), dtype=np.int64)
+    tb = BulkBuilder()
+    dp = PHASE_INDEX["dp"]
+    start = tb.add_ops(1, kind=KIND_BARRIER, rank=-1, phase=dp)
+    coll = dict(n=1, kind=kind, phase=dp, bytes=nbytes, ranks=",".join(map(str, mem)),
+                algorithm=label, channels=channels)
+    tails, starts = emit_lowered(tb, rf, mem[None], delay_ns, coll,
+                                 lambda _rk, _inst: dict(phase=dp))
+    tb.add_edges_valid(start, starts)
+    end = tb.add_ops(1, kind=KIND_BARRIER, rank=-1, phase=dp)
+    tb.add_edges_valid(tails.reshape(-1), end)
+    ops, deps, colls = tb.frames()
+    manifest = TraceBuilder(plan.num_ranks, plan_name=plan.name).build().manifest
+    manifest.update(num_ops=len(ops), num_deps=len(deps))
+    return Trace(ops=ops, deps=deps, collectives=colls, manifest=manifest), int(end[0])
 
 
 def ring_cost_protocol(info: RankInfo, kind: str, orders: list[list[int]],
                        sizes: list[int]) -> str:
     """The protocol NCCL's tuner picks for the ring (its first channel), for the report."""
-    from .workload.nccl import ring_cost
-    from .workload.rings import nics_per_server
+    from .workload.comm.nccl import ring_cost
+    from .workload.comm.rings import nics_per_server
 
     o, s = orders[0], sizes[0]
     hops = [(o[i], o[(i + 1) % len(o)]) for i in range(len(o))]
@@ -109,34 +134,6 @@ def ring_cost_protocol(info: RankInfo, kind: str, orders: list[list[int]],
     servers = len({int(info.server[r]) for r in o})
     return ring_cost(kind, len(o), int(s), servers, info.link_GBps(*slow), link,
                      len(orders), nics=nics_per_server(info, o)).protocol
-
-
-def add_template(tb: TraceBuilder, t: Any, ranks: list[int], ready: int, delay_ns: int,
-                 collective: int = -1, phase: str = "dp") -> list[int]:
-    """Add template ``t`` (a :class:`RingFlows` over member positions) to ``tb`` on ``ranks``:
-    each member's gate flows wait for ``ready`` and, if ``delay_ns`` > 0, carry it as their
-    start latency (or, where a gate flow waits inside the collective, wait for a timed barrier
-    of ``delay_ns`` on that member; :mod:`.workload.latency`). Returns every member's tail
-    flows."""
-    folded = latency_members(t)[0] if delay_ns > 0 else np.ones(len(ranks), dtype=bool)
-    lat = gate_latency(t, delay_ns, folded[None]) if delay_ns > 0 else np.zeros(t.size, int)
-    first: list[list[int]] = [[ready] for _ in ranks]
-    for m, r in enumerate(ranks):
-        if not folded[m]:
-            first[m] = [tb.add(KIND_BARRIER, r, phase=phase, deps=first[m],
-                               duration_ns=delay_ns, collective=collective)]
-    joins = set() if t.kind is None else set(np.flatnonzero(t.kind != KIND_FLOW).tolist())
-    ids = [tb.add(KIND_BARRIER, ranks[int(t.src[j])], phase=phase, collective=collective)
-           if j in joins else
-           tb.add(KIND_FLOW, ranks[int(t.src[j])], phase=phase, dst=ranks[int(t.dst[j])],
-                  bytes=int(t.nbytes[j]), duration_ns=int(lat[j]), collective=collective,
-                  step=int(t.step[j]), channel=int(t.channel[j])) for j in range(t.size)]
-    for p, q in zip(t.pred.tolist(), t.succ.tolist(), strict=True):
-        tb.dep(ids[p], ids[q])
-    gates = {(int(g), m) for m in range(len(ranks)) for g in t.start[0, :, m]}
-    for g, m in sorted(gates):
-        tb.dep(first[m], ids[g])
-    return sorted({ids[int(x)] for x in t.tails[0].reshape(-1)})
 
 
 def bus_factor(kind: str, n: int) -> float:

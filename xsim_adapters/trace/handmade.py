@@ -137,7 +137,7 @@ def ring_collective(tb: TraceBuilder, ranks: Sequence[int], nbytes: int, *,
     every rank's last send).
     """
     # Imported here: the workload package imports the trace package.
-    from ..workload.collectives import ring_flows
+    from ..workload.comm.collectives import ring_flows
 
     n = len(ranks)
     orders = [list(ranks)] if orders is None else [list(o) for o in orders]
