@@ -476,10 +476,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             value = float(secs)
         except ValueError:
             value = float("nan")
-        if not sep or not path or not value > 0:
-            print(f"xsim: error: --measured: expected PLAN=SECONDS with SECONDS > 0 (got {item!r})",
-                  file=sys.stderr)
-            return 2
+        if not sep or not path or not (math.isfinite(value) and value > 0):
+            print(f"xsim: error: --measured: expected PLAN=SECONDS with SECONDS a finite "
+                  f"number > 0 (got {item[:200]!r})", file=sys.stderr)
+            return 2  # a usage error, as argparse's
         pairs.append((load_plan(path), value))
     c = fit(pairs, args.device_type, args.field)
     print(f"{c.device_type}.{c.field}: {c.before:g} -> {c.value:g}"
