@@ -497,6 +497,19 @@ FORCE_HELP = ("Replace an earlier xsim output of another kind at the output path
               "files xsim did not write; see docs/outputs.md).")
 
 
+def common_args(sp: argparse.ArgumentParser, *, force: bool, progress: bool) -> None:
+    """The flags every subcommand shares, defined once: ``-q/--quiet`` (and ``--progress``
+    where a progress bar is drawn; :func:`progress_args`), and ``--force`` where the command
+    replaces an earlier xsim output (:data:`FORCE_HELP`)."""
+    if progress:
+        progress_args(sp)
+    else:  # accepted everywhere, so one command line works for every subcommand
+        sp.add_argument("-q", "--quiet", dest="progress", action="store_false", default=None,
+                        help="Accepted for uniformity: this command draws no progress bar.")
+    if force:
+        sp.add_argument("--force", action="store_true", help=FORCE_HELP)
+
+
 def progress_args(sp: argparse.ArgumentParser) -> None:
     """``--progress`` / ``--quiet`` (one destination, ``progress``: True, False or None for
     "only when stderr is a terminal"), shared by every command that draws a progress bar."""
@@ -527,18 +540,20 @@ def build_parser() -> argparse.ArgumentParser:
     v = add("validate", "Check a plan and print its ranks, replicas and memory per stage.",
             cmd_validate)
     v.add_argument("plan", metavar="PLAN", help="The plan YAML file to check.")
+    common_args(v, force=False, progress=False)
 
     sc = add("schema", "Print (or write) the JSON Schema of plan files, generated from the "
                        "plan loader, for editors: docs/plan.md#editor-support.", cmd_schema)
     sc.add_argument("-o", "--output", default=None, metavar="FILE",
                     help="The file to write (default: print to standard output).")
+    common_args(sc, force=False, progress=False)
 
     t = add("trace", "Generate the trace of a plan and write it to a directory.", cmd_trace)
     t.add_argument("plan", metavar="PLAN", help="The plan YAML file.")
     t.add_argument("-o", "--output", default=None, metavar="DIR",
                    help="The trace directory to write (the plan is stored in it as plan.yaml; "
                         "default: out/<PLAN name>-trace).")
-    t.add_argument("--force", action="store_true", help=FORCE_HELP)
+    common_args(t, force=True, progress=False)
     coarsen_arg(t)
 
     e = add("export", "Write the trace of a plan (or of a trace directory) in a peer "
@@ -558,7 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "COMM_COLL_NODE per member rank (ASTRA-sim runs its own algorithm); "
                         "'p2p' writes every flow as a send/receive pair (our exact schedule). "
                         "Default: coll.")
-    e.add_argument("--force", action="store_true", help=FORCE_HELP)
+    common_args(e, force=True, progress=False)
     coarsen_arg(e)
 
     def run_args(sp: argparse.ArgumentParser) -> None:
@@ -569,8 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--option", action="append", metavar="KEY=VALUE",
                         help="A backend option; repeat for several (values are read as YAML "
                              "scalars, e.g. seed=1).")
-        progress_args(sp)
-        sp.add_argument("--force", action="store_true", help=FORCE_HELP)
+        common_args(sp, force=True, progress=True)
         coarsen_arg(sp)
 
     r = add("run", "Run one backend on a plan or trace and write the timeline, per-rank "
@@ -627,19 +641,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help="The device type whose constant is fitted (every plan must use it).")
     cal.add_argument("--field", default="efficiency", choices=("efficiency", "hbm_efficiency"),
                      help="The constant to fit (default: efficiency).")
+    common_args(cal, force=False, progress=False)
 
     from .bench_collective import add_arguments, cmd_bench_collective
 
-    add_arguments(add("bench-collective", "Sweep one collective over a device group from 1 KiB "
-                                          "to 8 GiB as nccl-tests does (algbw and busbw "
-                                          "columns, optional CSV and plot).",
-                      cmd_bench_collective))
+    bc = add("bench-collective", "Sweep one collective over a device group from 1 KiB to 8 "
+                                 "GiB as nccl-tests does (algbw and busbw columns, optional "
+                                 "CSV and plot).", cmd_bench_collective)
+    add_arguments(bc)
+    common_args(bc, force=False, progress=False)
 
     b = add("backends", "List every installed backend with its availability and, if it "
                         "cannot run here, the reason.", cmd_backends)
     b.add_argument("--options", action="store_true",
                    help="Also list each backend's options: name, type or allowed values, "
                         "default and what it does.")
+    common_args(b, force=False, progress=False)
     return p
 
 
