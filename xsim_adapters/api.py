@@ -109,6 +109,14 @@ def write_trace_files(trace: Trace, directory: Path, plan: Plan | None = None) -
     from .plan import plan_to_yaml
     from .trace import write_trace as _write_trace
 
+    if plan is not None:  # the plan.yaml a replay rebuilds the network from: this trace's
+        from .workload import plan_digest
+
+        want, have = trace.manifest.get("plan_digest"), plan_digest(plan)
+        if want != have:
+            raise TraceError(f"write_trace(): plan: the trace was generated from another plan "
+                             f"(plan_digest {str(want)[:64]}, this plan's {have}); pass the "
+                             "plan the trace was generated from")
     extra = {PLAN_FILE: plan_to_yaml(plan)} if plan is not None else None
     staged = _write_trace(trace, directory / ".trace-staging", extra_files=extra)
     for entry in staged.iterdir():

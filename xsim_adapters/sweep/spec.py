@@ -235,7 +235,8 @@ def load_sweep_file(path: str | os.PathLike[str]) -> SweepSpec:
 
     p = Path(path)
     if not p.is_file():
-        raise SweepError(f"sweep file not found: {p}")
+        raise SweepError(f"{p}: not a regular file (expected a sweep YAML file)" if p.exists()
+                         else f"sweep file not found: {p}")
     d = parse_yaml(p.read_text(), str(p))
     if not isinstance(d, Mapping):
         raise SweepError(f"{p}: expected a mapping with keys base, axes (got "
