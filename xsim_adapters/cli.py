@@ -366,7 +366,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .report.plot import plot_compare
     from .report.progress import ProgressBar
 
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    # each once, in the order given (a name given twice would write OUT/<name>/ twice)
+    backends = list(dict.fromkeys(b.strip() for b in args.backends.split(",") if b.strip()))
     if len(set(backends)) < 2:
         raise XsimError(f"--backends needs at least two different names (got {args.backends!r})")
     from ._outdir import check_output, output_dir

@@ -9,6 +9,7 @@ strings.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,9 @@ from ..errors import XsimError
 
 PathPart = str | int
 SWEEP_KEYS = ("base", "axes", "backend", "options", "jobs", "placement")
+#: Variants one sweep may have: each holds a copy of the plan (a few kB) until it has run, so
+#: 100,000 are a few hundred MB; at 0.1-1 s per flow simulation they are hours of work.
+MAX_VARIANTS = 100_000
 
 
 class SweepError(XsimError, ValueError):
@@ -145,6 +149,12 @@ def check_axes(axes: Mapping[str, Any]) -> dict[str, list[Any]]:
         if len(values) == 0:
             raise SweepError(f"axes: {path} has no values")
         out[path] = list(values)
+    count = math.prod(len(v) for v in out.values())
+    if count > MAX_VARIANTS:
+        sizes = " x ".join(str(len(v)) for v in out.values())
+        raise SweepError(f"axes: {count:,} variants ({sizes}), more than the {MAX_VARIANTS:,} "
+                         "one sweep may run (MAX_VARIANTS, docs/sweep.md); split the sweep or "
+                         "give fewer values")
     return out
 
 
