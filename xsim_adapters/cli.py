@@ -360,16 +360,22 @@ def job_args(sp: argparse.ArgumentParser, writes: str) -> None:
                          "packed).")
 
 
+def parse_backends(text: str) -> list[str]:
+    """``--backends A,B``: the names, each once in the order given (a name given twice was run
+    twice and then compared with itself: KeyError), at least two; XsimError otherwise."""
+    names = list(dict.fromkeys(b.strip() for b in text.split(",") if b.strip()))
+    if len(names) < 2:
+        raise XsimError(f"--backends needs at least two different names (got {text[:200]!r})")
+    return names
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from . import api
     from .report.outputs import write_csv, write_run
     from .report.plot import plot_compare
     from .report.progress import ProgressBar
 
-    # each once, in the order given (a name given twice would write OUT/<name>/ twice)
-    backends = list(dict.fromkeys(b.strip() for b in args.backends.split(",") if b.strip()))
-    if len(set(backends)) < 2:
-        raise XsimError(f"--backends needs at least two different names (got {args.backends!r})")
+    backends = parse_backends(args.backends)
     from ._outdir import check_output, output_dir
     from .backends.registry import backend_options, check_backend_options, get_backend
 

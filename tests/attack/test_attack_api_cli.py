@@ -380,6 +380,25 @@ def test_sweep_python_api_checks_axis_paths_too() -> None:
         sweep(str(WORKLOADS / "whatif-slow-gpu.yaml"), {"training.micro_bach": [1, 2]})
 
 
+def test_sweep_with_too_many_variants_fails_before_expanding(tmp_path: Path) -> None:
+    values = ",".join(str(i) for i in range(1, 2001))
+    res = run_cli(["sweep", str(WORKLOADS / "whatif-slow-gpu.yaml"), "--set", f"seed={values}",
+                   "--set", f"training.micro_batch={values}", "--set", f"model.layers={values}",
+                   "-o", str(tmp_path / "o")], timeout=20)
+    assert_clean_error(res, "axes: 8,000,000,000 variants (2000 x 2000 x 2000), more than the "
+                            "100,000 one sweep may run (MAX_VARIANTS", max_seconds=10)
+    assert not (tmp_path / "o").exists()
+
+
+def test_compare_backends_given_twice_run_once() -> None:
+    from xsim_adapters.cli import parse_backends
+    from xsim_adapters.errors import XsimError
+
+    assert parse_backends("flow, ns3,flow") == ["flow", "ns3"]
+    with pytest.raises(XsimError, match="at least two different names"):
+        parse_backends("flow,flow")
+
+
 def test_sweep_file_that_is_not_a_file() -> None:
     assert_clean_error(run_cli(["sweep", "--sweep", "/dev/null"]),
                        "/dev/null: not a regular file (expected a sweep YAML file)")
