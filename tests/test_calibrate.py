@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_gen_helpers import make_plan
+from helpers.gen import make_plan
 
 from xsim_adapters.calibrate import fit, with_constant
 from xsim_adapters.errors import PlanError

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from test_gen_helpers import H100, TINY, make_plan, topo_order
+from helpers.gen import H100, TINY, make_plan, topo_order
 
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.bench_collective import bench, bench_plan, lowered_trace

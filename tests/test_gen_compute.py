@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from test_gen_helpers import H100, TINY, make_plan
+from helpers.gen import H100, TINY, make_plan
 
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan.model import ModelSpec, TrainingSpec

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
-from test_gen_helpers import TINY, make_plan
+from helpers.gen import TINY, make_plan
 
 from xsim_adapters.plan.memory import embedding_params, head_params, layer_params
 from xsim_adapters.plan.model import OverlapSpec

@@ -7,7 +7,7 @@ from dataclasses import replace
 from math import ceil
 
 import pytest
-from test_gen_helpers import A100, H100
+from helpers.gen import A100, H100
 
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import plan_from_dict

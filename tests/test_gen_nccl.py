@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_gen_helpers import make_plan
+from helpers.gen import make_plan
 
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.bench_collective import bench, bench_plan, lowered_trace

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
-from test_gen_helpers import TINY, make_plan, topo_order
+from helpers.gen import TINY, make_plan, topo_order
 
 import xsim_adapters as xs
 from xsim_adapters.plan.model import OverlapSpec

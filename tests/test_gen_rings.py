@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_gen_helpers import A100, H100, make_plan
+from helpers.gen import A100, H100, make_plan
 
 from xsim_adapters.workload.collectives import num_steps, ring_flows
 from xsim_adapters.workload.rings import (

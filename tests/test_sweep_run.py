@@ -7,7 +7,7 @@ import sys
 
 import pandas as pd
 import pytest
-from test_sweep_helpers import TINY_PLAN, write_tiny_plan
+from helpers.sweep import TINY_PLAN, write_tiny_plan
 
 import xsim_adapters as xs
 from xsim_adapters.cli import main

@@ -127,6 +127,9 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     total = len(product(spec.axes))
     out, done = open_sweep_dir(Path(args.output), args.resume, args.force)
     if args.resume:
+        from .rowsfile import warn_dropped
+
+        warn_dropped(done, "row")
         print(f"resuming in {args.output}: {len(done)} finished variants on record in "
               f"{ROWS_FILE}")
     with writer_lock(out):  # one sweep at a time fills OUT

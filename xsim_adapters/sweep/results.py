@@ -13,6 +13,7 @@ import pandas as pd
 import yaml
 
 from .expand import Variant
+from .rowsfile import ResumedRows, read_rows  # noqa: F401 - read back there, used from here
 
 # Columns that are the same for every --jobs / executor; the rest are wall-clock times.
 TIMING_COLUMNS = ("wall_s", "cpu_s")
@@ -122,22 +123,3 @@ class RowLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def read_rows(path: str | Path) -> dict[str, dict[str, Any]]:
-    """digest -> row of every successful variant in a rows file (the last one wins; a line cut
-    short by a kill is ignored). An absent file gives {}."""
-    out: dict[str, dict[str, Any]] = {}
-    try:
-        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
-    except FileNotFoundError:
-        return out
-    for line in lines:
-        try:
-            rec = json.loads(line)
-            digest, row = rec["digest"], rec["row"]
-        except (ValueError, KeyError, TypeError):
-            continue
-        if isinstance(digest, str) and isinstance(row, dict) and row.get("error") == "":
-            out[digest] = row
-    return out

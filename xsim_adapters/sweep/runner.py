@@ -177,7 +177,7 @@ class LocalExecutor:
             if progress:
                 progress(1)
 
-        if min(self.jobs, len(tasks)) <= 1:
+        if self._in_process(len(tasks)):
             for i, t in enumerate(tasks):
                 done(i, fn(t))
             return [results[i] for i in range(len(tasks))]
@@ -195,6 +195,10 @@ class LocalExecutor:
                 alone = True
         return [results[i] for i in range(len(tasks))]
 
+    def _in_process(self, n_tasks: int) -> bool:
+        """Run ``n_tasks`` here, one after the other (one job, or one task): no pool."""
+        return min(self.jobs, n_tasks) <= 1
+
     @staticmethod
     def _pool_run(fn: Callable[[Task], Row], tasks: Sequence[Task], batch: list[int],
                   workers: int, done: OnResult) -> BaseException | None:
@@ -211,14 +215,24 @@ class LocalExecutor:
             raise
 
 
+class DeadlineReached(Exception):
+    """:func:`run_batch` stopped at its ``stop_at`` with tasks unfinished (the pool must then
+    be killed: its workers are still running them)."""
+
+
 def run_batch(pool: ProcessPoolExecutor, fn: Callable[[Task], Row], tasks: Sequence[Task],
-              batch: list[int], done: OnResult) -> BaseException | None:
+              batch: list[int], done: OnResult, stop_at: float = math.inf
+              ) -> BaseException | None:
     """Run ``batch`` on ``pool``, calling ``done`` in task order among those finished together;
-    return the BrokenProcessPool if a worker died (the pool is then unusable)."""
+    return the BrokenProcessPool if a worker died (the pool is then unusable). ``stop_at``: a
+    :func:`time.monotonic` instant; DeadlineReached if tasks are still running then."""
     futures: dict[Future, int] = {pool.submit(fn, tasks[i]): i for i in batch}
     waiting = set(futures)
     while waiting:
-        finished, waiting = wait(waiting, return_when=FIRST_COMPLETED)
+        left = None if stop_at == math.inf else max(stop_at - time.monotonic(), 0.0)
+        finished, waiting = wait(waiting, timeout=left, return_when=FIRST_COMPLETED)
+        if not finished:
+            raise DeadlineReached(f"{len(waiting)} tasks unfinished at the deadline")
         for f in sorted(finished, key=futures.__getitem__):
             try:
                 row = f.result()
