@@ -53,7 +53,7 @@ def add_search_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--resume", action="store_true",
                     help="Keep OUT and the simulations recorded in OUT/search.rows.jsonl; "
                          "the search replays its decisions and simulates only what is new.")
-    from ..cli import common_args
+    from ..cli_args import common_args
 
     common_args(sp, force=True, progress=True)
 

@@ -95,9 +95,6 @@ def write_pareto(path: Path, frame: pd.DataFrame, priced: bool) -> None:
     tokens without prices) of the simulated candidates, the Pareto front joined."""
     from matplotlib.figure import Figure
 
-    if frame.empty:  # an empty space: the axes are drawn, with no point
-        frame = pd.DataFrame(columns=["status", "cost_per_million_tokens", "gpus",
-                                      "tokens_per_s", "mixed"])
     ok = frame[frame["status"] == "evaluated"]
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()

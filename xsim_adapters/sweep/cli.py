@@ -69,7 +69,8 @@ def add_sweep_arguments(sp: argparse.ArgumentParser) -> None:
                          "skipped.")
     sp.add_argument("--allow-failures", action="store_true",
                     help="Exit 0 even if some variants failed (their rows carry the error).")
-    from ..cli import common_args, job_args
+    from ..cli import job_args
+    from ..cli_args import common_args
 
     job_args(sp, "each variant of PLAN runs beside them: sweep.csv gets its slowdown_pct "
                  "and each other job's job<k>_* columns")
