@@ -339,6 +339,9 @@ def compare_backends(plan: Plan, backends: Sequence[str] = ("flow", "ns3"),
         check_arg("compare_backends", f"backends[{i}]", b, str, "a backend name (str)")
     check_arg("compare_backends", "options", options, Mapping,
               "a mapping of backend name -> options", optional=True)
+    for name, opts in (options or {}).items():
+        check_arg("compare_backends", f"options[{name!r}]", opts, Mapping,
+                  "a mapping of that backend's options", optional=True)
     check_arg("compare_backends", "trace", trace, Trace, _TRACE, optional=True)
     _check_topology("compare_backends", topology)
     names = list(dict.fromkeys(backends))

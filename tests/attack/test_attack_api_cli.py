@@ -187,6 +187,8 @@ def _cases(small):
          "got str 'flow,ns3'"),
         ("compare_backends", "backends[1]", lambda: xs.compare_backends(plan, ["flow", 3]),
          "got int 3"),
+        ("compare_backends", "options['ns3']",
+         lambda: xs.compare_backends(plan, ["flow", "ns3"], {"ns3": "x"}), "got str 'x'"),
         ("compare", "tl_b", lambda: xs.compare(trace, tl, None), "got None"),
         ("compare", "trace", lambda: xs.compare(plan, tl, tl), "got Plan"),
         ("write_report", "met", lambda: xs.write_report({"a": 1}, "/nonexistent/r"),
@@ -387,6 +389,15 @@ def test_sweep_with_too_many_variants_fails_before_expanding(tmp_path: Path) -> 
                    "-o", str(tmp_path / "o")], timeout=20)
     assert_clean_error(res, "axes: 8,000,000,000 variants (2000 x 2000 x 2000), more than the "
                             "100,000 one sweep may run (MAX_VARIANTS", max_seconds=10)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["sweep", "search"])
+def test_absurd_local_jobs_are_refused_before_any_worker(tmp_path: Path, command: str) -> None:
+    args = ([str(WORKLOADS / "whatif-slow-gpu.yaml"), "--set", "seed=1,2"] if command == "sweep"
+            else [str(WORKLOADS / "search" / "h100-a100-16gpu.yaml")])
+    res = run_cli([command, *args, "--jobs", "100000", "-o", str(tmp_path / "o")])
+    assert_clean_error(res, "jobs: at most 256 local worker processes (MAX_LOCAL_JOBS")
     assert not (tmp_path / "o").exists()
 
 
