@@ -187,11 +187,14 @@ def check_inputs(trace: Trace, topology: Topology) -> None:
     types = topology.rank_device_types
     if types is None:
         return
-    for i in placed:
-        have = ranks[i].get("device_type")
-        if have is not None and have != types[i]:
-            raise TraceError(f"run: manifest ranks[{i}].device_type: the trace has "
-                             f"{str(have)[:64]!r} on rank {i}, the topology {types[i]!r}; {fix}")
+    want_types = [types[i] for i in placed]
+    have_types = [ranks[i].get("device_type", t) for i, t in zip(placed, want_types, strict=True)]
+    if have_types != want_types:  # one C-level comparison; the loop only to name the first
+        k = next(k for k, (h, w) in enumerate(zip(have_types, want_types, strict=True)) if h != w)
+        i = placed[k]
+        raise TraceError(f"run: manifest ranks[{i}].device_type: the trace has "
+                         f"{str(have_types[k])[:64]!r} on rank {i}, the topology "
+                         f"{want_types[k]!r}; {fix}")
 
 
 class Backend(ABC):
