@@ -68,6 +68,8 @@ MODULE_LAYER = {
     "xsim_adapters._proc": "base",
     # the output-path rule (docs/outputs.md): file-system only, no plan or trace knowledge.
     "xsim_adapters._outdir": "base",
+    # argument type checks of the public Python API: errors only.
+    "xsim_adapters._argcheck": "base",
     # backend options: declared by each backend, validated for every backend.
     "xsim_adapters.options": "backends",
     # background traffic: a synthetic job's trace, generated from a traffic file like the
@@ -84,6 +86,9 @@ MODULE_LAYER = {
     "xsim_adapters": "api",
     "xsim_adapters.cli": "apps",
     "xsim_adapters.cli_jobs": "apps",
+    # the flags every subcommand shares (-q, --progress, --force): argparse only, so the
+    # sweep and search commands add them without importing the CLI.
+    "xsim_adapters.cli_args": "apps",
     # plugins are backends (DESIGN: "backends (+ plugins ...)"); the compiled flow core is the
     # flow backend's engine.
     "xsim_ns3": "backends",

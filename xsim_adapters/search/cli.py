@@ -53,11 +53,9 @@ def add_search_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--resume", action="store_true",
                     help="Keep OUT and the simulations recorded in OUT/search.rows.jsonl; "
                          "the search replays its decisions and simulates only what is new.")
-    sp.add_argument("--force", action="store_true",
-                    help="Replace an earlier xsim output of another kind at OUT (never files "
-                         "xsim did not write; see docs/outputs.md).")
-    sp.add_argument("--progress", action="store_true", default=None,
-                    help="Draw the progress bar even when stderr is not a terminal.")
+    from ..cli_args import common_args
+
+    common_args(sp, force=True, progress=True)
 
 
 def open_search_dir(out: Path, resume: bool, force: bool) -> tuple[Path, dict[str, Any]]:

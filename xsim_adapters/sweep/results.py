@@ -62,7 +62,9 @@ def build_frame(variants: Sequence[Variant], rows: Sequence[dict[str, Any]]) -> 
             frame[k] = pd.array(frame[k].tolist(), dtype="Int64")
         elif k != "plan" and not _is_job_name(k):
             frame[k] = pd.to_numeric(frame[k], errors="coerce").astype("float64")
-    return frame
+    from ..metrics.frames import integer_ns
+
+    return integer_ns(frame)  # *_ns columns of whole numbers as (nullable) integers
 
 
 def _is_job_name(column: str) -> bool:

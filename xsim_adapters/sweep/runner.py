@@ -156,14 +156,23 @@ def _dead_worker_row(exc: BaseException) -> Row:
                      "with `xsim run` to see why", "wall_s": math.nan, "cpu_s": math.nan}
 
 
+#: Local worker processes one sweep or search may start: each is an interpreter with numpy,
+#: pandas and xsim loaded (~150 MB resident), so 256 is already tens of GB; more is a typo.
+MAX_LOCAL_JOBS = 256
+
+
 class LocalExecutor:
     """``jobs`` worker processes (spawned: no state inherited from the parent, the same on
     every OS); ``jobs=1`` runs in this process with no pool at all. Workers die with the
     parent (Linux parent-death signal)."""
 
     def __init__(self, jobs: int = 1) -> None:
-        if jobs < 1:
-            raise XsimError(f"jobs: must be at least 1 (got {jobs})")
+        if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+            raise XsimError(f"jobs: must be at least 1 (got {jobs!r})")
+        if jobs > MAX_LOCAL_JOBS:
+            raise XsimError(f"jobs: at most {MAX_LOCAL_JOBS} local worker processes "
+                            f"(MAX_LOCAL_JOBS; each is a Python interpreter of its own) (got "
+                            f"{jobs}); use --executor ray for a cluster")
         self.jobs = jobs
 
     def map(self, fn: Callable[[Task], Row], tasks: Sequence[Task],

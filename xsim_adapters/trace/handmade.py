@@ -107,7 +107,8 @@ class TraceBuilder:
         manifest = {
             "schema_version": SCHEMA_VERSION, "plan_name": self.plan_name,
             "plan_digest": "0" * 16,
-            "ranks": [{"rank": r, "group": g, "node": r, "device_type": t, "local": 0}
+            # no node: a hand-made trace knows its ranks' labels, not where they sit
+            "ranks": [{"rank": r, "group": g, "device_type": t, "local": 0}
                       for r, (g, t) in enumerate(self.ranks)],
             "device_types": {t: {"peak_tflops": p} for t, p in self.peak.items()},
             "workload": {"tokens_per_iteration": self.tokens, "replicas": replicas or []},
