@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 # guard protects, and a plan with such a collective is far over MAX_TRACE_OPS anyway.
 EXACT_MAX_FLOWS = 1 << 20
 EXACT_MAX_A2A_MEMBERS = 512
-# Distinct DP (segment, chunk) rings whose algorithm and channels are looked up one by one;
-# beyond it the first ring of each segment stands for its chunks.
+# DP (segment, chunk) rings whose algorithm and channels are looked up one by one (and at most
+# EXACT_MAX_FLOWS members over them); beyond, every ring is counted by the ring formula.
 EXACT_MAX_DP_RINGS = 4096
 
 KINDS = ("stages", "tp", "pp", "ep", "cp", "dp", "optim")
@@ -294,6 +294,7 @@ class _Counter:
     def dp_ops(self) -> int:
         """The dense DP sync: per bucket, one ring per TP chunk (:mod:`.dpsync`), every ring as
         wide as the widest (the generator repeats the channels of narrower ones)."""
+        from ..workload.collectives import num_steps
         from ..workload.dpsync import buckets, sweep_segments
         from ..workload.rings import channel_orders, ring_order
 
@@ -306,32 +307,35 @@ class _Counter:
         for bk in buckets(plan, segs):
             per = sizes.setdefault(bk.segment, {})
             per[(bk.nbytes, bk.param_nbytes)] = per.get((bk.nbytes, bk.param_nbytes), 0) + 1
+        lcms = [math.lcm(*(plan.replicas[r].stages[x].tp for r, x in seg.owners))
+                 for seg in segs]
+        # the rings are looked at one by one while that costs no more than the generator's
+        # own DP setup of a small plan; beyond, the ring formula with the first ring's width
+        exact = (sum(lcms) <= EXACT_MAX_DP_RINGS
+                 and sum(lcms) * plan.dp <= EXACT_MAX_FLOWS)
         rings: list[tuple[int, int, list[int]]] = []  # (segment, chunks, members of a chunk)
-        n_rings = 0
         for si, seg in enumerate(segs):
-            stages = [plan.replicas[r].stages[s] for r, s in seg.owners]
-            big_l = math.lcm(*(st.tp for st in stages))
-            n_rings += big_l
-            for ch in range(big_l):
-                rings.append((si, big_l, [plan.stage_ranks(st)[ch * st.tp // big_l]
-                                          for st in stages]))
-                if n_rings > EXACT_MAX_DP_RINGS:
-                    break  # the first chunk's ring stands for the others (below)
-        exact = n_rings <= EXACT_MAX_DP_RINGS
-        if not exact:
-            first = {}
-            for si, big_l, mem in rings:
-                first.setdefault(si, (si, big_l, mem))
-            rings = list(first.values())
+            stages = [plan.replicas[r].stages[x] for r, x in seg.owners]
+            for ch in range(lcms[si] if exact else 1):
+                rings.append((si, lcms[si], [plan.stage_ranks(st)[ch * st.tp // lcms[si]]
+                                             for st in stages]))
+            if not exact:
+                break
         width = max(len(channel_orders(info, ring_order(info, mem, c.ring_order), c.channels))
                     for _, _, mem in rings)
         total = 0
+        if not exact:
+            for si, big_l in enumerate(lcms):
+                for _, count in sizes.get(si, {}).items():
+                    total += big_l * count * sum(
+                        num_steps(k, plan.dp, c.granularity, c.chunks) * plan.dp * width
+                        for k in self._sync_kinds())
+            return total
         for si, big_l, mem in rings:
-            copies = 1 if exact else big_l
             for (nb, pnb), count in sizes.get(si, {}).items():
                 for kind in self._sync_kinds():
                     b = (pnb if kind == "all_gather" else nb) // big_l
-                    total += copies * count * self.group_collective(mem, kind, b, width)
+                    total += count * self.group_collective(mem, kind, b, width)
         return total
 
     def edp_ops(self) -> int:
