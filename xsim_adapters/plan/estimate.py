@@ -209,7 +209,10 @@ class _Counter:
         if self.plan.model.moe is None:
             return 0
         lo, hi = max(layers[0], st.layers[0]), min(layers[1], st.layers[1])
-        return sum(is_moe_layer(self.plan.model, x) for x in range(lo, hi))
+        key = ("moe", lo, hi)  # cached: a plan may repeat a 32k-layer stage 32k times
+        if key not in self.cache:
+            self.cache[key] = sum(is_moe_layer(self.plan.model, x) for x in range(lo, hi))
+        return self.cache[key]
 
     def ep_ops(self) -> int:
         """The dispatch and combine all-to-alls (and ETP rings) of every expert block: per

@@ -403,9 +403,10 @@ def _replica_axis(plan: Plan, mode: str, full_ops: int | None) -> Coarsening:
     classes = replica_classes(plan)
     if all(len(c) == 1 for c in classes):
         return full(plan, mode, "no two replicas are identical")
-    # not exact, and no bound measured: ``auto`` refuses, ``on`` warns
-    cross = (uses_ep(plan) or plan.replicas[0].stages[0].cp > 1)
-    why = fabric_asymmetry(plan) or (cross_replica_multipath(plan) if cross else None)
+    # not exact, and no bound measured: ``auto`` refuses, ``on`` warns (the cheap checks
+    # first: the path check builds the topology)
+    cross = uses_ep(plan) or plan.replicas[0].stages[0].cp > 1
+    why = fabric_asymmetry(plan)
     if mode == "auto":
         if why is not None:
             return full(plan, mode, why)
@@ -416,6 +417,10 @@ def _replica_axis(plan: Plan, mode: str, full_ops: int | None) -> Coarsening:
         if full_ops <= AUTO_MIN_OPS:
             return full(plan, mode, f"the full trace is small ({full_ops:,} <= "
                                     f"{AUTO_MIN_OPS:,} ops estimated)")
+    if why is None and cross:
+        why = cross_replica_multipath(plan)
+        if why is not None and mode == "auto":
+            return full(plan, mode, why)
     rep = [0] * plan.dp
     for c in classes:
         for r in c:
