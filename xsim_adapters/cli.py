@@ -167,6 +167,18 @@ def coarsen_arg(sp: argparse.ArgumentParser) -> None:
                     help=COARSEN_HELP)
 
 
+def generate_warned(plan: Any, coarsen: str) -> Any:
+    """``api.generate``; a coarsening forced where it is not exact (``--coarsen on``) is said
+    on stderr, as summary.json's ``coarsening.warning`` records it."""
+    from . import api
+
+    trace = api.generate(plan, coarsen=coarsen)
+    warning = (trace.manifest.get("coarsening") or {}).get("warning")
+    if warning:
+        print(f"xsim: warning: {warning}", file=sys.stderr)
+    return trace
+
+
 def cmd_trace(args: argparse.Namespace) -> int:
     from . import api
     from ._outdir import check_output
@@ -175,7 +187,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     args.output = args.output or default_output(args.plan, "trace")
     check_output(args.output, "trace", args.force)  # before any work
     plan = api.load_plan(args.plan)
-    trace = api.generate(plan, coarsen=args.coarsen)
+    trace = generate_warned(plan, args.coarsen)
     api.write_trace(trace, args.output, plan, force=args.force)
     print(f"wrote {_op_counts(trace)} to {args.output}")
     return 0
@@ -199,9 +211,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         check_output(args.output, "chakra", args.force)
     plan, trace = _load_input(args.plan)
     if trace is None:
-        from . import api
 
-        trace = api.generate(plan, coarsen=args.coarsen)
+        trace = generate_warned(plan, args.coarsen)
     if args.format == "goal":
         from .trace.export_goal import export_goal
 
@@ -295,7 +306,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                             "perturbation to cost (docs/whatif.md)")
         if trace is None:
             bar.set_label("generating the trace")
-            trace = api.generate(plan, coarsen=args.coarsen)
+            trace = generate_warned(plan, args.coarsen)
         bar.step("building the topology")
         topology = api.build_topology(plan)
         hook = bar.replay_hook(args.backend)  # a step the backend moves through its replay
@@ -402,7 +413,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         plan, trace = _load_input(args.plan)
         if trace is None:
             bar.set_label("generating the trace")
-            trace = api.generate(plan, coarsen=args.coarsen)
+            trace = generate_warned(plan, args.coarsen)
         bar.step("building the topology")
         topology = api.build_topology(plan)
         # each backend's replay is a step of its own, moved by the backend's progress reports
