@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import PlanError
+from ..plan._fields import got
 from ..plan.model import NIC_EVENT_KINDS, Plan
 from .graph import Graph
 from .model import Topology
@@ -262,6 +263,22 @@ def _nic_cable(g: Graph, gpus: list[Gpu], rank: int, where: str) -> list[int]:
     return lids
 
 
+def _node_names(g: Graph, most: int = 12) -> str:
+    """The topology's node names in short (``gpu0..gpu15, nvs0..nvs1, leaf0``), bounded."""
+    by_prefix: dict[str, list[int]] = {}
+    for name in g.name:
+        prefix = name.rstrip("0123456789")
+        digits = name[len(prefix):][:18]  # an explicit link's node may be named anything
+        prefix = prefix[:24]
+        by_prefix.setdefault(prefix, []).append(int(digits) if digits else -1)
+    parts = []
+    for prefix, ids in list(by_prefix.items())[:most]:
+        lo, hi = min(ids), max(ids)
+        parts.append(prefix if hi < 0 else f"{prefix}{lo}" if lo == hi
+                     else f"{prefix}{lo}..{prefix}{hi}")
+    return ", ".join(parts) + (", ..." if len(by_prefix) > most else "")
+
+
 def _resolve_events(plan: Plan, g: Graph, gpus: list[Gpu]) -> pd.DataFrame:
     """Timed link events as rows (at_ns, link_id, factor), sorted by time, stable."""
     at: list[float] = []
@@ -284,12 +301,13 @@ def _resolve_events(plan: Plan, g: Graph, gpus: list[Gpu]) -> pd.DataFrame:
             if nid is None:
                 raise PlanError(
                     f"{where}.{field_name}",
-                    f"unknown topology node '{name}' (names look like gpu0, nvs0, leaf0, spine0)",
+                    f"unknown topology node; expected one of {_node_names(g)} (got {got(name)})",
                 )
             ends.append(nid)
         lids = pair_links.get((min(ends), max(ends)), [])
         if not lids:
-            raise PlanError(where, f"no link between '{ev.src}' and '{ev.dst}'")
+            raise PlanError(where, f"expected two nodes joined by a link (got {got(ev.src)} "
+                                   f"and {got(ev.dst)}, which have none between them)")
         factor = _EVENT_FACTOR.get(ev.kind, ev.factor)
         if factor < 0:
             raise PlanError(f"{where}.factor", f"must be >= 0 (got {factor})")
