@@ -107,7 +107,9 @@ def routing_counts(moe: MoESpec, layer: int, tokens: int, members: int, seed: in
     counts = np.array(rows, dtype=np.int64)
     if moe.capacity_factor is not None:
         cap = math.ceil(moe.capacity_factor * tokens * moe.top_k / moe.num_experts)
-        counts = np.minimum(counts, cap)
+        # no member routes more than its tokens to one expert, so a cap above them drops
+        # nothing (and a huge factor's cap would not fit the int64 counts)
+        counts = np.minimum(counts, min(cap, tokens))
     return counts
 
 
