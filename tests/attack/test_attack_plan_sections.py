@@ -203,8 +203,9 @@ def test_a_huge_capacity_factor_drops_nothing(factor, tmp_path):
                        zipf_exponent=2.0)
     assert np.array_equal(routing_counts(spec, 0, 800, 2, 0),
                           routing_counts(dropless, 0, 800, 2, 0))
-    plan = _write(tmp_path, yaml.safe_load(MOE.replace("zipf_exponent: 1.2", "zipf_exponent: "
-                                                       f"1.2, capacity_factor: {factor}")))
+    d = yaml.safe_load(MOE)
+    d["model"]["moe"]["capacity_factor"] = factor
+    plan = _write(tmp_path, d)
     out = run_cli(["trace", str(plan), "-o", str(tmp_path / "o")])
     assert out.code == 0 and out.stderr == "", out.stderr[-2000:]
 
