@@ -243,20 +243,19 @@ def _add_explicit_links(plan: Plan, g: Graph) -> None:
         g.cable(ends[0], ends[1], link.gbps, link.latency_us * 1e3, "explicit")
 
 
-def _nic_cable(g: Graph, gpus: list[Gpu], rank: int, where: str) -> list[int]:
+def _nic_cable(g: Graph, gpus: list[Gpu], rank: int, where: str,
+               nic_links: dict[int, list[int]]) -> list[int]:
     """Link ids of global ``rank``'s NIC cable to the fabric (tier ``nic``, both ways): the
-    GPU's own when it holds its NIC, else that of the ``nic<k>`` node serving it."""
+    GPU's own when it holds its NIC, else that of the ``nic<k>`` node serving it.
+    ``nic_links``: node -> ids of the ``nic``-tier links it is an end of (built once)."""
     if not 0 <= rank < len(gpus):
         raise PlanError(f"{where}.rank", f"expected a global rank in 0..{len(gpus) - 1} "
                                          f"(got {rank})")
     gpu = gpus[rank]
     node = gpu.node
-    nic_tier = [lid for lid, (s, t) in enumerate(zip(g.src, g.tier, strict=True))
-                if s == node and t == "nic"]
-    if not nic_tier and gpu.nic >= 0 and f"nic{gpu.nic}" in g.by_name:
+    if node not in nic_links and gpu.nic >= 0 and f"nic{gpu.nic}" in g.by_name:
         node = g.by_name[f"nic{gpu.nic}"]
-    lids = [lid for lid, (s, d, t) in enumerate(zip(g.src, g.dst, g.tier, strict=True))
-            if t == "nic" and node in (s, d)]
+    lids = nic_links.get(node, [])
     if not lids:
         raise PlanError(where, f"rank {rank} has no NIC cable to the fabric (a one-server "
                                f"plan has no scale-out network)")
@@ -285,12 +284,16 @@ def _resolve_events(plan: Plan, g: Graph, gpus: list[Gpu]) -> pd.DataFrame:
     ids: list[int] = []
     factors: list[float] = []
     pair_links: dict[tuple[int, int], list[int]] = {}
-    for lid, (s, d) in enumerate(zip(g.src, g.dst, strict=True)):
+    nic_links: dict[int, list[int]] = {}  # one pass, not one per NIC event
+    for lid, (s, d, tier) in enumerate(zip(g.src, g.dst, g.tier, strict=True)):
         pair_links.setdefault((min(s, d), max(s, d)), []).append(lid)
+        if tier == "nic":
+            for end in (s, d):
+                nic_links.setdefault(end, []).append(lid)
     for i, ev in enumerate(plan.network.events):
         where = f"network.events[{i}]"
         if ev.kind in NIC_EVENT_KINDS:  # the NIC's cable to its leaf fails / comes back
-            for lid in _nic_cable(g, gpus, ev.rank, where):
+            for lid in _nic_cable(g, gpus, ev.rank, where, nic_links):
                 at.append(ev.at_us * 1e3)
                 ids.append(lid)
                 factors.append(float(ev.factor))
