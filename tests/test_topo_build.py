@@ -149,7 +149,8 @@ def test_explicit_links_and_events_resolve():
 def test_event_errors_name_the_plan_path():
     bad = (LinkEvent(at_us=1.0, kind="fail", src="gpu0", dst="leaf9"),)
     with pytest.raises(PlanError, match=r"^network.events\[0\].dst: unknown topology node; "
-                                        r"expected one of gpu0..gpu3, nvs0, leaf0 \(got 'leaf9'\)$"):
+                                        r"expected one of gpu0..gpu3, nvs0, leaf0 "
+                                        r"\(got 'leaf9'\)$"):
         build_topology(make_plan([("h", "H100", 1, 4)], events=bad))
     nolink = (LinkEvent(at_us=1.0, kind="fail", src="gpu0", dst="gpu1"),)
     with pytest.raises(PlanError, match=r"^network.events\[0\]: expected two nodes joined by a "

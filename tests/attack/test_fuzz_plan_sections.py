@@ -37,10 +37,8 @@ MOE = {
     "device_groups": {"h100": {"type": "H100-80GB", "nodes": 1, "gpus_per_node": 2},
                       "a100": {"type": "A100-80GB", "nodes": 1, "gpus_per_node": 2}},
     "collectives": {"channels": 1},
-    "replicas": [{"stages": [{"group": "h100", "devices": [0, 1], "tp": 1, "ep": 2, "layers": [0, 2]}]},
-                 {"stages": [{"group": "a100", "devices": [0, 1], "tp": 1, "ep": 2, "layers": [0, 2]}]},
-                 {"stages": [{"group": "h100", "devices": [1, 2], "tp": 1, "ep": 2, "layers": [0, 2]}]},
-                 {"stages": [{"group": "a100", "devices": [1, 2], "tp": 1, "ep": 2, "layers": [0, 2]}]}],
+    "replicas": [{"stages": [{"group": g, "devices": [i, i + 1], "tp": 1, "ep": 2,
+                              "layers": [0, 2]}]} for i in (0, 1) for g in ("h100", "a100")],
 }
 WHATIF = yaml.safe_load((WORK / "homogeneous-h100.yaml").read_text())
 WHATIF["network"]["events"] = [
