@@ -166,7 +166,7 @@ def test_zipf_counts_are_valid_at_any_exponent(exponent, experts, top_k):
     """Each member routes exactly tokens x top_k assignments, none negative, none above the
     tokens (a token picks an expert once); before: 1 / rank^1e6 = 0, NaN shares, and counts of
     -9.2e18 with exit 0."""
-    from xsim_adapters.workload.moe import popularity, routing_counts
+    from xsim_adapters.workload.compute.routing import popularity, routing_counts
 
     spec = MoESpec(num_experts=experts, top_k=top_k, expert_ffn_hidden=8, routing="zipf",
                    zipf_exponent=exponent)
@@ -195,7 +195,7 @@ def test_zipf_overflow_plan_traces_with_valid_alltoall(tmp_path):
 def test_a_huge_capacity_factor_drops_nothing(factor, tmp_path):
     """ceil(c T k / E) above int64 was an OverflowError in numpy; a cap above the tokens drops
     nothing, so the plan traces exactly as dropless routing does."""
-    from xsim_adapters.workload.moe import routing_counts
+    from xsim_adapters.workload.compute.routing import routing_counts
 
     spec = MoESpec(num_experts=8, top_k=2, expert_ffn_hidden=8, routing="zipf",
                    zipf_exponent=2.0, capacity_factor=float(factor))
