@@ -62,15 +62,17 @@ BASES: dict[str, dict[str, Any]] = {
 }
 # The sections under attack in each base (a mutation's path starts with one of these).
 SECTIONS = {
-    "moe": (("model", "moe"), ("replicas",)),
+    "moe": (("model", "moe"),),  # and every stage's ep (STAGE_KEYS)
     "cp": (("replicas",), ("model", "seq_len"), ("training",)),
     "fabric": (("device_groups",),),
     "measured": (("network", "measured"),),
     "whatif": (("network", "events"), ("perturb",)),
     "traffic": (("traffic",),),
 }
+STAGE_KEYS = ("ep",)
 PATHS = {
-    name: [p for p in _paths(d)[1:] if any(p[:len(s)] == s for s in SECTIONS[name])]
+    name: [p for p in _paths(d)[1:] if any(p[:len(s)] == s for s in SECTIONS[name])
+           or (name == "moe" and p[-1] in STAGE_KEYS)]
     for name, d in BASES.items()
 }
 EXTRA_KEYS = ["extra", "ep", "etp", "cp", "factor", "rank", "gbps", "nics", "fabric", "top_k"]
@@ -86,8 +88,16 @@ def mutated(draw: Any) -> tuple[str, dict[str, Any]]:
         try:
             for key in path[:-1]:
                 parent = parent[key]
-            action = draw(st.sampled_from(["set", "set", "set", "delete", "add"]))
-            if action == "delete" and isinstance(parent, dict):
+            action = draw(st.sampled_from(["set", "set", "scale", "scale", "delete", "add"]))
+            old = parent[path[-1]]
+            if action == "scale" and isinstance(old, int | float) and not isinstance(old, bool):
+                # a near miss of a valid number: the plan often still loads, so generation
+                # (MoE) and the cross-section checks run on it too
+                factor = draw(st.sampled_from([0, 0.5, 2, 3, 8, 1e6, -1, float("nan")]))
+                new = old * factor
+                parent[path[-1]] = int(new) if isinstance(old, int) and math.isfinite(new) \
+                    else new
+            elif action == "delete" and isinstance(parent, dict):
                 parent.pop(path[-1], None)
             elif action == "add" and isinstance(parent, dict):
                 parent[draw(st.sampled_from(EXTRA_KEYS))] = draw(VALUES)
