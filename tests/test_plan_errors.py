@@ -76,7 +76,8 @@ CASES = [
     (
         "unknown key in training",
         _set(["training", "shedule"], "1f1b"),
-        "training.shedule: unknown key; expected one of global_batch, micro_batch, schedule, "
+        "training.shedule: unknown key (did you mean schedule?); expected one of global_batch, "
+        "micro_batch, schedule, "
         "optimizer, zero_stage, recompute, sequence_parallel, causal_attention_halving, "
         "flash_attention, virtual_stages, overlap, precision, dropout, grad_reduce_dtype, "
         "grad_accumulation_fusion",

@@ -148,10 +148,13 @@ def test_explicit_links_and_events_resolve():
 
 def test_event_errors_name_the_plan_path():
     bad = (LinkEvent(at_us=1.0, kind="fail", src="gpu0", dst="leaf9"),)
-    with pytest.raises(PlanError, match=r"^network.events\[0\].dst: unknown topology node 'leaf9'"):
+    with pytest.raises(PlanError, match=r"^network.events\[0\].dst: unknown topology node; "
+                                        r"expected one of gpu0..gpu3, nvs0, leaf0 "
+                                        r"\(got 'leaf9'\)$"):
         build_topology(make_plan([("h", "H100", 1, 4)], events=bad))
     nolink = (LinkEvent(at_us=1.0, kind="fail", src="gpu0", dst="gpu1"),)
-    with pytest.raises(PlanError, match=r"^network.events\[0\]: no link between 'gpu0' and 'gpu1'"):
+    with pytest.raises(PlanError, match=r"^network.events\[0\]: expected two nodes joined by a "
+                                        r"link \(got 'gpu0' and 'gpu1', which have none"):
         build_topology(make_plan([("h", "H100", 1, 4)], events=nolink))
     same = (ExplicitLink("leaf0", "leaf0", gbps=1.0),)
     with pytest.raises(PlanError, match=r"^network.links\[0\]: src and dst must differ"):

@@ -11,12 +11,13 @@ import argparse
 import math
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .cli_args import FORCE_HELP, common_args, progress_args
-from .errors import XsimError
+from .errors import PlanWarning, XsimError
 from .options import parse_option_items, split_backend_options
 
 __all__ = ["FORCE_HELP", "common_args", "main", "progress_args"]
@@ -653,6 +654,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """A PlanWarning as one ``xsim: warning:`` line; any other warning as Python shows it."""
+    if issubclass(category, PlanWarning):
+        print(f"xsim: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``xsim``; returns the exit status."""
     parser = build_parser()
@@ -664,7 +674,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     install_sigterm_handler()  # SIGTERM cleans temporary files like Ctrl-C does
     try:
-        return int(args.func(args))
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return int(args.func(args))
     except XsimError as exc:
         print(f"xsim: error: {exc}", file=sys.stderr)
         return 1

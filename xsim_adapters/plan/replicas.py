@@ -265,6 +265,10 @@ def _check_tp(st: _Stage, ctx: _Context) -> None:
     ):
         if n % st.tp:
             raise PlanError(st.fp("tp"), f"must divide the model's {n} {what} (got {st.tp})")
+    if ctx.model.vocab < st.tp:  # the output layer gives each TP rank vocab / tp logits
+        raise PlanError(st.fp("tp"), f"must be at most the model's vocabulary of "
+                                     f"{ctx.model.vocab} (each TP rank holds a slice of it) "
+                                     f"(got {st.tp})")
     check_stage_ep_cp(st, ctx.model, ctx.training)
     g = ctx.groups[st.group]
     first, last = st.devices[0] // g.gpus_per_node, (st.devices[1] - 1) // g.gpus_per_node
