@@ -225,13 +225,21 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--no-nccl-cost", action="store_true",
                     help="Leave out NCCL's latency and protocol cost (flows only).")
     sp.add_argument("-o", "--output", default=None, metavar="DIR",
-                    help="Write bench.csv and bench.png there.")
+                    help="Write bench.csv and bench.png there (an xsim bench output, "
+                         "replaced whole; docs/outputs.md).")
+    from .cli import FORCE_HELP
+
+    sp.add_argument("--force", action="store_true", help=FORCE_HELP)
 
 
 def cmd_bench_collective(args: argparse.Namespace) -> int:
     """Run the sweep and print it as nccl-tests does."""
+    from ._outdir import check_output, output_dir
+
     if args.servers < 1 or args.gpus_per_server < 1:
         raise PlanError("bench-collective", "servers and gpus-per-server must be >= 1")
+    if args.output:
+        check_output(args.output, "bench", args.force)  # before any work
     plan = bench_plan(args.device, args.servers, args.gpus_per_server, args.nic_gbps)
     sizes = sweep_sizes(_size(args.minbytes), _size(args.maxbytes))
     frame = bench(plan, args.kind, sizes, args.backend, channels=args.channels,
@@ -242,10 +250,9 @@ def cmd_bench_collective(args: argparse.Namespace) -> int:
     for r in frame.itertuples():
         print(f"{r.size:>12} {r.time_us:>10.1f} {r.algbw:>8.2f} {r.busbw:>8.2f}  "
               f"{r.algorithm}")
-    if args.output:
-        out = Path(args.output)
-        out.mkdir(parents=True, exist_ok=True)
-        frame.to_csv(out / "bench.csv", index=False)
-        plot(frame, out / "bench.png", f"{args.kind}, {args.servers}x{args.gpus_per_server} "
-             f"{args.device}")
+    if args.output:  # one unit: written beside DIR, then swapped in
+        with output_dir(args.output, "bench", args.force) as tmp:
+            frame.to_csv(tmp / "bench.csv", index=False)
+            plot(frame, tmp / "bench.png", f"{args.kind}, {args.servers}x"
+                 f"{args.gpus_per_server} {args.device}")
     return 0
