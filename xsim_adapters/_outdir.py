@@ -16,7 +16,7 @@ Every temporary xsim makes is a directory ``.xsim-tmp-<name>-<pid>-XXXXXXXX`` (`
 fresh name, created exclusively) beside its target (same filesystem), stamped before anything
 else is put in it: a file is written inside it and renamed over its target; a directory output
 is written whole into it and swapped in by one ``renameat2(RENAME_EXCHANGE)`` (two renames
-where the kernel lacks it, SIGINT/SIGTERM blocked between them), under the target's writer
+where the kernel lacks it, SIGINT/SIGTERM held between them), under the target's writer
 lock. A failure at any instant (disk full, exception, Ctrl-C, SIGTERM, SIGKILL) leaves the old
 output whole. Only temporaries that carry the stamp and whose pid is dead are removed later;
 no file is ever deleted for its name alone.
@@ -132,7 +132,7 @@ def _tmp_pid(entry: Path) -> int | None:
 def _files(root: Path) -> list[str]:
     """Every file (and symlink) below ``root``, relative, ``/``-separated, sorted; xsim's own
     temporaries (stamped ``.xsim-tmp-*`` directories, live or left by a kill) are left out."""
-    out = []
+    out: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root):
         d = Path(dirpath)
         rel = d.relative_to(root)
@@ -259,22 +259,19 @@ def temp_dir(parent: Path, name: str, kind: str = "tmp") -> Iterator[Path]:
     """A new temporary directory ``parent/.xsim-tmp-<name>-<pid>-XXXXXXXX``, stamped (kind
     ``kind``, no files) before anything else goes in, and removed when the block exits in any
     way (whatever of it is still there: a directory renamed away meanwhile is not followed).
-    Created and removed with SIGINT/SIGTERM blocked, so a signal never leaves half of one; a
+    Created and removed with SIGINT/SIGTERM held, so a signal never leaves half of one; a
     SIGKILL leaves a stamped one that :func:`clean_stale_siblings` recognises."""
     tmp: Path | None = None
-    with _signals_blocked():
-        tmp = Path(tempfile.mkdtemp(
-            prefix=f"{TMP_PREFIX}{name[:_NAME_IN_TMP]}-{os.getpid()}-", dir=parent))
-        try:
+    try:
+        with _SignalHold():  # a signal that comes meanwhile is raised at its end, in the try
+            tmp = Path(tempfile.mkdtemp(
+                prefix=f"{TMP_PREFIX}{name[:_NAME_IN_TMP]}-{os.getpid()}-", dir=parent))
             _write_new(tmp / STAMP, _stamp_bytes(kind, []))
-        except BaseException:
-            _remove_temp(tmp)
-            raise
-    try:  # a signal that came meanwhile is raised here, inside the try
         yield tmp
     finally:
-        with _signals_blocked():
-            _remove_temp(tmp)
+        if tmp is not None:
+            with _SignalHold():
+                _remove_temp(tmp)
 
 
 def _remove_temp(tmp: Path) -> None:
@@ -313,7 +310,7 @@ def replace_file(path: str | os.PathLike[str], writer: Callable[[str], None]) ->
 def write_stamp(root: Path, kind: str, files: Iterable[str] | None = None) -> None:
     """Write ``root/.xsim-output`` listing ``files`` (default: every file now under root)."""
     data = _stamp_bytes(kind, files if files is not None else _files(root))
-    replace_file(root / STAMP, lambda tmp: Path(tmp).write_bytes(data))
+    replace_file(root / STAMP, lambda tmp: _write_new(Path(tmp), data))
 
 
 def claim_files(root: Path, names: Iterable[str]) -> None:
@@ -419,25 +416,39 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-@contextlib.contextmanager
-def _signals_blocked() -> Iterator[None]:
-    sigs = {signal.SIGINT, signal.SIGTERM}
-    try:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+class _SignalHold:
+    """Hold SIGINT and SIGTERM over a step that must not be cut in two (a swap, making or
+    removing a temporary): a signal that comes meanwhile is recorded and acted on when the
+    block exits. Python handlers run in the main thread only, and a signal mask would not
+    stop delivery to the other threads (Arrow's, OpenMP's), so the handlers are swapped."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __enter__(self) -> _SignalHold:
+        self.pending: list[int] = []
+        self.old: dict[int, object] = {}
+        with contextlib.suppress(ValueError):  # not the main thread: no Python handler runs
+            for s in self.SIGNALS:
+                self.old[s] = signal.signal(s, lambda n, _f: self.pending.append(n))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, h in self.old.items():
+            signal.signal(s, h)  # type: ignore[arg-type]
+        if self.pending:
+            n = self.pending[0]
+            h = self.old.get(n)
+            if callable(h):
+                h(n, None)  # raises KeyboardInterrupt / Terminated as the signal would
+            elif h == signal.SIG_DFL:
+                os.kill(os.getpid(), n)
 
 
 def swap_in(tmp: Path, target: Path) -> None:
     """Put the finished directory ``tmp`` at ``target``; an old ``target`` is removed after
     (it is stamped, or empty and then stamped here, so a kill meanwhile leaves a temporary
     the next run recognises)."""
-    with _signals_blocked():  # a signal meanwhile is raised once the swap is whole
+    with _SignalHold():  # a signal meanwhile is acted on once the swap is whole
         try:
             os.rename(tmp, target)  # absent or empty target
             return

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from attack_runner import assert_clean_error, run_cli
 
-from xsim_adapters import _outdir
 from xsim_adapters.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -218,13 +217,14 @@ def test_special_stamp_and_lock_files_never_hang_or_crash(plans, tmp_path, what,
 # ---------------------------------------------------------------- disk full and signals
 
 
-def _old_and_new(cmd: list[str], out: Path, monkeypatch, patch: tuple[object, str]) -> None:
-    """``cmd`` into ``out`` once; then again with ``patch`` (module, name) raising ENOSPC:
-    one line, exit 1, the first output whole, no temporary left."""
+def _old_and_new(cmd: list[str], out: Path, monkeypatch, patch: tuple[object, str],
+                 new: list[str]) -> None:
+    """``cmd`` into ``out`` once; then ``cmd + new`` (a different result) with ``patch``
+    (module, name) raising ENOSPC: one line, exit 1, the first output whole, no temporary."""
     assert main([*cmd, "-o", str(out)]) == 0
     before = _tree(out)
     monkeypatch.setattr(*patch, _enospc)
-    res = run_cli([*cmd, "-o", str(out)], timeout=120)
+    res = run_cli([*cmd, *new, "-o", str(out)], timeout=120)
     assert_clean_error(res, "No space left on device", max_seconds=100)
     assert _tree(out) == before
     assert not _temps(out.parent)
@@ -234,27 +234,29 @@ def test_disk_full_while_replacing_a_run_keeps_the_old_run(plans, tmp_path, monk
     from xsim_adapters.report import outputs
 
     _old_and_new(["run", str(plans[0]), "--no-plots"], tmp_path / "r", monkeypatch,
-                 (outputs, "write_csv"))
+                 (outputs, "write_csv"), ["--links"])
 
 
 def test_disk_full_while_replacing_a_sweep_keeps_the_old_sweep(plans, tmp_path, monkeypatch):
     from xsim_adapters.sweep import results
 
     _old_and_new(["sweep", str(plans[0]), "--set", "training.global_batch=2,4"],
-                 tmp_path / "sw", monkeypatch, (results, "write_sweep"))
+                 tmp_path / "sw", monkeypatch, (results, "write_sweep"), ["--set", "seed=3"])
 
 
 def test_disk_full_while_replacing_a_search_keeps_the_old_search(tmp_path, monkeypatch):
     from xsim_adapters.search import outputs
 
     _old_and_new(["search", str(SEARCH_SPEC), "--max-evaluations", "2", "--top", "1",
-                  "--no-baselines"], tmp_path / "s", monkeypatch, (outputs, "write_pareto"))
+                  "--no-baselines"], tmp_path / "s", monkeypatch, (outputs, "write_pareto"),
+                 ["--max-evaluations", "3"])
 
 
 def test_disk_full_while_replacing_a_bench_keeps_the_old_bench(tmp_path, monkeypatch):
     from xsim_adapters import bench_collective
 
-    _old_and_new(BENCH, tmp_path / "b", monkeypatch, (bench_collective, "plot"))
+    _old_and_new(BENCH, tmp_path / "b", monkeypatch, (bench_collective, "plot"),
+                 ["-e", "4K"])
 
 
 def test_disk_full_in_a_single_file_write_keeps_the_old_file(tmp_path, monkeypatch):
