@@ -300,7 +300,7 @@ def replace_file(path: str | os.PathLike[str], writer: Callable[[str], None]) ->
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with temp_dir(path.parent, path.name) as tmpdir:
-        tmp = tmpdir / path.name
+        tmp = tmpdir / (path.name if path.name != STAMP else "stamp.json")  # not the marker
         writer(str(tmp))
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)

@@ -271,18 +271,23 @@ def test_disk_full_in_a_single_file_write_keeps_the_old_file(tmp_path, monkeypat
 
 
 def test_a_crashed_search_never_blocks_the_next_one(tmp_path, monkeypatch):
-    """Killed (os._exit) after writing candidates and top/ but before the rest: the next
-    search into that OUT runs, and resumes."""
+    """Killed (os._exit, as SIGKILL: no cleanup runs) while writing pareto.png, after
+    candidates and top/: its temporary stays inside OUT. The next search into that OUT runs,
+    and resumes."""
+    from xsim_adapters._atomic import write_atomic
     from xsim_adapters.search import outputs
 
     out = tmp_path / "s"
     argv = ["search", str(SEARCH_SPEC), "-o", str(out), "--max-evaluations", "2", "--top",
             "1", "--no-baselines"]
-    monkeypatch.setattr(outputs, "write_pareto", lambda *a, **k: os._exit(9))
+    monkeypatch.setattr(outputs, "write_pareto",
+                        lambda path, *a: write_atomic(path, lambda tmp: os._exit(9)))
     assert run_cli(argv, timeout=120).code == 9
     assert (out / "candidates.csv").is_file() and not (out / "summary.json").exists()
+    assert [p.name.split("-")[2] for p in out.glob(".xsim-tmp-*")] == ["pareto.png"]
     monkeypatch.undo()
     assert main(argv) == 0
+    assert not list(out.glob(".xsim-tmp-*"))  # the dead run's temporary went with the old
     assert main([*argv, "--resume"]) == 0
     assert {"summary.json", "pareto.png", "best.yaml"} <= {p.name for p in out.iterdir()}
 
