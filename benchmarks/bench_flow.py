@@ -53,7 +53,7 @@ from xsim_adapters.trace.schema import (
     PHASE_INDEX,
     Trace,
 )
-from xsim_adapters.workload.collectives import ring_flows
+from xsim_adapters.workload.comm.collectives import ring_flows
 
 H100 = DeviceType("H100", 989.0, 80.0, 3350.0, scaleup_GBps=450.0, nic_gbps=400.0)
 

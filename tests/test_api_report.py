@@ -74,7 +74,7 @@ def test_write_report_replaces_an_xsim_run_output_and_needs_force_for_another_ki
 
 
 def test_write_report_wants_metrics(tmp_path: Path) -> None:
-    with pytest.raises(XsimError, match="needs the Metrics"):
+    with pytest.raises(XsimError, match="met: expected the Metrics"):
         xs.write_report({"iteration_time_ns": 1}, tmp_path / "x")  # type: ignore[arg-type]
     assert not (tmp_path / "x").exists()
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_gen_helpers import make_plan
+from helpers.gen import make_plan
 
 from xsim_adapters.calibrate import fit, with_constant
 from xsim_adapters.errors import PlanError
@@ -45,4 +45,5 @@ def test_cli_rejects_a_malformed_measurement(capsys) -> None:
     from xsim_adapters import cli
 
     assert cli.main(["calibrate", "--measured", "plan.yaml", "--device-type", "H100"]) == 2
-    assert "expected PLAN=SECONDS with SECONDS > 0 (got 'plan.yaml')" in capsys.readouterr().err
+    assert "expected PLAN=SECONDS with SECONDS a finite number > 0 (got 'plan.yaml')" in \
+        capsys.readouterr().err

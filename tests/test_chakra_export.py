@@ -14,7 +14,7 @@ from graphlib import TopologicalSorter
 import numpy as np
 import pandas as pd
 import pytest
-from test_gen_helpers import make_plan
+from helpers.gen import make_plan
 
 from xsim_adapters.plan.model import OverlapSpec
 from xsim_adapters.trace.export_goal import rank_programs

@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from xsim_adapters import cli
 
-REPO = Path(__file__).resolve().parents[1]
 HETERO = REPO / "workloads" / "hetero-dp-h100-a100.yaml"
 SUBCOMMANDS = ("validate", "trace", "run", "compare", "sweep", "export", "calibrate", "backends",
                "bench-collective", "search", "schema")

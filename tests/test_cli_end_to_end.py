@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import REPO
 
 import xsim_adapters as xs
 from xsim_adapters import cli
@@ -19,7 +20,6 @@ from xsim_adapters.errors import XsimError
 from xsim_adapters.metrics import RANK_COLUMNS
 from xsim_adapters.report.outputs import read_timeline
 
-REPO = Path(__file__).resolve().parents[1]
 HETERO = REPO / "workloads" / "hetero-dp-h100-a100.yaml"
 RESHARD = REPO / "workloads" / "hetero-pipeline-reshard.yaml"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -11,12 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 from test_output_paths import tiny_plans
 
 import xsim_adapters
 from xsim_adapters import cli
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _one_error(capsys) -> str:

@@ -8,10 +8,9 @@ rule must never merge replicas that differ.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
+from helpers import WORKLOADS
 
 import xsim_adapters as xs
 from xsim_adapters.errors import XsimError
@@ -103,7 +102,7 @@ def test_classes_never_merge_replicas_that_differ():
     assert replica_classes(plan) == [[0, 1], [2, 3]]
     co = decide(plan, "on")
     assert co.representative == (0, 0, 2, 2)
-    hetero = xs.load_plan("workloads/hetero-dp-h100-a100.yaml")  # H100 TP 8 vs A100 TP 4 x 2
+    hetero = xs.load_plan(WORKLOADS / "hetero-dp-h100-a100.yaml")  # H100 TP 8 vs A100 TP 4 x 2
     assert replica_classes(hetero) == [[0], [1]]
     co = decide(hetero, "on")
     assert not co.used and co.reason == "no two replicas are identical"
@@ -179,8 +178,7 @@ def test_cli_coarsen_option(tmp_path):
     from xsim_adapters import cli
 
     plan = tmp_path / "plan.yaml"
-    plan.write_text((Path(__file__).resolve().parent.parent
-                     / "workloads" / "homogeneous-h100.yaml").read_text())
+    plan.write_text((WORKLOADS / "homogeneous-h100.yaml").read_text())
     assert cli.main(["trace", str(plan), "--coarsen", "on", "-o", str(tmp_path / "t")]) == 0
     man = json.loads((tmp_path / "t" / "manifest.json").read_text())
     assert man["coarsening"]["used"] and man["coarsening"]["mode"] == "on"

@@ -142,7 +142,7 @@ def test_cp_with_zero_bubble_splits_only_the_local_weight_gradients():
     W the deferred weight gradients of the local GEMMs. Per rank and layer B + W equals the
     1F1B backward exactly, W carries the weight-GEMM FLOPs (attention without its core, and
     the MLP's half), the ring moves the same bytes, and the iteration is no longer."""
-    from xsim_adapters.workload.passes import attention_core_flops
+    from xsim_adapters.workload.compute.passes import attention_core_flops
 
     zb, base = _cp_pp_plan("zb_h1"), _cp_pp_plan("1f1b")
     tz, tb = generate(zb), generate(base)
@@ -158,8 +158,8 @@ def test_cp_with_zero_bubble_splits_only_the_local_weight_gradients():
     assert (b_w["duration_ns"] == ref["duration_ns"]).all()
     assert b_w["flops"].to_numpy() == pytest.approx(ref["flops"].to_numpy(), rel=1e-12)
     w = per_layer(tz, ("wgrad",))
-    from xsim_adapters.workload.compute import layer_flops
-    from xsim_adapters.workload.context import local_model
+    from xsim_adapters.workload.comm.context import local_model
+    from xsim_adapters.workload.compute.costs import layer_flops
 
     local = local_model(zb.model, 2)
     fl = layer_flops(local, zb.training, 2)
@@ -181,8 +181,8 @@ def test_an_off_diagonal_ring_step_computes_half_the_local_square_unmasked(devic
     (the forward, and 2.5x its work at the backward rate), elsewhere at the generic flash
     rates. Closed form: 0.5 x 4 s_l^2 hd heads FLOPs over the rate, plus one launch."""
     from xsim_adapters.plan.presets import device_presets
-    from xsim_adapters.workload import kernels as k
-    from xsim_adapters.workload.context import RING_STEP_BLOCKS, cp_costs, local_model
+    from xsim_adapters.workload.comm.context import RING_STEP_BLOCKS, cp_costs, local_model
+    from xsim_adapters.workload.compute import kernels as k
 
     cp = 2
     plan = cp_plan(cp, 1, 4)

@@ -3,11 +3,10 @@ destination, phase, channel), not its op id, in every backend's routing."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import yaml
+from helpers import WORKLOADS
 
 import xsim_adapters as xs
 from xsim_adapters.errors import PlanError
@@ -15,7 +14,7 @@ from xsim_adapters.topology.routing import connection_keys, stable_hash
 from xsim_adapters.trace.schema import KIND_FLOW, PHASE_INDEX
 from xsim_adapters.workload.coarsen import ecmp_choice
 
-PLAN = Path(__file__).resolve().parents[1] / "workloads" / "congested-ecmp-oversubscribed.yaml"
+PLAN = WORKLOADS / "congested-ecmp-oversubscribed.yaml"
 M64 = (1 << 64) - 1
 
 
@@ -134,7 +133,7 @@ def test_ns3_pair_routes_follow_the_connection(runs):
     """ns-3 routes a GPU pair on one path, its first flow's; on this plan every pair that
     crosses servers carries one connection, so under ``connection`` ns-3's path is every one
     of the pair's flows' path in the flow backend (under ``flow`` it is not)."""
-    from xsim_ns3._options import parse_options
+    from xsim_ns3 import parse_options
     from xsim_ns3._prepare import prepare
 
     for mode, agree in (("connection", True), ("flow", False)):
@@ -177,14 +176,12 @@ def test_connection_keys_let_microbatches_merge():
 
 @pytest.mark.htsim
 @pytest.mark.slow
-def test_flow_and_htsim_agree_under_connection_routing(runs, tmp_path_factory):
+def test_flow_and_htsim_agree_under_connection_routing(driver, runs):
     """Same paths, so the same collisions: on the congested plan the flow backend and htsim
     (RoCE) agree within 2% under ``connection`` (measured +0.9%), and the persistent
     collisions make the iteration longer than under ``flow`` (156 against 114 ms)."""
-    from test_htsim_helpers import driver_path
     from xsim_htsim import HtsimBackend
 
-    driver = str(driver_path(tmp_path_factory))
     it = {}
     for mode in ("flow", "connection"):
         trace, topo = runs[mode]
@@ -220,7 +217,7 @@ def test_ns3_gives_each_connection_of_a_pair_its_own_path(runs):
     """Eight channels from rank 0 to rank 16 (another leaf: four uplinks to choose from) are
     eight connections under ``connection``, each with its own address and the path of its own
     key, as in the flow backend; under ``flow`` ns-3 carries the pair on one connection."""
-    from xsim_ns3._options import parse_options
+    from xsim_ns3 import parse_options
     from xsim_ns3._prepare import prepare
 
     from xsim_adapters.trace.handmade import TraceBuilder
@@ -270,8 +267,7 @@ def test_digest_is_kept_at_the_default_and_moves_with_connection():
     by the code of 70de368, before ``network.ecmp``); ``connection`` is another plan."""
     from xsim_adapters.workload.generate import plan_digest
 
-    plan = xs.load_plan(Path(__file__).resolve().parents[1] / "workloads"
-                        / "homogeneous-h100.yaml")
+    plan = xs.load_plan(WORKLOADS / "homogeneous-h100.yaml")
     assert plan_digest(plan) == (
         "5d6bf42f278cf3489138f65d5c6d3ec55289e2e2229c52c092018ad1e86a2b66")
     d = yaml.safe_load((PLAN.parent / "homogeneous-h100.yaml").read_text())

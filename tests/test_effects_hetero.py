@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 
 import pytest
+from helpers import WORKLOADS
 
 import xsim_adapters as xs
 from xsim_adapters.plan import plan_from_dict, plan_to_dict
-
-WORKLOADS = Path(__file__).resolve().parent.parent / "workloads"
 
 
 @cache

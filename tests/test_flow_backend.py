@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from test_topo_helpers import TraceBuilder, make_plan, ring_allreduce
+from helpers.topo import TraceBuilder, make_plan, ring_allreduce
 
 from xsim_adapters.backends.flow import FlowBackend, maxmin_rates
 from xsim_adapters.backends.flow.maxmin import _maxmin_numpy, _maxmin_python

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
-from test_topo_helpers import TraceBuilder, make_plan
+from helpers import WORKLOADS
+from helpers.topo import TraceBuilder, make_plan
 
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.plan import load_plan
@@ -15,8 +14,6 @@ from xsim_adapters.topology import build_topology
 from xsim_adapters.trace.handmade import ring_all_reduce
 from xsim_adapters.trace.schema import KIND_FLOW, PHASE_INDEX
 from xsim_adapters.workload import generate
-
-WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"
 
 
 def generated_ring(ranks: list[int], size: int, num_ranks: int) -> tuple[TraceBuilder, int]:

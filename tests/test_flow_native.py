@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import functools
 import random
-from pathlib import Path
 
 import numpy as np
 import pytest
-from test_topo_helpers import TraceBuilder, make_plan
+from helpers import WORKLOADS, plan_params
+from helpers.topo import TraceBuilder, make_plan
 
 from xsim_adapters.backends.flow import FlowBackend, maxmin_rates
 from xsim_adapters.backends.flow import native as native_mod
@@ -29,7 +29,6 @@ from xsim_adapters.trace import KIND_BARRIER
 from xsim_adapters.trace.handmade import ring_all_reduce
 from xsim_adapters.workload import generate
 
-WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"
 HAVE_NATIVE, WHY_NOT = native_status()
 needs_native = pytest.mark.skipif(not HAVE_NATIVE, reason=WHY_NOT)
 REL = 1e-9  # the contract between the engines
@@ -219,7 +218,7 @@ SMALL_PLANS = sorted(p.name for p in WORKLOADS.glob("*.yaml")
 
 
 @needs_native
-@pytest.mark.parametrize("name", SMALL_PLANS)
+@pytest.mark.parametrize("name", plan_params(SMALL_PLANS))
 def test_shipped_plans_give_the_same_timeline(name: str) -> None:
     trace, topo = _shipped(name)
     py, nat = _same_timeline(trace, topo)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_topo_helpers import TraceBuilder, make_plan
+from helpers.topo import TraceBuilder, make_plan
 
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.backends.flow.native import native_status

@@ -9,8 +9,8 @@ that plus the transfer and the path latency.
 from __future__ import annotations
 
 import pytest
-from test_htsim_helpers import driver_path, star
-from test_ns3_helpers import HAVE_NS3, star_topology
+from helpers.htsim import star
+from helpers.ns3 import HAVE_NS3, star_topology
 
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.trace import KIND_BARRIER, TraceBuilder
@@ -72,14 +72,13 @@ def test_flow_engines_honour_the_start_latency_exactly(engine: str) -> None:
     assert tl.loc[local, "end_ns"] == pytest.approx(3_000 + DELAY_NS, rel=1e-12)
 
 
-def test_htsim_honours_the_start_latency(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_htsim_honours_the_start_latency(driver: str) -> None:
     from xsim_htsim import HtsimBackend
 
-    drv = str(driver_path(tmp_path_factory))
     # packets (rank 0's cable is a NIC) and fluid (scale-up) paths both wait for the latency
     for tier in ("nic", "scale_up"):
         frames = _run(lambda t, tier=tier: HtsimBackend().run(t, star(2, GBPS, tier=tier),
-                                                              {"driver": drv}))
+                                                              {"driver": driver}))
         _check(frames, exact=True)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_htsim_helpers import TraceBuilder, driver_path, star
+from helpers.htsim import TraceBuilder, star
 
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.trace.schema import Trace
@@ -79,11 +79,6 @@ def check_against_reference(name: str, trace: Trace, topo, changes: int, tl) -> 
                                err_msg=name)
     np.testing.assert_allclose(tl.frame["end_ns"], ref.frame["end_ns"], rtol=0, atol=eps,
                                err_msg=name)
-
-
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(driver_path(tmp_path_factory))
 
 
 @pytest.mark.htsim

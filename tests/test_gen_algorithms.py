@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from test_gen_helpers import H100, TINY, make_plan, topo_order
+from helpers.gen import H100, TINY, make_plan, topo_order
 
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.bench_collective import bench, bench_plan, lowered_trace
@@ -17,7 +17,7 @@ from xsim_adapters.plan.serialize import plan_to_dict
 from xsim_adapters.topology import build_topology
 from xsim_adapters.trace.schema import PHASE_INDEX
 from xsim_adapters.workload import generate
-from xsim_adapters.workload.algorithms import (
+from xsim_adapters.workload.comm.algorithms import (
     dtree_parents,
     layout_of,
     merge,
@@ -25,8 +25,8 @@ from xsim_adapters.workload.algorithms import (
     tile,
     tree_flows,
 )
-from xsim_adapters.workload.collectives import ring_flows
-from xsim_adapters.workload.nccl import (
+from xsim_adapters.workload.comm.collectives import ring_flows
+from xsim_adapters.workload.comm.nccl import (
     NVLINK_BW_EFFICIENCY_BY_CC,
     NVLS_CHANNELS,
     NVLS_EFFICIENCY,
@@ -98,7 +98,7 @@ def test_nvls_phase_b_waits_on_phase_a_through_a_join_when_it_is_smaller(ppn) ->
     into it. As (m-1)^2 edges per GPU, or through one join (a zero-byte barrier of that GPU)
     with 2(m-1) edges when (m-1)^2 > 2(m-1) + JOIN_COST_EDGES: m >= 6."""
     from xsim_adapters.trace.schema import KIND_BARRIER, KIND_FLOW
-    from xsim_adapters.workload.algorithms import JOIN_COST_EDGES, worth_a_join
+    from xsim_adapters.workload.comm.algorithms import JOIN_COST_EDGES, worth_a_join
 
     m = ppn
     t = staged_flows(_layout(1, m), 1 << 20, "all_reduce", "nvls", chunks=4)
@@ -127,7 +127,7 @@ def test_nvls_phase_b_waits_on_phase_a_through_a_join_when_it_is_smaller(ppn) ->
 def test_nvls_join_leaves_the_timeline_as_the_edges_do(monkeypatch) -> None:
     """The same 8-GPU NVLS all-reduce with joins and with (m-1)^2 edges per GPU: the same end
     time for every flow, on the flow backend."""
-    from xsim_adapters.workload import algorithms
+    from xsim_adapters.workload.comm import algorithms
 
     plan = bench_plan("H100-80GB", 1, 8)
     topo = build_topology(plan)

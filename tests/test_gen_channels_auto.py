@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
-from test_gen_helpers import H100, make_plan
+from helpers import REPO
+from helpers.gen import H100, make_plan
 
 from xsim_adapters import api
 from xsim_adapters.errors import PlanError
@@ -16,9 +16,7 @@ from xsim_adapters.plan.model import CollectiveAlgorithms
 from xsim_adapters.plan.serialize import plan_to_dict
 from xsim_adapters.trace.schema import PHASE_INDEX
 from xsim_adapters.workload import generate
-from xsim_adapters.workload.rings import RankInfo, auto_orders, channel_orders, channels_for
-
-ROOT = Path(__file__).resolve().parents[1]
+from xsim_adapters.workload.comm.rings import RankInfo, auto_orders, channel_orders, channels_for
 
 
 def _nic_use(info: RankInfo, orders: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -71,7 +69,7 @@ def test_auto_inside_one_server_is_one_ring():
 
 
 def test_auto_counts_nics_not_gpus_when_a_server_shares_one_nic():
-    plan = api.load_plan(ROOT / "workloads" / "pcie-rtx4090.yaml")  # nics: per_server
+    plan = api.load_plan(REPO / "workloads" / "pcie-rtx4090.yaml")  # nics: per_server
     info = RankInfo(plan)
     assert channels_for(info, range(16), 0) == 1
 

@@ -6,14 +6,14 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from test_gen_helpers import H100, TINY, make_plan
+from helpers.gen import H100, TINY, make_plan
 
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan.model import ModelSpec, TrainingSpec
 from xsim_adapters.plan.sections import read_profile
 from xsim_adapters.trace.schema import KIND_COMPUTE, PHASE_INDEX
 from xsim_adapters.workload import generate
-from xsim_adapters.workload.compute import (
+from xsim_adapters.workload.compute.costs import (
     compute_time_ns,
     layer_costs,
     layer_flops,
@@ -39,7 +39,7 @@ def test_layer_flops_by_hand() -> None:
 
 def test_one_layer_on_h100_is_its_kernels() -> None:
     """The attention block is the sum of its kernels + launch overhead (no SM count: no waves)."""
-    from xsim_adapters.workload.kernels import KERNEL_LAUNCH_US, attention_kernels, make_ctx
+    from xsim_adapters.workload.compute.kernels import KERNEL_LAUNCH_US, attention_kernels, make_ctx
 
     tr = TrainingSpec(global_batch=8, micro_batch=1)
     c = layer_costs(LLAMA7B, tr, H100, tp=1)

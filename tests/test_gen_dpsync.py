@@ -7,13 +7,13 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
-from test_gen_helpers import TINY, make_plan
+from helpers.gen import TINY, make_plan
 
 from xsim_adapters.plan.memory import embedding_params, head_params, layer_params
 from xsim_adapters.plan.model import OverlapSpec
 from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
 from xsim_adapters.workload import generate
-from xsim_adapters.workload.dpsync import Segment, sweep_segments
+from xsim_adapters.workload.comm.dpsync import Segment, sweep_segments
 
 MODEL32 = replace(TINY, layers=32)
 
@@ -171,7 +171,7 @@ def test_zero_shards_the_sync_and_the_optimizer() -> None:
     for op in first_ag.itertuples():
         assert optim_by_rank[op.rank] in preds[op.op_id]  # the delay rides on the flow
     # the optimizer steps over 1/dp of the stage: replica 0 stage 0 (TP 4, layers 0-20, embedding)
-    from xsim_adapters.workload.compute import optimizer_time_ns, stage_params
+    from xsim_adapters.workload.compute.costs import optimizer_time_ns, stage_params
 
     want = optimizer_time_ns(stage_params(MODEL32, (0, 20)) / 4 / 2, plan.device_types["H100"])
     assert optim.loc[optim["rank"] == 0, "duration_ns"].item() == want

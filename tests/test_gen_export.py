@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from test_gen_helpers import A100, H100, make_plan
+from helpers.gen import A100, H100, make_plan
 
 from xsim_adapters.trace.export_goal import export_goal
 from xsim_adapters.trace.schema import KIND_FLOW

@@ -7,15 +7,15 @@ from dataclasses import replace
 from math import ceil
 
 import pytest
-from test_gen_helpers import A100, H100
+from helpers.gen import A100, H100
 
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import plan_from_dict
 from xsim_adapters.plan.model import ModelSpec, TrainingSpec
 from xsim_adapters.plan.presets import device_presets
-from xsim_adapters.workload.compute import layer_costs, layer_flops
-from xsim_adapters.workload.gemm import Rates, gemm_quantization, gemm_seconds
-from xsim_adapters.workload.kernels import (
+from xsim_adapters.workload.compute.costs import layer_costs, layer_flops
+from xsim_adapters.workload.compute.gemm import Rates, gemm_quantization, gemm_seconds
+from xsim_adapters.workload.compute.kernels import (
     HOST_OP_US,
     KERNEL_LAUNCH_US,
     attention_kernels,
@@ -243,7 +243,7 @@ def test_fp8_kernels_follow_transformer_engine() -> None:
     """fp8: LayerNormLinear GEMMs get the fp8 copy from the norm and only transpose it (read 1,
     write 1); Linear GEMMs cast-transpose their input (read 2, write 1 + 1); every backward
     cast-transposes the output gradient; the output layer stays bf16 at the 16-bit peak."""
-    from xsim_adapters.workload.kernels import head_kernels
+    from xsim_adapters.workload.compute.kernels import head_kernels
 
     llama = ModelSpec("l", 2, 4096, 14336, 32, 8, 2048, 32000)
     tr8 = replace(TR, precision="fp8")
@@ -269,7 +269,7 @@ def test_fp8_kernels_follow_transformer_engine() -> None:
 def test_causal_flash_kernel_computes_the_lower_triangle_of_blocks() -> None:
     """FA2 skips key blocks above the diagonal: (nb + 1) / (2 nb) of the square with nb blocks
     of 128; the trace still records model FLOPs (the full square)."""
-    from xsim_adapters.workload.kernels import FLASH_FWD_RATE, causal_work_fraction
+    from xsim_adapters.workload.compute.kernels import FLASH_FWD_RATE, causal_work_fraction
 
     assert causal_work_fraction(4096) == pytest.approx(33 / 64)
     assert causal_work_fraction(128) == 1.0
@@ -285,7 +285,7 @@ def test_causal_flash_kernel_computes_the_lower_triangle_of_blocks() -> None:
 def test_head_runs_megatrons_unfused_cross_entropy() -> None:
     """Megatron-Core's vocab-parallel cross-entropy: fp32 cast, max, subtract, exp, sum and
     divide passes (38 bytes per logit), backward scale and cast back (14 bytes per logit)."""
-    from xsim_adapters.workload.kernels import head_kernels
+    from xsim_adapters.workload.compute.kernels import head_kernels
 
     llama = ModelSpec("l", 2, 4096, 14336, 32, 8, 4096, 128256)
     c = make_ctx(llama, TR, H100, 2)
@@ -309,8 +309,8 @@ def test_hopper_attention_follows_the_measured_cudnn_curves() -> None:
     non-causal backward rate times the forward's causal / non-causal ratio; both scale with the
     part's best GEMM rate relative to the H100 SXM MAMF and its sustained clock relative to the
     curves' locked 1830 MHz, between the measured lengths in log2."""
-    from xsim_adapters.workload.gemm import tiled_quantization
-    from xsim_adapters.workload.kernels import (
+    from xsim_adapters.workload.compute.gemm import tiled_quantization
+    from xsim_adapters.workload.compute.kernels import (
         HOPPER_ATTN_REF_BLOCKS,
         HOPPER_ATTN_REF_TFLOPS,
         HOPPER_BWD_TFLOPS,
@@ -364,7 +364,7 @@ def test_sustained_clock_derates_tensor_cores_not_memory() -> None:
 def test_hopper_attention_curves_scale_by_the_clock_they_were_locked_at() -> None:
     """The FA3 curves were measured with the clock locked at 1830 MHz: an H100 sustaining 1768
     MHz runs them at 1768/1830 (its bf16 MAMF is the curves' reference, 794.5 = 989 x 0.803)."""
-    from xsim_adapters.workload.kernels import attention_curve_scale
+    from xsim_adapters.workload.compute.kernels import attention_curve_scale
 
     h100 = device_presets()["H100-80GB"]
     assert attention_curve_scale(h100, TR) == pytest.approx(989 * 0.803 / 794.5 * 1768 / 1830,

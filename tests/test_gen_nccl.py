@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_gen_helpers import make_plan
+from helpers.gen import make_plan
 
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.bench_collective import bench, bench_plan, lowered_trace
@@ -11,7 +11,7 @@ from xsim_adapters.topology import build_topology
 from xsim_adapters.trace import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, TraceBuilder, ring_collective
 from xsim_adapters.trace.schema import PHASE_INDEX
 from xsim_adapters.workload import generate
-from xsim_adapters.workload.nccl import (
+from xsim_adapters.workload.comm.nccl import (
     LL_MAX_BW_1NODE_GBPS,
     LL_MAX_BW_NET_GBPS,
     NVLINK_BW_EFFICIENCY,
@@ -22,7 +22,7 @@ from xsim_adapters.workload.nccl import (
     RING_STEP_LATENCY_US,
     ring_cost,
 )
-from xsim_adapters.workload.rings import RankInfo, ring_delay_ns
+from xsim_adapters.workload.comm.rings import RankInfo, ring_delay_ns
 
 
 def test_small_all_reduce_on_one_server_uses_ll_with_the_tuner_latency() -> None:
@@ -83,7 +83,7 @@ def test_start_latency_shifts_a_ring_by_exactly_its_length() -> None:
 
 def test_generator_puts_one_delay_per_member_on_its_first_flows_and_none_when_off() -> None:
     # trace schema 2: NCCL's delay is a start latency on each member's gate flows (one per
-    # channel), not a timed barrier (workload/latency.py)
+    # channel), not a timed barrier (workload/comm/latency.py)
     plan = make_plan([[("h100", 0, 4, 0, 4)], [("h100", 8, 12, 0, 4)]])
     trace = generate(plan)
     ops = trace.ops

@@ -1,5 +1,5 @@
 """NVLS reduce-scatter / all-gather, NCCL's graph channels and per-channel caps, and the NVLS
-pipeline fill of the achieved cost (workload/nccl_achieved.py)."""
+pipeline fill of the achieved cost (workload/comm/nccl_achieved.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 from xsim_adapters.bench_collective import bench, bench_plan, lowered_trace
 from xsim_adapters.trace.schema import KIND_FLOW
-from xsim_adapters.workload.algorithms import Layout, lower
-from xsim_adapters.workload.nccl import (
+from xsim_adapters.workload.comm.algorithms import Layout, lower
+from xsim_adapters.workload.comm.nccl import (
     PER_CH_MAX_RING_LL128_GBPS,
     Fabric,
     choose,
@@ -17,7 +17,7 @@ from xsim_adapters.workload.nccl import (
     nvls_link_GBps,
     tuner_table,
 )
-from xsim_adapters.workload.nccl_achieved import nvls_chunk_bytes, nvls_fill_us
+from xsim_adapters.workload.comm.nccl_achieved import nvls_chunk_bytes, nvls_fill_us
 
 INF = float("inf")
 H100_1 = Fabric(8, 1, 8, 450.0, INF, "nvlink", 90, nvls=True)

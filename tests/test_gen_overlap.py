@@ -7,15 +7,15 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
-from test_gen_helpers import TINY, make_plan, topo_order
+from helpers.gen import TINY, make_plan, topo_order
 
 import xsim_adapters as xs
 from xsim_adapters.plan.model import OverlapSpec
 from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
 from xsim_adapters.workload import generate
-from xsim_adapters.workload.compute import layer_costs
-from xsim_adapters.workload.kernels import microbatch_overhead_seconds
-from xsim_adapters.workload.passes import attention_core_flops, gemm_shares
+from xsim_adapters.workload.compute.costs import layer_costs
+from xsim_adapters.workload.compute.kernels import microbatch_overhead_seconds
+from xsim_adapters.workload.compute.passes import attention_core_flops, gemm_shares
 
 MODEL = replace(TINY, hidden=1024, ffn_hidden=2816, heads=16, kv_heads=16, seq_len=512)
 
@@ -197,7 +197,7 @@ def test_selective_recompute_reruns_the_attention_core() -> None:
     rf = full[(full["kind"] == KIND_COMPUTE) & (full["phase"] == PHASE_INDEX["recompute"])]
     assert rf["duration_ns"].sum() > rec["duration_ns"].sum()
     # + the per-micro-batch framework overhead, charged to each backward pass's first layer op
-    # (here the recompute of the last layer; workload/kernels.py)
+    # (here the recompute of the last layer; workload/compute/kernels.py)
     extra = round(microbatch_overhead_seconds() * 1e9)
     per_mb = MODEL.layers * (c.attn_fwd_ns + c.mlp_fwd_ns) + extra
     assert rf["duration_ns"].sum() == 4 * 2 * per_mb
@@ -215,7 +215,7 @@ def test_zb_split_keeps_the_backward_time() -> None:
         b = mine.loc[mine["phase"] == PHASE_INDEX["bwd"], "duration_ns"].sum()
         w = mine.loc[mine["phase"] == PHASE_INDEX["wgrad"], "duration_ns"].sum()
         # the split moves time, adds none (layer 1 opens the stage's backward pass: it also
-        # carries the per-micro-batch framework overhead, workload/kernels.py)
+        # carries the per-micro-batch framework overhead, workload/compute/kernels.py)
         extra = round(microbatch_overhead_seconds() * 1e9) if layer == 1 else 0
         assert b + w == c.attn_bwd_ns + c.mlp_bwd_ns + extra
         # W: the weight GEMMs, half the MLP backward and (attn - core)/(2 attn) of attention's

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from xsim_adapters.workload.reshard import (
+from xsim_adapters.workload.comm.reshard import (
     DEST,
     SOURCE,
     algorithm_label,

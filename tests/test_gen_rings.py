@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_gen_helpers import A100, H100, make_plan
+from helpers.gen import A100, H100, make_plan
 
-from xsim_adapters.workload.collectives import num_steps, ring_flows
-from xsim_adapters.workload.rings import (
+from xsim_adapters.workload.comm.collectives import num_steps, ring_flows
+from xsim_adapters.workload.comm.rings import (
     RankInfo,
     channel_orders,
     ring_bottleneck_GBps,

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from test_gen_helpers import A100, H100, make_plan, topo_order
+from helpers.gen import A100, H100, make_plan, topo_order
 
 import xsim_adapters as xs
 from xsim_adapters.metrics.ranks import rank_metrics

@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from test_gen_helpers import A100, H100, make_plan, topo_order
+from helpers import WORKLOADS
+from helpers.gen import A100, H100, make_plan, topo_order
 
 from xsim_adapters.errors import TraceError
 from xsim_adapters.trace import (
@@ -23,8 +24,6 @@ from xsim_adapters.trace import (
     write_trace,
 )
 from xsim_adapters.workload import generate
-
-WORKLOADS = Path(__file__).resolve().parent.parent / "workloads"
 
 HETERO = [
     [("h100", 0, 4, 0, 1), ("a100", 0, 2, 1, 3), ("a100", 2, 8, 3, 4)],

@@ -13,17 +13,12 @@ Run with scale_up=packet or NIC-tier links, so these exercise EQDS, not the flui
 from __future__ import annotations
 
 import pytest
-from test_htsim_helpers import TraceBuilder, driver_path, ring_allreduce, star
+from helpers.htsim import TraceBuilder, ring_allreduce, star
 from xsim_htsim import HtsimBackend
 
 from xsim_adapters.backends.flow import FlowBackend
 
 pytestmark = pytest.mark.htsim
-
-
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(driver_path(tmp_path_factory))
 
 
 def run(trace, topo, driver: str, **opts):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_htsim_helpers import TraceBuilder, driver_path, golden_case, ring_allreduce, star
+from helpers.htsim import TraceBuilder, golden_case, ring_allreduce, star
 from xsim_htsim import HtsimBackend, write_input
 from xsim_htsim._input import read_input
 
@@ -49,11 +49,6 @@ def test_writer_flag_needs_every_forward_link(tmp_path: Path) -> None:
 
 
 # ---- with the real driver --------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(driver_path(tmp_path_factory))
-
 
 def run(trace, topo, driver: str, **opts):
     return HtsimBackend().run(trace, topo, {"driver": driver, **opts})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_htsim_helpers import DATA, TraceBuilder, golden_case, star, times_arrays, times_bytes
+from helpers.htsim import DATA, TraceBuilder, golden_case, star, times_arrays, times_bytes
 from xsim_htsim import HtsimBackend, find_driver, read_times, write_input
 from xsim_htsim._input import read_input
 

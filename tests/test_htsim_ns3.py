@@ -11,16 +11,11 @@ homogeneous-h100; both backends are within 0.2% of the flow backend there).
 from __future__ import annotations
 
 import pytest
-from test_htsim_helpers import REPO, driver_path
+from helpers import REPO
 
 pytestmark = [pytest.mark.htsim, pytest.mark.slow]
 
 FASTEST = ["hetero-pipeline-reshard.yaml", "homogeneous-h100.yaml"]
-
-
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(driver_path(tmp_path_factory))
 
 
 @pytest.mark.parametrize("name", FASTEST)

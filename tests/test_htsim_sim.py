@@ -26,11 +26,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_htsim_helpers import (
+from helpers import REPO, SCALE_PLANS
+from helpers.htsim import (
     DATA,
-    REPO,
     TraceBuilder,
-    driver_path,
     golden_case,
     ring_allreduce,
     star,
@@ -40,11 +39,6 @@ from xsim_htsim import HtsimBackend, write_input
 from xsim_adapters.errors import BackendError
 
 pytestmark = pytest.mark.htsim
-
-
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(driver_path(tmp_path_factory))
 
 
 def run(trace, topo, driver: str, **opts):
@@ -245,10 +239,6 @@ def shipped_plans() -> list[str]:
     return sorted(p for p in glob.glob(str(REPO / "workloads" / "*.yaml"))
                   if not Path(p).stem.startswith("congested-")
                   and Path(p).stem not in SCALE_PLANS)
-
-
-# thousands of GPUs (docs/scale.md): measured in benchmarks/README.md, not replayed here
-SCALE_PLANS = {"megatron-1t-3072gpu", "llama3-405b-16k-h100", "llama3-405b-16k-hetero"}
 
 
 @pytest.mark.slow

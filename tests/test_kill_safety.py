@@ -18,14 +18,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import REPO
 from test_output_paths import tiny_plans
 
 from xsim_adapters import cli
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
-REPO = Path(__file__).resolve().parent.parent
-
-
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     paths = [str(REPO), str(REPO / "plugins" / "ns3"), str(REPO / "plugins" / "htsim")]
@@ -126,6 +124,7 @@ KILLS = [
 ]
 
 
+@pytest.mark.slow  # 27 s on 2 cores (tests --durations, 2026-12-04): one run per instant
 def test_kill_at_any_instant_leaves_the_old_or_the_new_run_whole(tmp_path):
     a, b = tiny_plans(tmp_path)
     root = tmp_path / "outs"
@@ -193,7 +192,9 @@ def test_kill_at_any_instant_leaves_the_old_or_the_new_run_whole(tmp_path):
     assert not [n.name for n in root.iterdir() if n.name.startswith(".xsim-tmp-")]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+# SIGKILL 32 s, SIGTERM 12 s on 2 cores (tests --durations, 2026-12-04)
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGKILL, marks=pytest.mark.slow),
+                                 signal.SIGTERM])
 def test_sweep_workers_die_with_a_killed_parent_and_rows_survive(tmp_path, sig):
     a, _ = tiny_plans(tmp_path)
     out = tmp_path / "sw"

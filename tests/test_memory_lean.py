@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import WORKLOADS
 
 import xsim_adapters as xs
 from xsim_adapters.metrics import straggler
@@ -60,7 +61,7 @@ def test_drain_joins_chunks_and_empties_the_list() -> None:
 
 @pytest.fixture(scope="module")
 def plan():
-    return xs.load_plan("workloads/hetero-pipeline-reshard.yaml")
+    return xs.load_plan(WORKLOADS / "hetero-pipeline-reshard.yaml")
 
 
 def test_tiling_in_small_batches_gives_the_same_trace(plan, monkeypatch) -> None:

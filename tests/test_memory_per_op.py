@@ -9,12 +9,13 @@ measured when these bounds were set are in benchmarks/README.md.
 from __future__ import annotations
 
 import tracemalloc
-from pathlib import Path
+
+from helpers import WORKLOADS
 
 import xsim_adapters as xs
 from xsim_adapters.metrics import compute_metrics
 
-PLAN = Path(__file__).resolve().parent.parent / "workloads" / "hetero-pipeline-reshard.yaml"
+PLAN = WORKLOADS / "hetero-pipeline-reshard.yaml"
 # measured 113 with the packed (rank, start) sort, one-at-a-time permutes and sliced edge scans
 # (192 before them on trace schema 2; 321 before int32 deps, integer-time unions, rank-sliced
 # unions and the scatter-based critical path; 477 before the metrics worked on columns)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_metrics_helpers import TraceBuilder, asap_timeline, one_f_one_b, ring_all_reduce
+from helpers.metrics import TraceBuilder, asap_timeline, one_f_one_b, ring_all_reduce
 
 from xsim_adapters.errors import BackendError
 from xsim_adapters.metrics import (

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
+from helpers import REPO
 
 import xsim_adapters as xs
 from xsim_adapters.metrics.ranks import BREAKDOWN_COLUMNS
 from xsim_adapters.trace.schema import KIND_COMPUTE, KIND_FLOW
 
-REPO = Path(__file__).resolve().parents[1]
 SMALL_PLANS = ("homogeneous-h100", "uneven-layers", "hetero-pipeline-reshard")
 EPS = 1e-6  # ns; float sums of ns-scale values
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_topo_helpers import TraceBuilder, make_plan
+from helpers import WORKLOADS
+from helpers.topo import TraceBuilder, make_plan
 
 import xsim_adapters as xs
 from xsim_adapters.backends.flow import FlowBackend
@@ -65,7 +66,7 @@ def test_peak_concurrency_counts_touching_intervals_once():
 
 
 def test_bytes_conserve_over_paths_on_a_shipped_plan():
-    plan = xs.load_plan("workloads/congested-ecmp-oversubscribed.yaml")
+    plan = xs.load_plan(WORKLOADS / "congested-ecmp-oversubscribed.yaml")
     trace = xs.generate(plan)
     topo = xs.build_topology(plan)
     tl = xs.run(trace, "flow", topology=topo)

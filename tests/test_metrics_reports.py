@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_metrics_helpers import TraceBuilder, asap_timeline, one_f_one_b
+from helpers.metrics import TraceBuilder, asap_timeline, one_f_one_b
 
 from xsim_adapters.metrics import compute_metrics
 from xsim_adapters.report import (

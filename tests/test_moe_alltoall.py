@@ -12,13 +12,13 @@ from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import plan_from_dict
 from xsim_adapters.plan.model import MoESpec
 from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
-from xsim_adapters.workload.alltoall import lower_alltoall
-from xsim_adapters.workload.moe import popularity, routing_counts
-from xsim_adapters.workload.nccl import (
+from xsim_adapters.workload.comm.alltoall import lower_alltoall
+from xsim_adapters.workload.comm.nccl import (
     NVLINK_BW_EFFICIENCY,
     RING_BASE_LATENCY_US,
     RING_STEP_LATENCY_US,
 )
+from xsim_adapters.workload.compute.routing import popularity, routing_counts
 
 H, S, K, E = 1024, 1024, 2, 8  # hidden, seq_len, top_k, experts of the test model
 
@@ -231,7 +231,7 @@ def test_moe_metrics_report_load_exchange_time_and_straggler():
 
 
 def test_by_speed_placement_follows_peak_times_efficiency():
-    from xsim_adapters.workload.moe import expert_counts
+    from xsim_adapters.workload.compute.routing import expert_counts
 
     spec = MoESpec(num_experts=60, top_k=4, expert_ffn_hidden=8, placement="by_speed")
     h100, a100 = 989 * 0.803, 312 * (271.2 / 312)

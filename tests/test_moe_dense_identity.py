@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from helpers import REPO
 
 from xsim_adapters.plan import load_plan, plan_from_dict
 from xsim_adapters.workload import generate
 
-ROOT = Path(__file__).resolve().parents[1]
 DENSE = ("homogeneous-h100.yaml", "hetero-dp-h100-a100.yaml")
 
 
@@ -37,7 +36,7 @@ def trace_hash(trace) -> str:
 def test_dense_trace_has_no_ep_or_cp_work(name):
     from xsim_adapters.trace.schema import PHASE_INDEX
 
-    t = generate(load_plan(ROOT / "workloads" / name))
+    t = generate(load_plan(REPO / "workloads" / name))
     phases = {PHASE_INDEX["ep"], PHASE_INDEX["cp"]}
     assert not t.ops["phase"].isin(phases).any()
     assert not t.collectives["phase"].isin(phases).any()
@@ -46,7 +45,7 @@ def test_dense_trace_has_no_ep_or_cp_work(name):
 
 
 def test_explicit_ep_cp_one_changes_nothing():
-    path = ROOT / "workloads" / "homogeneous-h100.yaml"
+    path = REPO / "workloads" / "homogeneous-h100.yaml"
     d = yaml.safe_load(path.read_text())
     d["replicas"]["uniform"].update({"ep": 1, "cp": 1})
     a = generate(plan_from_dict(d, base_dir=str(path.parent)))

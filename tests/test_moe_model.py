@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import WORKLOADS
 
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import model_presets
@@ -77,12 +78,11 @@ def test_preset_override_keeps_experts():
 @pytest.mark.parametrize("name", ["moe-mixtral-8x7b-64xh100-ep8", "moe-hetero-h100-a100-by-speed",
                                   "long-context-128k-cp4"])
 def test_moe_and_cp_plans_round_trip_through_yaml(name):
-    from pathlib import Path
 
     import yaml
 
     from xsim_adapters.plan import load_plan, plan_from_dict, plan_to_yaml
 
-    plan = load_plan(Path(__file__).resolve().parents[1] / "workloads" / f"{name}.yaml")
+    plan = load_plan(WORKLOADS / f"{name}.yaml")
     again = plan_from_dict(yaml.safe_load(plan_to_yaml(plan)))
     assert again == plan

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from test_ns3_helpers import HAVE_NS3, TraceBuilder, star_topology
+from helpers.ns3 import HAVE_NS3, TraceBuilder, star_topology
 
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.errors import BackendError, BackendUnavailable
@@ -104,7 +104,7 @@ def test_unknown_and_bad_options_are_named():
 
 def test_prepare_routes_follow_topology_paths():
     """A packet pair's forward host routes are exactly the cables of its Topology.path."""
-    from xsim_ns3._options import parse_options
+    from xsim_ns3 import parse_options
     from xsim_ns3._prepare import _cables, prepare
 
     topo = star_topology(4, 2)

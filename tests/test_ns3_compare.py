@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_ns3_helpers import needs_ns3
+from helpers import WORKLOADS
+from helpers.ns3 import needs_ns3
 
 import xsim_adapters as xs
 from xsim_adapters import cli
 from xsim_adapters.backends.base import flow_totals
 
-RESHARD = Path(__file__).resolve().parent.parent / "workloads" / "hetero-pipeline-reshard.yaml"
+RESHARD = WORKLOADS / "hetero-pipeline-reshard.yaml"
 
 pytestmark = [*needs_ns3, pytest.mark.slow]
 

@@ -22,7 +22,7 @@ this case measured +62% (dctcp, 8 timeouts) and +41% (tcp, 3 timeouts) over the 
 from __future__ import annotations
 
 import pytest
-from test_ns3_helpers import TraceBuilder, needs_ns3, star_topology
+from helpers.ns3 import TraceBuilder, needs_ns3, star_topology
 
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.errors import BackendError
@@ -76,7 +76,7 @@ def test_idle_gaps_between_flows_cause_no_timeouts(case, transport):
 
 
 def test_delayed_ack_timer_must_stay_below_the_rto():
-    from xsim_ns3._options import parse_options
+    from xsim_ns3 import parse_options
 
     assert parse_options({}).del_ack_timeout_us == 10
     with pytest.raises(BackendError, match=r"del_ack_timeout_us must be below min_rto_us=1000"

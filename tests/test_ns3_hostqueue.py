@@ -16,7 +16,7 @@ flows at 100 Gb/s; each ring step moves 8 MiB per flow: 2 x 8 MiB / 12.5 B/ns + 
 from __future__ import annotations
 
 import pytest
-from test_ns3_helpers import TraceBuilder, needs_ns3, star_topology
+from helpers.ns3 import TraceBuilder, needs_ns3, star_topology
 
 from xsim_adapters.backends.flow import FlowBackend
 
@@ -64,7 +64,7 @@ def test_fifo_host_queue_reproduces_the_ack_starvation(case):
 
 
 def test_host_queue_option_is_validated():
-    from xsim_ns3._options import parse_options
+    from xsim_ns3 import parse_options
 
     from xsim_adapters.errors import BackendError
 

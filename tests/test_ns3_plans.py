@@ -16,9 +16,9 @@ import glob
 from pathlib import Path
 
 import pytest
-from test_ns3_helpers import HAVE_NS3
+from helpers import REPO
+from helpers.ns3 import HAVE_NS3
 
-REPO = Path(__file__).resolve().parent.parent
 PLAN_MTU = 65000
 TOLERANCE = 0.02
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import WORKLOADS
 
 from xsim_adapters.errors import BackendError, OptionError, XsimError
 from xsim_adapters.options import (
@@ -142,7 +143,7 @@ def test_flow_backend_rejects_a_misspelled_option() -> None:
 def test_sweep_refuses_a_bad_option_before_running(tmp_path: Path) -> None:
     from xsim_adapters.sweep import sweep
 
-    plan = Path(__file__).resolve().parents[1] / "workloads" / "homogeneous-h100.yaml"
+    plan = WORKLOADS / "homogeneous-h100.yaml"
     with pytest.raises(OptionError, match="unknown option 'sed' for backend flow; did you mean"
                                           " 'seed'"):
         sweep(plan, {"training.micro_batch": [1, 2]}, options={"sed": 1})

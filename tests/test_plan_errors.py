@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-from test_plan_helpers import example
+from helpers import WORKLOADS
+from helpers.plan import example
 
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import load_plan, plan_from_dict
@@ -404,7 +404,7 @@ def test_new_device_type_needs_every_number():
 
 
 def test_empty_optional_sections_mean_defaults():
-    text = Path(__file__).resolve().parent.parent / "workloads" / "hetero-dp-h100-a100.yaml"
+    text = WORKLOADS / "hetero-dp-h100-a100.yaml"
     base = load_plan(text)
     yaml_text = text.read_text().replace(
         "network:\n  scale_out: {topology: leaf_spine, link_gbps: 400, latency_us: 1.0}\n",

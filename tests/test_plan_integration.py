@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from helpers import WORKLOADS
 
 from xsim_adapters.plan import load_plan
 
-WORKLOADS = Path(__file__).resolve().parent.parent / "workloads"
 SMALL = ["homogeneous-h100", "hetero-pipeline-reshard", "uneven-layers"]
 
 

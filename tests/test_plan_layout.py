@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from test_plan_helpers import WORKLOADS, example
+from helpers import WORKLOADS
+from helpers.plan import example
 
 from xsim_adapters.plan import apportion, load_plan, plan_from_dict, replica_speed, stage_speed
 from xsim_adapters.plan.presets import device_presets

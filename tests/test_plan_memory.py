@@ -6,7 +6,8 @@ import copy
 import re
 
 import pytest
-from test_plan_helpers import WORKLOADS, example
+from helpers import WORKLOADS
+from helpers.plan import example
 
 from xsim_adapters.errors import InfeasiblePlanError
 from xsim_adapters.plan import (

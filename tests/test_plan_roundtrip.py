@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import yaml
+from helpers.plan import example, plan_dicts
 from hypothesis import HealthCheck, given, settings
-from test_plan_helpers import example, plan_dicts
 
 from xsim_adapters.plan import (
     load_plan,

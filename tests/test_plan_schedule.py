@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from test_plan_helpers import example
+from helpers.plan import example
 
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import plan_from_dict, plan_to_dict

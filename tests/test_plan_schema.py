@@ -6,9 +6,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from xsim_adapters import cli
 from xsim_adapters.errors import PlanError
@@ -19,7 +19,6 @@ from xsim_adapters.plan.schema import EXEMPLARS, plan_schema, schema_text
 
 jsonschema = pytest.importorskip("jsonschema")
 
-REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "docs" / "plan.schema.json"
 SHIPPED = sorted((REPO / "workloads").glob("*.yaml"))
 

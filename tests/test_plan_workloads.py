@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import yaml
-from test_plan_helpers import EXAMPLE
+from helpers import WORKLOADS
+from helpers.plan import EXAMPLE
 
 from xsim_adapters.plan import device_presets, load_plan, memory_report, model_presets
 
-WORKLOADS = Path(__file__).resolve().parent.parent / "workloads"
 SHIPPED = sorted(WORKLOADS.glob("*.yaml"))
 
 

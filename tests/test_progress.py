@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers.topo import TraceBuilder, ring_allreduce
 from test_flow_backend import two_servers
-from test_topo_helpers import TraceBuilder, ring_allreduce
 
 import xsim_adapters as xs
 from xsim_adapters import cli

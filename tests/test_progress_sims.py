@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from test_htsim_helpers import driver_path, golden_case
-from test_ns3_helpers import HAVE_NS3, TraceBuilder, star_topology
+from helpers.htsim import golden_case
+from helpers.ns3 import HAVE_NS3, TraceBuilder, star_topology
 
 from xsim_adapters.backends.base import check_run_info, flow_totals
 
@@ -70,10 +70,9 @@ def test_ns3_worker_reports_progress_and_run_info() -> None:
 
 @pytest.mark.htsim
 @pytest.mark.parametrize("scale_up", ["fluid", "packet"])
-def test_htsim_driver_reports_progress_and_run_info(tmp_path_factory, scale_up: str) -> None:
+def test_htsim_driver_reports_progress_and_run_info(driver: str, scale_up: str) -> None:
     from xsim_htsim import HtsimBackend
 
-    driver = str(driver_path(tmp_path_factory))
     trace, topo = golden_case()
     calls, hook = record()
     t0 = time.perf_counter()

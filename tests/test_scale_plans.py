@@ -3,23 +3,21 @@ their full trace would not, and store a plan.yaml that reads back."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from helpers import WORKLOADS
 
 from xsim_adapters.plan import load_plan, memory_report, plan_to_yaml
 from xsim_adapters.plan.bounded_yaml import parse_yaml
 from xsim_adapters.plan.limits import MAX_TRACE_OPS, MAX_YAML_NODES, estimate_ops
 from xsim_adapters.workload.coarsen import AUTO_MIN_OPS, decide, replica_classes
 
-WORKLOADS = Path(__file__).resolve().parent.parent / "workloads"
 MEGATRON = WORKLOADS / "megatron-1t-3072gpu.yaml"
 LLAMA = WORKLOADS / "llama3-405b-16k-h100.yaml"
 HETERO = WORKLOADS / "llama3-405b-16k-hetero.yaml"
 
 
 def _params(plan) -> int:
-    from xsim_adapters.workload.compute import stage_params
+    from xsim_adapters.workload.compute.costs import stage_params
 
     return stage_params(plan.model, (0, plan.model.layers))
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from helpers import REPO
 
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import load_plan, plan_to_dict
@@ -21,8 +22,7 @@ from xsim_adapters.search.evaluate import Evaluator, run_candidate
 from xsim_adapters.search.space import plan_dict
 from xsim_adapters.sweep.runner import run_variant
 
-ROOT = Path(__file__).resolve().parent.parent
-SMALL = ROOT / "tests" / "data" / "search" / "small-4gpu.yaml"
+SMALL = REPO / "tests" / "data" / "search" / "small-4gpu.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ SHIPPED = [
 
 @pytest.mark.parametrize(("plan", "space"), SHIPPED)
 def test_found_plan_at_least_as_fast_as_the_shipped_plan(plan, space):
-    path = ROOT / "workloads" / plan
+    path = REPO / "workloads" / plan
     spec = spec_from_dict(_spec_for_plan(path, space, {"evaluations": 6, "wave": 2}))
     res = search(spec, baselines=False, top=1)
     shipped = run_variant({"plan": plan_to_dict(load_plan(path))})
@@ -219,7 +219,7 @@ def test_cli_writes_outputs_and_resume_simulates_nothing_new(tmp_path, monkeypat
     assert "best:" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "workloads" / "search").glob("*.yaml")),
+@pytest.mark.parametrize("path", sorted((REPO / "workloads" / "search").glob("*.yaml")),
                          ids=lambda p: p.name)
 def test_shipped_search_specs_load(path):
     spec = load_search_spec(path)
@@ -233,7 +233,7 @@ def test_branch_and_bound_logic_matches_exhaustive_with_a_fake_simulator(objecti
     logic itself, both objectives, on the 16-GPU example space, in milliseconds."""
     import hashlib
 
-    spec = load_search_spec(ROOT / "workloads" / "search" / "h100-a100-16gpu.yaml")
+    spec = load_search_spec(REPO / "workloads" / "search" / "h100-a100-16gpu.yaml")
     raw = dict(spec.raw, objective=objective, budget={"wave": 3})
     spec = spec_from_dict(raw, spec.base_dir)
     an = Analyzer(spec)
@@ -267,3 +267,73 @@ def test_branch_and_bound_logic_matches_exhaustive_with_a_fake_simulator(objecti
         want = gpus_price / 3600 * e.row["iteration_time_ns"] * 1e-9 / (
             c.choice.global_batch * spec.model.seq_len) * 1e6
         assert s.objective(c, e.row["iteration_time_ns"]) == pytest.approx(want, rel=1e-12)
+
+
+def test_phase_one_stopped_by_its_deadline_counts_the_rest_and_proves_nothing():
+    import time
+
+    from xsim_adapters.search.bnb import STATUS_BUDGET, Space, prune_counts
+
+    spec = load_search_spec(REPO / "workloads" / "search" / "h100-a100-16gpu.yaml")
+    an = Analyzer(spec)
+    whole = enumerate_space(spec, an)
+    assert isinstance(whole, Space) and whole.size == len(whole) and whole.not_analysed == 0
+    none = enumerate_space(spec, an, until=time.monotonic())  # the budget is already spent
+    assert len(none) == 0 and none.size == len(whole)
+    o = Searcher(spec, none, Evaluator(run=lambda t: {"error": "not called"})).run("x")
+    assert o.evaluated == 0 and not o.proven and o.not_analysed == len(whole)
+    assert prune_counts(none, o) == {STATUS_BUDGET: len(whole)}
+
+
+def test_a_row_with_an_impossible_time_is_an_error_never_the_best():
+    """Whatever gives the evaluator its rows, a time that is not finite and > 0 never ranks."""
+    import math
+
+    spec = load_search_spec(SMALL)
+    an = Analyzer(spec)
+    entries = enumerate_space(spec, an)
+
+    def fake(task):
+        bad = task["plan"]["training"]["micro_batch"] == 1
+        return {"error": "", "iteration_time_ns": -5.0 if bad else 1e9, "tokens_per_s": 1.0,
+                "mfu": 0.1}
+
+    for bad_time in (-5.0, math.nan, math.inf, 0, "1"):
+        def fake_t(task, bad_time=bad_time):
+            row = fake(task)
+            if row["iteration_time_ns"] < 0:
+                row["iteration_time_ns"] = bad_time
+            return row
+
+        s = Searcher(spec, [dataclasses.replace(e) for e in entries], Evaluator(run=fake_t),
+                     analyzer=an)
+        o = s.run("x", exhaustive=True)
+        assert o.best is not None and o.best.cand.choice.micro_batch == 2
+        assert o.best.row["iteration_time_ns"] == 1e9
+        bad = [e for e in s.entries if e.row is not None and e.cand.choice.micro_batch == 1]
+        assert bad and all(e.status == "error" for e in bad)
+
+
+def test_simulations_still_running_at_the_deadline_are_stopped_and_not_counted():
+    import math
+    import time
+
+    from xsim_adapters.search.evaluate import KeptPoolExecutor
+
+    class Killed(Evaluator):  # what a KeptPoolExecutor gives for rounds cut at the deadline
+        def evaluate(self, plans, labels, stop_at=math.inf):
+            return [None] * len(plans)
+
+    spec = load_search_spec(SMALL)
+    entries = enumerate_space(spec, Analyzer(spec))
+    s = Searcher(spec, entries, Killed())
+    o = s.run("x")
+    assert o.evaluated == 0 and s.simulations == 0 and o.best is None and not o.proven
+    assert o.unreached == o.considered  # every candidate: not reached, none cut by a bound
+    with KeptPoolExecutor(1) as ex:  # the executor itself: a worker sleeping 60 s is killed
+        ex.stop_at = time.monotonic() + 2.0
+        t0 = time.monotonic()
+        assert ex.map(time.sleep, [60]) == []
+        assert time.monotonic() - t0 < 30  # (a spawned worker starts in a few seconds)
+        ex.stop_at = math.inf
+        assert ex.map(abs, [-3, 4]) == [3, 4]  # and the next round gets a fresh worker

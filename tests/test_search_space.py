@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import yaml
+from helpers import REPO
 
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import plan_from_dict
@@ -20,7 +20,6 @@ from xsim_adapters.search.evaluate import KeptPoolExecutor, run_candidate
 from xsim_adapters.search.space import plan_dict, structures
 from xsim_adapters.sweep.runner import run_variant
 
-ROOT = Path(__file__).resolve().parent.parent
 BASE = """
 name: axes
 model: {layers: 8, hidden: 256, ffn_hidden: 704, heads: 4, kv_heads: 4, seq_len: 128,
@@ -124,7 +123,7 @@ def test_new_space_keys_errors_name_the_yaml_path(space, message):
 
 @pytest.mark.slow  # enumerates 474,178 structures (4 s)
 def test_a_space_too_large_to_analyse_is_an_error_naming_the_keys():
-    raw = yaml.safe_load((ROOT / "workloads" / "search" / "h100-a100-1024gpu.yaml").read_text())
+    raw = yaml.safe_load((REPO / "workloads" / "search" / "h100-a100-1024gpu.yaml").read_text())
     raw["space"].update(shapes_per_group=2, pp_max=8)
     spec = spec_from_dict(raw)
     with pytest.raises(PlanError) as err:
@@ -174,7 +173,7 @@ def test_kept_pool_keeps_its_workers_and_isolates_a_crash():
         assert all(r["error"] == "" for r in after)
 
 
-METIS = ROOT / "workloads" / "search" / "metis-a100-t4-16gpu.yaml"
+METIS = REPO / "workloads" / "search" / "metis-a100-t4-16gpu.yaml"
 
 
 def metis_published_plan() -> dict:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_sweep_helpers import TINY_PLAN
+from helpers.sweep import TINY_PLAN
 
 from xsim_adapters.plan import parse_yaml, plan_from_dict
 from xsim_adapters.sweep import OverrideError, apply_override, expand, parse_path, product

@@ -9,7 +9,7 @@ import time
 
 import pandas as pd
 import pytest
-from test_sweep_helpers import write_tiny_plan
+from helpers.sweep import write_tiny_plan
 from test_sweep_run import AXES, MB3_ERROR, TIMING
 
 from xsim_adapters.cli import main

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_sweep_helpers import write_tiny_plan
+from helpers.sweep import write_tiny_plan
 
 from xsim_adapters.errors import PlanError
 from xsim_adapters.sweep import (
@@ -99,7 +99,7 @@ def test_sweep_file_errors_name_the_file_and_key(tmp_path):
 
 
 def test_spec_for_accepts_a_plan_a_dict_yaml_text_or_a_path(tmp_path):
-    from test_sweep_helpers import TINY_PLAN
+    from helpers.sweep import TINY_PLAN
 
     from xsim_adapters.plan import load_plan, parse_yaml, plan_to_dict
     from xsim_adapters.sweep import spec_for

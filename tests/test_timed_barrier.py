@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from test_htsim_helpers import driver_path, star
-from test_ns3_helpers import HAVE_NS3, star_topology
+from helpers.htsim import star
+from helpers.ns3 import HAVE_NS3, star_topology
 
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.trace import KIND_BARRIER, TraceBuilder
@@ -33,12 +33,11 @@ def test_flow_backend_times_the_barrier() -> None:
     _check(FlowBackend().run(trace, star(2, 100.0), {}).frame, b, f)
 
 
-def test_htsim_times_the_barrier(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_htsim_times_the_barrier(driver: str) -> None:
     from xsim_htsim import HtsimBackend
 
-    drv = str(driver_path(tmp_path_factory))
     trace, b, f = _case()
-    _check(HtsimBackend().run(trace, star(2, 100.0), {"driver": drv}).frame, b, f)
+    _check(HtsimBackend().run(trace, star(2, 100.0), {"driver": driver}).frame, b, f)
 
 
 @pytest.mark.ns3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_topo_helpers import make_plan
+from helpers.topo import make_plan
 
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan.model import ExplicitLink, LinkEvent, ScaleOut

@@ -17,7 +17,7 @@ from xsim_adapters.plan import plan_from_dict
 from xsim_adapters.plan.serialize import plan_to_dict
 from xsim_adapters.topology import build_topology
 from xsim_adapters.trace.handmade import TraceBuilder
-from xsim_adapters.workload.rings import RankInfo
+from xsim_adapters.workload.comm.rings import RankInfo
 
 GEN4_X16_GBps = 16.0 * 128 / 130 / 8 * 16  # 31.5077 GB/s: 16 GT/s, 128b/130b, 16 lanes
 

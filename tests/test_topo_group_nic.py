@@ -8,7 +8,7 @@ from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import plan_from_dict
 from xsim_adapters.plan.serialize import plan_to_dict
 from xsim_adapters.topology import build_topology
-from xsim_adapters.workload.rings import RankInfo
+from xsim_adapters.workload.comm.rings import RankInfo
 
 
 def _plan(fast: dict) -> dict:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from test_topo_helpers import make_plan
+from helpers.topo import make_plan
 
 from xsim_adapters.plan.model import ScaleOut
 from xsim_adapters.topology import Router, build_topology, stable_hash
@@ -29,7 +30,7 @@ def test_stable_hash_is_splitmix64():
 def test_path_is_the_same_in_another_process():
     # str hashing is salted per process; our routing must not be
     code = (
-        "import sys; sys.path.insert(0, 'tests');"
+        f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r});"
         "from test_topo_routing import leaf_spine;"
         "print([leaf_spine().path(0, 63, k).tolist() for k in range(20)])"
     )

@@ -10,12 +10,11 @@ H200 with NVLS (as measured: NCCL_ALGO=NVLS) within 10% of the measured curves f
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(REPO))
 from validation.nccl_allreduce import MEASURED, compare  # noqa: E402
 from xsim_adapters.bench_collective import bench, bench_plan  # noqa: E402
 

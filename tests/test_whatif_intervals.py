@@ -103,7 +103,7 @@ def _one_rank_trace(durations):
 
 
 def _star1():
-    from test_htsim_helpers import star
+    from helpers.htsim import star
 
     return star(1, 100.0)
 
@@ -146,7 +146,7 @@ def test_timed_barriers_and_flows_are_not_stretched():
     trace = tb.build()
     trace.manifest["compute_slowdowns"] = [
         {"ranks": [0, 1], "factor": 4.0, "from_ns": 0.0, "until_ns": None}]
-    from test_htsim_helpers import star
+    from helpers.htsim import star
 
     tl = api.run(trace, "flow", star(2, 100.0), {})
     end = tl.frame.set_index("op_id")["end_ns"]

@@ -210,20 +210,18 @@ def test_sweep_resume_keys_on_the_other_jobs(tmp_path):
 
 
 @pytest.mark.htsim
-def test_compare_with_jobs_on_flow_and_htsim(tmp_path, tmp_path_factory):
+def test_compare_with_jobs_on_flow_and_htsim(driver, tmp_path):
     """``xsim compare A --job B --backends flow,htsim``: the same placed jobs on both; each
     job's iteration time on htsim is within 2% of flow (uncongested: non-blocking fabric),
     and the files per backend are written."""
     import pandas as pd
-    from test_htsim_helpers import driver_path
 
     from xsim_adapters.cli import main
 
-    drv = driver_path(tmp_path_factory)
     a, b = _small_job_files(tmp_path)
     out = tmp_path / "cmp"
     assert main(["compare", str(a), "--job", str(b), "--backends", "flow,htsim",
-                 "--option", f"htsim.driver={drv}", "-o", str(out)]) == 0
+                 "--option", f"htsim.driver={driver}", "-o", str(out)]) == 0
     t = pd.read_csv(out / "compare_jobs.csv")
     assert t["job"].tolist() == ["a", "b"]
     assert (t["rel_diff_htsim"].abs() < 0.02).all()

@@ -21,8 +21,9 @@ import copy
 
 import numpy as np
 import pytest
-import test_whatif_helpers as wh
-from test_htsim_helpers import REPO, driver_path, star
+from helpers import REPO
+from helpers import whatif as wh
+from helpers.htsim import star
 
 from xsim_adapters import api
 from xsim_adapters.errors import BackendError
@@ -33,11 +34,6 @@ B = 16_000_000  # bytes per flow: 1.28 ms at 100 Gb/s
 T_FAIL_NS = 400_000.0
 PATH_LAT = 4 * wh.LAT_NS
 REROUTED_NS = 2 * B / wh.RATE_B_PER_NS - T_FAIL_NS + PATH_LAT  # the closed form, both flows
-
-
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(driver_path(tmp_path_factory))
 
 
 def _ns3_or_skip() -> None:

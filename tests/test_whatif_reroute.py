@@ -7,8 +7,8 @@ import copy
 
 import numpy as np
 import pytest
-from test_topo_helpers import make_plan
-from test_whatif_helpers import (
+from helpers.topo import make_plan
+from helpers.whatif import (
     LAT_NS,
     RATE_B_PER_NS,
     fail_cable,

@@ -6,6 +6,7 @@ import copy
 
 import numpy as np
 import pytest
+from helpers import WORKLOADS
 
 from xsim_adapters import api
 from xsim_adapters.errors import PlanError
@@ -121,13 +122,11 @@ def test_traffic_slows_a_job_only_where_they_share_links():
 
 
 def test_shipped_traffic_file_loads():
-    from pathlib import Path
 
     from xsim_adapters.plan.model import Plan
     from xsim_adapters.traffic import TrafficSpec, load_job, load_traffic
 
-    path = Path(__file__).resolve().parents[1] / "workloads" / "traffic" / \
-        "tenants-permutation.yaml"
+    path = WORKLOADS / "traffic" / "tenants-permutation.yaml"
     assert isinstance(load_job(path), TrafficSpec)
     spec = load_traffic(path)
     assert spec.num_ranks == 32 and spec.pattern == "permutation" and spec.duration_ms is None

@@ -58,9 +58,12 @@ _TMP_RE = re.compile(re.escape(TMP_PREFIX) + r".*-(\d{1,7})-[a-z0-9_]{8}")
 
 
 def _version() -> str:
-    from . import __version__
+    """The package's ``__version__``, read from the loaded package (it is always loaded when
+    this module is) rather than imported: importing the package root would pull in the API
+    and make this base module import upwards (tests/test_layering.py)."""
+    import sys
 
-    return __version__
+    return str(getattr(sys.modules.get(__package__ or ""), "__version__", "unknown"))
 
 
 # ---------------------------------------------------------------- bounded reading

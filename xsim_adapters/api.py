@@ -11,11 +11,13 @@ The pipeline modules are imported when first used, so ``import xsim_adapters`` s
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._argcheck import PATH_TYPES, check_arg
 from .errors import BackendError, TraceError, XsimError
 from .metrics.bundle import Metrics, compute_metrics
 from .metrics.compare import Comparison, compare_metrics
@@ -28,11 +30,34 @@ if TYPE_CHECKING:
     from .topology.model import Topology
 
 PLAN_FILE = "plan.yaml"  # written into every trace directory the CLI/API writes
+_PLAN = "a Plan (xs.load_plan(path))"
+_TRACE = "a Trace (xs.generate(plan) or xs.read_trace(dir))"
+_PATH = "a path (str or os.PathLike)"
+
+
+def _check_plan(func: str, name: str, value: Any, optional: bool = False) -> None:
+    from .plan.model import Plan
+
+    check_arg(func, name, value, Plan, _PLAN, optional)
+
+
+def _check_topology(func: str, value: Any) -> None:
+    from .topology.model import Topology
+
+    check_arg(func, "topology", value, Topology, "a Topology (xs.build_topology(plan))",
+              optional=True)
+
+
+def _check_options(func: str, value: Any) -> None:
+    check_arg(func, "options", value, Mapping, "a mapping of backend options (e.g. "
+              "{'seed': 1})", optional=True)
 
 
 def load_plan(source: str | Path) -> Plan:
     """Validate a plan from a YAML file path or YAML text; raises PlanError naming the path."""
     from .plan import load_plan as _load_plan
+
+    check_arg("load_plan", "source", source, PATH_TYPES, f"{_PATH} or YAML text")
 
     return _load_plan(source)
 
@@ -46,6 +71,7 @@ def generate(plan: Plan, coarsen: str = "auto") -> Trace:
     """
     from .workload import generate as _generate
 
+    _check_plan("generate", "plan", plan)
     return _generate(plan, coarsen)
 
 
@@ -53,6 +79,7 @@ def build_topology(plan: Plan) -> Topology:
     """The network graph of ``plan`` (GPUs, switches, links in Gb/s and ns, ECMP routing)."""
     from .topology import build_topology as _build
 
+    _check_plan("build_topology", "plan", plan)
     return _build(plan)
 
 
@@ -67,6 +94,10 @@ def write_trace(trace: Trace, directory: str | Path, plan: Plan | None = None,
     """
     from ._outdir import output_dir
 
+    check_arg("write_trace", "trace", trace, Trace, _TRACE)
+    check_arg("write_trace", "directory", directory, PATH_TYPES, _PATH)
+    _check_plan("write_trace", "plan", plan, optional=True)
+    check_arg("write_trace", "force", force, bool, "True or False")
     with output_dir(directory, "trace", force) as tmp:
         write_trace_files(trace, tmp, plan)
     return Path(directory)
@@ -78,6 +109,14 @@ def write_trace_files(trace: Trace, directory: Path, plan: Plan | None = None) -
     from .plan import plan_to_yaml
     from .trace import write_trace as _write_trace
 
+    if plan is not None:  # the plan.yaml a replay rebuilds the network from: this trace's
+        from .workload import plan_digest
+
+        want, have = trace.manifest.get("plan_digest"), plan_digest(plan)
+        if want != have:
+            raise TraceError(f"write_trace(): plan: the trace was generated from another plan "
+                             f"(plan_digest {str(want)[:64]}, this plan's {have}); pass the "
+                             "plan the trace was generated from")
     extra = {PLAN_FILE: plan_to_yaml(plan)} if plan is not None else None
     staged = _write_trace(trace, directory / ".trace-staging", extra_files=extra)
     for entry in staged.iterdir():
@@ -89,11 +128,13 @@ def read_trace(directory: str | Path) -> Trace:
     """Read a trace directory; raises TraceError if missing, damaged or of another version."""
     from .trace import read_trace as _read_trace
 
+    check_arg("read_trace", "directory", directory, PATH_TYPES, _PATH)
     return _read_trace(directory)
 
 
 def load_trace_and_plan(directory: str | Path) -> tuple[Trace, Plan]:
     """A trace directory and the plan stored beside it (``plan.yaml``), for replays."""
+    check_arg("load_trace_and_plan", "directory", directory, PATH_TYPES, _PATH)
     directory = Path(directory)
     trace = read_trace(directory)
     plan_path = directory / PLAN_FILE
@@ -112,8 +153,12 @@ def load_trace_and_plan(directory: str | Path) -> tuple[Trace, Plan]:
 
 def check_plan_digest(trace: Trace, plan: Plan, plan_path: str | Path) -> None:
     """The trace was generated from ``plan``: its manifest's plan_digest equals the plan's
-    digest; TraceError with both digests if not (e.g. ``plan.yaml`` edited after tracing)."""
+    digest, and what the manifest derives from the plan alone (``compute_slowdowns``, the
+    interval slowdowns the backends apply) equals what the plan gives; TraceError with both
+    if not (``plan.yaml`` or ``manifest.json`` edited after tracing)."""
+    from .trace.slowdowns import MANIFEST_KEY
     from .workload import plan_digest
+    from .workload.perturb import interval_slowdowns
 
     want, have = trace.manifest.get("plan_digest"), plan_digest(plan)
     if want != have:
@@ -122,6 +167,16 @@ def check_plan_digest(trace: Trace, plan: Plan, plan_path: str | Path) -> None:
             f"{str(want)[:64]}, but this plan.yaml has digest {have}; the plan was changed "
             "after tracing. Regenerate the trace with `xsim trace PLAN -o DIR`, or run the "
             "plan itself"
+        )
+    have_sl, want_sl = trace.manifest.get(MANIFEST_KEY) or [], interval_slowdowns(plan.perturb)
+    if have_sl != want_sl:
+        mpath = Path(plan_path).parent / "manifest.json"
+        raise TraceError(
+            f"{mpath}: {MANIFEST_KEY}: the manifest has {len(have_sl)} interval compute "
+            f"slowdowns but {Path(plan_path).name} (perturb.slow with from_us/until_us) gives "
+            f"{len(want_sl)}{'' if len(have_sl) != len(want_sl) else ', different ones'}; the "
+            "manifest was changed after tracing. Regenerate the trace with `xsim trace PLAN "
+            "-o DIR`, or run the plan itself"
         )
 
 
@@ -144,8 +199,16 @@ def run(plan_or_trace: Plan | Trace | str | Path, backend: str = "flow",
     (start-up vs replay seconds, packet vs fluid flows and bytes). Raises BackendUnavailable /
     BackendError from the backend, BackendContractError if the run info is missing or wrong.
     """
+    from .plan.model import Plan as _Plan
+
+    check_arg("run", "plan_or_trace", plan_or_trace, (_Plan, Trace, *PATH_TYPES),
+              f"{_PLAN}, {_TRACE}, or {_PATH} of a plan file or trace directory")
+    check_arg("run", "backend", backend, str, "a backend name (str, e.g. 'flow')")
+    _check_topology("run", topology)
+    _check_options("run", options)
+    check_arg("run", "trace", trace, Trace, _TRACE, optional=True)
     plan: Plan | None = None
-    if isinstance(plan_or_trace, str | Path):
+    if isinstance(plan_or_trace, str | os.PathLike):
         p = Path(plan_or_trace)
         if p.is_dir():
             trace, plan = load_trace_and_plan(p)
@@ -158,6 +221,11 @@ def run(plan_or_trace: Plan | Trace | str | Path, backend: str = "flow",
         validate_trace(trace)  # a caller's trace: checked once (a read trace already was)
     else:
         plan = plan_or_trace
+        if trace is not None:  # the caller's trace of this plan: checked like any other
+            from .trace.validate import validate_trace
+
+            validate_trace(trace)
+            check_plan_digest(trace, plan, "run(plan, trace=...)")
     if trace is None:
         assert plan is not None
         trace = generate(plan)
@@ -168,6 +236,9 @@ def run(plan_or_trace: Plan | Trace | str | Path, backend: str = "flow",
                 " describe the network"
             )
         topology = build_topology(plan)
+    from .backends.base import check_inputs, check_run_info
+
+    check_inputs(trace, topology)  # the trace's ranks sit where the topology's GPUs are
     be = _backend(backend, options)
     # Every backend's options are checked here too, so a plugin that forgets to is still safe.
     check_options(backend, getattr(be, "options", COMMON_OPTIONS), options)
@@ -176,8 +247,6 @@ def run(plan_or_trace: Plan | Trace | str | Path, backend: str = "flow",
         raise BackendError(f"backend {backend!r} returned {type(timeline).__name__}, not a"
                            " Timeline")
     timeline.check_complete(trace)
-    from .backends.base import check_run_info
-
     check_run_info(backend, trace, timeline.stats)  # packets vs fluid, start-up vs replay
     return timeline
 
@@ -185,6 +254,8 @@ def run(plan_or_trace: Plan | Trace | str | Path, backend: str = "flow",
 def metrics(trace: Trace, timeline: Timeline) -> Metrics:
     """All metrics of one run: ``.timeline``, ``.ranks``, ``.stragglers``, ``.replicas``,
     ``.device_types`` (pandas frames, times in ns) and ``.summary`` (dict)."""
+    check_arg("metrics", "trace", trace, Trace, _TRACE)
+    check_arg("metrics", "timeline", timeline, Timeline, "a Timeline (xs.run(...))")
     return compute_metrics(trace, timeline)
 
 
@@ -238,9 +309,8 @@ def write_report(met: Metrics, out_dir: str | Path, *, plots: bool = True, title
     from ._outdir import output_dir
     from .report.outputs import write_run
 
-    if not isinstance(met, Metrics):
-        raise XsimError(f"write_report needs the Metrics of xs.metrics(trace, timeline) "
-                        f"(got {type(met).__name__})")
+    check_arg("write_report", "met", met, Metrics, "the Metrics of xs.metrics(trace, timeline)")
+    check_arg("write_report", "out_dir", out_dir, PATH_TYPES, _PATH)
     timeline = met.source
     if timeline is None:  # Metrics built by hand: the (integer-ns) frame is all there is
         timeline = Timeline(met.backend, met.timeline[["op_id", "start_ns", "end_ns"]]
@@ -262,6 +332,18 @@ def compare_backends(plan: Plan, backends: Sequence[str] = ("flow", "ns3"),
     with the first. ``options`` maps a backend name to its options. ``progress(name)``, if
     given, is called as backend ``name`` starts and returns its progress hook (see
     :mod:`xsim_adapters.backends.base`; e.g. ``ProgressBar.replay_hook``) or None."""
+    _check_plan("compare_backends", "plan", plan)
+    check_arg("compare_backends", "backends", backends, (list, tuple),
+              "a list of backend names (e.g. ['flow', 'ns3'])")
+    for i, b in enumerate(backends):
+        check_arg("compare_backends", f"backends[{i}]", b, str, "a backend name (str)")
+    check_arg("compare_backends", "options", options, Mapping,
+              "a mapping of backend name -> options", optional=True)
+    for name, opts in (options or {}).items():
+        check_arg("compare_backends", f"options[{name!r}]", opts, Mapping,
+                  "a mapping of that backend's options", optional=True)
+    check_arg("compare_backends", "trace", trace, Trace, _TRACE, optional=True)
+    _check_topology("compare_backends", topology)
     names = list(dict.fromkeys(backends))
     if len(names) < 2:
         raise XsimError(f"compare needs at least two different backends (got {names})")
@@ -285,7 +367,12 @@ def link_metrics(trace: Trace, timeline: Timeline, topology: Topology) -> Any:
     """Per-link telemetry of a run (bytes, busy time, peak concurrent flows, utilisation per
     directed link): :func:`xsim_adapters.metrics.links.link_metrics`."""
     from .metrics.links import link_metrics as _links
+    from .topology.model import Topology as _Topology
 
+    check_arg("link_metrics", "trace", trace, Trace, _TRACE)
+    check_arg("link_metrics", "timeline", timeline, Timeline, "a Timeline (xs.run(...))")
+    check_arg("link_metrics", "topology", topology, _Topology,
+              "a Topology (xs.build_topology(plan))")
     return _links(trace, timeline, topology)
 
 
@@ -301,6 +388,9 @@ def add_perturbation_cost(met: Metrics, plan: Plan, backend: str = "flow",
 
     from .plan.perturb import PerturbSpec
 
+    check_arg("add_perturbation_cost", "met", met, Metrics,
+              "the Metrics of xs.metrics(trace, timeline)")
+    _check_plan("add_perturbation_cost", "plan", plan)
     if not plan.perturb.active:
         raise XsimError("--baseline: the plan has no perturb: section, so there is no "
                         "perturbation to cost (docs/whatif.md)")
@@ -325,5 +415,8 @@ def search(spec: str | Path, jobs: int = 1, executor: str = "local",
     keyword arguments go to :func:`xsim_adapters.search.search`."""
     from .search import search as _search
     from .sweep.runner import make_executor
+
+    check_arg("search", "spec", spec, PATH_TYPES, f"{_PATH} of a search spec, or YAML text")
+    check_arg("search", "jobs", jobs, int, "a number of simulations at once (int >= 1)")
 
     return _search(spec, make_executor(executor, jobs, ray_address), **kwargs)

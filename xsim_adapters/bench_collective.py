@@ -11,6 +11,8 @@ and all-gather (nccl-tests ``doc/PERFORMANCE.md``), both in GB/s.
 from __future__ import annotations
 
 import argparse
+import math
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,11 +24,13 @@ from .errors import PlanError
 from .plan import plan_from_dict
 from .plan.model import CollectiveAlgorithms, Plan
 from .topology import build_topology
-from .trace import TraceBuilder, ring_collective
-from .trace.schema import KIND_BARRIER, KIND_FLOW
-from .workload.algorithms import lower
-from .workload.latency import gate_latency, latency_members
-from .workload.rings import (
+from .trace import TraceBuilder
+from .trace.schema import KIND_BARRIER, PHASE_INDEX, Trace
+from .workload.builder import BulkBuilder
+from .workload.comm.algorithms import lower
+from .workload.comm.collectives import RingFlows, ring_flows
+from .workload.comm.emit import emit_lowered
+from .workload.comm.rings import (
     RankInfo,
     channel_orders,
     ring_bottleneck_GBps,
@@ -34,11 +38,14 @@ from .workload.rings import (
     ring_order,
     split_bytes,
 )
-from .workload.selection import choose_algorithm
+from .workload.comm.selection import choose_algorithm
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 ALGORITHM_CHOICES = ("auto", "ring", "tree", "nvls", "hierarchical")
 MIN_BYTES, MAX_BYTES = 1 << 10, 8 << 30
+#: The largest size a sweep may reach: 1 TiB, above every GPU's memory (H200: 141 GB), so a
+#: byte count stays far inside int64 and exact in float64 (plan/limits.py MAX_EXACT).
+LIMIT_BYTES = 1 << 40
 
 
 def bench_plan(device: str, servers: int, gpus_per_server: int, nic_gbps: float | None = None,
@@ -78,29 +85,52 @@ def lowered_trace(plan: Plan, kind: str, nbytes: int, channels: int = 0,
             assert choice.layout is not None
             t = lower(choice.algorithm, kind, choice.layout, nbytes, choice.channels,
                       choice.chunks)
-            tb = TraceBuilder(plan.num_ranks)
-            start = tb.barrier()
-            tails = add_template(tb, t, ranks, start, choice.delay_ns, collective=0)
-            end = tb.barrier(deps=tails)
-            return tb.build(), end, choice.label
+            trace, end = _one_collective(plan, t, kind, nbytes, choice.delay_ns, choice.label,
+                                         choice.channels)
+            return trace, end, choice.label
     base = ring_order(info, ranks, plan.collectives.ring_order)
     orders = channel_orders(info, base, channels)
     sizes = split_bytes(nbytes, [ring_bottleneck_GBps(info, o) for o in orders])
     delay = ring_delay_ns(info, kind, orders, sizes) if nccl_cost else 0
-    tb = TraceBuilder(plan.num_ranks)
-    start = tb.barrier()
-    last = ring_collective(tb, base, nbytes, kind=kind, ready=start, collective=0,
-                           delay_ns=delay, orders=orders, sizes=sizes)
-    end = tb.barrier(deps=last)
+    pos = {r: k for k, r in enumerate(base)}
+    rf = ring_flows(np.asarray([base], dtype=np.int64),
+                    np.asarray([[[pos[r] for r in o] for o in orders]], dtype=np.int64),
+                    np.asarray([sizes], dtype=np.int64), kind)
     proto = ring_cost_protocol(info, kind, orders, sizes) if nccl_cost else "Simple"
-    return tb.build(), end, f"ring:{proto}"
+    trace, end = _one_collective(plan, rf, kind, nbytes, delay, f"ring:{proto}", len(orders),
+                                 members=base)
+    return trace, end, f"ring:{proto}"
+
+
+def _one_collective(plan: Plan, rf: RingFlows, kind: str, nbytes: int, delay_ns: int,
+                    label: str, channels: int, members: list[int] | None = None
+                    ) -> tuple[Trace, int]:
+    """The trace of one lowered collective ``rf`` over ``members`` (default: every rank in
+    rank order) with NCCL cost ``delay_ns``, emitted as the generator emits one
+    (:func:`.workload.comm.emit.emit_lowered`) between an opening and a closing barrier;
+    returns (trace, op id of the closing barrier)."""
+    mem = np.asarray(members if members is not None else range(plan.num_ranks), dtype=np.int64)
+    tb = BulkBuilder()
+    dp = PHASE_INDEX["dp"]
+    start = tb.add_ops(1, kind=KIND_BARRIER, rank=-1, phase=dp)
+    coll = dict(n=1, kind=kind, phase=dp, bytes=nbytes, ranks=",".join(map(str, mem)),
+                algorithm=label, channels=channels)
+    tails, starts = emit_lowered(tb, rf, mem[None], delay_ns, coll,
+                                 lambda _rk, _inst: dict(phase=dp))
+    tb.add_edges_valid(start, starts)
+    end = tb.add_ops(1, kind=KIND_BARRIER, rank=-1, phase=dp)
+    tb.add_edges_valid(tails.reshape(-1), end)
+    ops, deps, colls = tb.frames()
+    manifest = TraceBuilder(plan.num_ranks, plan_name=plan.name).build().manifest
+    manifest.update(num_ops=len(ops), num_deps=len(deps))
+    return Trace(ops=ops, deps=deps, collectives=colls, manifest=manifest), int(end[0])
 
 
 def ring_cost_protocol(info: RankInfo, kind: str, orders: list[list[int]],
                        sizes: list[int]) -> str:
     """The protocol NCCL's tuner picks for the ring (its first channel), for the report."""
-    from .workload.nccl import ring_cost
-    from .workload.rings import nics_per_server
+    from .workload.comm.nccl import ring_cost
+    from .workload.comm.rings import nics_per_server
 
     o, s = orders[0], sizes[0]
     hops = [(o[i], o[(i + 1) % len(o)]) for i in range(len(o))]
@@ -111,41 +141,16 @@ def ring_cost_protocol(info: RankInfo, kind: str, orders: list[list[int]],
                      len(orders), nics=nics_per_server(info, o)).protocol
 
 
-def add_template(tb: TraceBuilder, t: Any, ranks: list[int], ready: int, delay_ns: int,
-                 collective: int = -1, phase: str = "dp") -> list[int]:
-    """Add template ``t`` (a :class:`RingFlows` over member positions) to ``tb`` on ``ranks``:
-    each member's gate flows wait for ``ready`` and, if ``delay_ns`` > 0, carry it as their
-    start latency (or, where a gate flow waits inside the collective, wait for a timed barrier
-    of ``delay_ns`` on that member; :mod:`.workload.latency`). Returns every member's tail
-    flows."""
-    folded = latency_members(t)[0] if delay_ns > 0 else np.ones(len(ranks), dtype=bool)
-    lat = gate_latency(t, delay_ns, folded[None]) if delay_ns > 0 else np.zeros(t.size, int)
-    first: list[list[int]] = [[ready] for _ in ranks]
-    for m, r in enumerate(ranks):
-        if not folded[m]:
-            first[m] = [tb.add(KIND_BARRIER, r, phase=phase, deps=first[m],
-                               duration_ns=delay_ns, collective=collective)]
-    joins = set() if t.kind is None else set(np.flatnonzero(t.kind != KIND_FLOW).tolist())
-    ids = [tb.add(KIND_BARRIER, ranks[int(t.src[j])], phase=phase, collective=collective)
-           if j in joins else
-           tb.add(KIND_FLOW, ranks[int(t.src[j])], phase=phase, dst=ranks[int(t.dst[j])],
-                  bytes=int(t.nbytes[j]), duration_ns=int(lat[j]), collective=collective,
-                  step=int(t.step[j]), channel=int(t.channel[j])) for j in range(t.size)]
-    for p, q in zip(t.pred.tolist(), t.succ.tolist(), strict=True):
-        tb.dep(ids[p], ids[q])
-    gates = {(int(g), m) for m in range(len(ranks)) for g in t.start[0, :, m]}
-    for g, m in sorted(gates):
-        tb.dep(first[m], ids[g])
-    return sorted({ids[int(x)] for x in t.tails[0].reshape(-1)})
-
-
 def bus_factor(kind: str, n: int) -> float:
     """busbw / algbw (nccl-tests): 2(n-1)/n for all-reduce, (n-1)/n otherwise."""
     return (2.0 if kind == "all_reduce" else 1.0) * (n - 1) / n
 
 
 def sweep_sizes(lo: int = MIN_BYTES, hi: int = MAX_BYTES) -> list[int]:
-    """Powers of two from ``lo`` to ``hi`` bytes."""
+    """``lo``, ``2 lo``, ``4 lo``, ... up to ``hi`` bytes (``1 <= lo <= hi``, else PlanError)."""
+    if not 1 <= lo <= hi:
+        raise PlanError("bench-collective", f"--minbytes {lo} must be at least 1 and at most "
+                                            f"--maxbytes {hi}: there is no size to run")
     out, s = [], lo
     while s <= hi:
         out.append(s)
@@ -160,11 +165,14 @@ def bench(plan: Plan, kind: str = "all_reduce", sizes: list[int] | None = None,
     ``algorithm`` (algorithm:protocol) that ran."""
     from .backends.registry import get_backend
 
+    sizes = sweep_sizes() if sizes is None else list(sizes)
+    if not sizes:
+        raise PlanError("bench-collective", "no sizes to run (got an empty list)")
     be = get_backend(backend)
     topo = build_topology(plan)
     n = plan.num_ranks
     rows = []
-    for s in sizes or sweep_sizes():
+    for s in sizes:
         trace, end, algo = lowered_trace(plan, kind, s, channels, nccl_cost, algorithm)
         tl = be.run(trace, topo, dict(options or {}))
         t_ns = float(tl.frame["end_ns"].iloc[end])
@@ -197,59 +205,126 @@ def plot(frame: pd.DataFrame, path: Path, title: str,
     plt.close(fig)
 
 
-def _size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper().rstrip("B").rstrip("I")
-    if t and t[-1] in units:
-        return int(float(t[:-1]) * units[t[-1]])
-    return int(t)
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)(?:e(\d{1,2}))?\s*([kmgt]?)(i?b?)\s*", re.I)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str, option: str) -> int:
+    """A byte count as nccl-tests writes it (``1024``, ``64K``, ``8M``, ``1G``, ``1.5K``,
+    ``1e6``; binary units, an optional ``B``/``iB``), 1 byte to :data:`LIMIT_BYTES`; PlanError
+    naming ``option`` otherwise (text, NaN, 0, negative, too large)."""
+    m = _SIZE.fullmatch(text)
+    if m is None or (m.group(4) and m.group(4).upper() not in ("B", "IB")) or (
+            m.group(4).upper() == "IB" and not m.group(3)):
+        raise PlanError(option, f"expected a byte count such as 1024, 64K, 8M or 1G "
+                                f"(got {text[:40]!r})")
+    value = float(m.group(1)) * 10 ** int(m.group(2) or 0) * _UNITS[m.group(3).upper()]
+    if not math.isfinite(value) or not 1 <= value <= LIMIT_BYTES:
+        raise PlanError(option, f"expected 1 byte to {LIMIT_BYTES >> 40} TiB (got {text[:40]!r})")
+    return int(value)
+
+
+def check_trace_size(kind: str, ranks: int, channels: int, gpus_per_server: int) -> None:
+    """Refuse a sweep whose one collective's trace would exceed the trace limits of plans
+    (plan/limits.py: MAX_TRACE_OPS ops, BYTES_PER_OP each within this process's memory): a
+    ring moves ``steps x ranks x channels`` flows (``steps`` = 2(n-1) for an all-reduce, n-1
+    otherwise; ``auto`` channels: at most one per GPU of a server)."""
+    from .plan.limits import BYTES_PER_OP, MAX_TRACE_OPS, memory_budget_bytes
+
+    steps = (2 if kind == "all_reduce" else 1) * (ranks - 1)
+    ops = max(steps, 1) * ranks * (channels or gpus_per_server) + 2
+    if ops > MAX_TRACE_OPS or ops * BYTES_PER_OP > memory_budget_bytes():
+        raise PlanError("bench-collective", f"--servers x --gpus-per-server = {ranks} GPUs "
+                                            f"with {channels or 'auto'} channels: one {kind} "
+                                            f"would be about {ops:,} flows, over the limit of "
+                                            f"{MAX_TRACE_OPS:,} ops per trace (MAX_TRACE_OPS, "
+                                            "docs/plan.md#limits) or this process's memory; "
+                                            "use fewer GPUs or channels")
 
 
 def add_arguments(sp: argparse.ArgumentParser) -> None:
     """The ``bench-collective`` options."""
     sp.add_argument("--device", default="A100-80GB", help="A device-type preset name.")
-    sp.add_argument("--servers", type=int, default=1, help="Servers (default 1).")
-    sp.add_argument("--gpus-per-server", type=int, default=8, help="GPUs per server.")
+    sp.add_argument("--servers", type=_positive, default=1, help="Servers (default 1).")
+    sp.add_argument("--gpus-per-server", type=_positive, default=8,
+                    help="GPUs per server (default 8).")
     sp.add_argument("--nic-gbps", type=float, default=None,
                     help="NIC Gb/s per GPU (default: the device type's).")
     sp.add_argument("--kind", choices=KINDS, default="all_reduce", help="The collective.")
-    sp.add_argument("--channels", type=int, default=0,
+    sp.add_argument("--channels", type=_channels, default=0,
                     help="Ring channels; 0 (default): auto, one ring per NIC a server's "
                          "members use, as NCCL opens (collectives.channels: auto).")
     sp.add_argument("--algorithm", choices=ALGORITHM_CHOICES, default="auto",
                     help="Collective algorithm; auto (default) chooses as NCCL's tuner "
                          "(docs/collectives.md); one the group cannot run falls back to ring.")
-    sp.add_argument("-b", "--minbytes", default="1K", help="Smallest size (default 1K).")
-    sp.add_argument("-e", "--maxbytes", default="8G", help="Largest size (default 8G).")
+    sp.add_argument("-b", "--minbytes", default="1K",
+                    help="Smallest size in bytes, K/M/G/T binary units allowed (default 1K).")
+    sp.add_argument("-e", "--maxbytes", default="8G",
+                    help="Largest size in bytes (default 8G); sizes double from the smallest.")
     sp.add_argument("--backend", default="flow", help="The backend (default flow).")
     sp.add_argument("--no-nccl-cost", action="store_true",
                     help="Leave out NCCL's latency and protocol cost (flows only).")
     sp.add_argument("-o", "--output", default=None, metavar="DIR",
                     help="Write bench.csv and bench.png there (an xsim bench output, "
                          "replaced whole; docs/outputs.md).")
-    from .cli import FORCE_HELP
 
-    sp.add_argument("--force", action="store_true", help=FORCE_HELP)
+
+def _positive(text: str) -> int:
+    """An argparse type: an integer >= 1 (argparse prints its own one-line usage error)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 (got {text!r})") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 (got {v})")
+    return v
+
+
+def _channels(text: str) -> int:
+    """An argparse type: 0 (auto) to MAX_CHANNELS ring channels (the plan's own bound)."""
+    from .plan.limits import MAX_CHANNELS
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer 0..{MAX_CHANNELS} (got "
+                                         f"{text!r})") from None
+    if not 0 <= v <= MAX_CHANNELS:
+        raise argparse.ArgumentTypeError(f"expected 0 (auto) to {MAX_CHANNELS} "
+                                         f"(MAX_CHANNELS) (got {v})")
+    return v
+
+
+#: The printed table: (header, width, format) per column, units in the headers (nccl-tests
+#: prints size in bytes, time in us, algbw and busbw in GB/s).
+TABLE = (("size(B)", 12, "d"), ("time(us)", 10, ".1f"), ("algbw(GB/s)", 12, ".2f"),
+         ("busbw(GB/s)", 12, ".2f"))
 
 
 def cmd_bench_collective(args: argparse.Namespace) -> int:
     """Run the sweep and print it as nccl-tests does."""
     from ._outdir import check_output, output_dir
 
-    if args.servers < 1 or args.gpus_per_server < 1:
-        raise PlanError("bench-collective", "servers and gpus-per-server must be >= 1")
+    lo = parse_size(args.minbytes, "--minbytes")
+    hi = parse_size(args.maxbytes, "--maxbytes")
+    if lo > hi:
+        raise PlanError("--minbytes", f"{args.minbytes} is larger than --maxbytes "
+                                      f"{args.maxbytes}: there is no size to run")
+    sizes = sweep_sizes(lo, hi)
+    check_trace_size(args.kind, args.servers * args.gpus_per_server, args.channels,
+                     args.gpus_per_server)
     if args.output:
         check_output(args.output, "bench", args.force)  # before any work
     plan = bench_plan(args.device, args.servers, args.gpus_per_server, args.nic_gbps)
-    sizes = sweep_sizes(_size(args.minbytes), _size(args.maxbytes))
     frame = bench(plan, args.kind, sizes, args.backend, channels=args.channels,
                   nccl_cost=not args.no_nccl_cost, algorithm=args.algorithm)
     print(f"# {args.kind} on {args.servers} x {args.gpus_per_server} {args.device}, "
           f"backend {args.backend}")
-    print(f"{'size':>12} {'time(us)':>10} {'algbw':>8} {'busbw':>8}  algorithm")
+    print(" ".join(f"{h:>{w}}" for h, w, _ in TABLE) + "  algorithm")
     for r in frame.itertuples():
-        print(f"{r.size:>12} {r.time_us:>10.1f} {r.algbw:>8.2f} {r.busbw:>8.2f}  "
-              f"{r.algorithm}")
+        cells = (r.size, r.time_us, r.algbw, r.busbw)
+        print(" ".join(f"{v:>{w}{fmt}}" for v, (_, w, fmt) in zip(cells, TABLE, strict=True))
+              + f"  {r.algorithm}")
     if args.output:  # one unit: written beside DIR, then swapped in
         with output_dir(args.output, "bench", args.force) as tmp:
             frame.to_csv(tmp / "bench.csv", index=False)

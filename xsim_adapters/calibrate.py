@@ -81,8 +81,9 @@ def fit(
                 f"plan {plan.name!r} does not use device type {device_type!r} "
                 f"(it uses {', '.join(sorted(plan.device_types))})",
             )
-        if not secs > 0:
-            raise PlanError(f"calibrate.plans[{i}]", f"expected a positive time (got {secs})")
+        if not (isinstance(secs, int | float) and math.isfinite(secs) and secs > 0):
+            raise PlanError(f"calibrate.plans[{i}]", f"expected a finite positive time in "
+                                                    f"seconds (got {secs!r})")
     before = getattr(measured[0][0].device_types[device_type], field)
     runs = 0
 

@@ -15,8 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .cli_args import FORCE_HELP, common_args, progress_args
 from .errors import XsimError
 from .options import parse_option_items, split_backend_options
+
+__all__ = ["FORCE_HELP", "common_args", "main", "progress_args"]
 
 #: Outputs go to ``out/<input name>-<command>`` when ``-o`` is omitted (``/out/`` is git-ignored).
 DEFAULT_OUT_ROOT = "out"
@@ -380,15 +383,22 @@ def job_args(sp: argparse.ArgumentParser, writes: str) -> None:
                          "packed).")
 
 
+def parse_backends(text: str) -> list[str]:
+    """``--backends A,B``: the names, each once in the order given (a name given twice was run
+    twice and then compared with itself: KeyError), at least two; XsimError otherwise."""
+    names = list(dict.fromkeys(b.strip() for b in text.split(",") if b.strip()))
+    if len(names) < 2:
+        raise XsimError(f"--backends needs at least two different names (got {text[:200]!r})")
+    return names
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from . import api
     from .report.outputs import write_csv, write_run
     from .report.plot import plot_compare
     from .report.progress import ProgressBar
 
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    if len(set(backends)) < 2:
-        raise XsimError(f"--backends needs at least two different names (got {args.backends!r})")
+    backends = parse_backends(args.backends)
     from ._outdir import check_output, output_dir
     from .backends.registry import backend_options, check_backend_options, get_backend
 
@@ -496,10 +506,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             value = float(secs)
         except ValueError:
             value = float("nan")
-        if not sep or not path or not value > 0:
-            print(f"xsim: error: --measured: expected PLAN=SECONDS with SECONDS > 0 (got {item!r})",
-                  file=sys.stderr)
-            return 2
+        if not sep or not path or not (math.isfinite(value) and value > 0):
+            print(f"xsim: error: --measured: expected PLAN=SECONDS with SECONDS a finite "
+                  f"number > 0 (got {item[:200]!r})", file=sys.stderr)
+            return 2  # a usage error, as argparse's
         pairs.append((load_plan(path), value))
     c = fit(pairs, args.device_type, args.field)
     print(f"{c.device_type}.{c.field}: {c.before:g} -> {c.value:g}"
@@ -511,21 +521,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------- parser
-
-
-FORCE_HELP = ("Replace an earlier xsim output of another kind at the output path (never "
-              "files xsim did not write; see docs/outputs.md).")
-
-
-def progress_args(sp: argparse.ArgumentParser) -> None:
-    """``--progress`` / ``--quiet`` (one destination, ``progress``: True, False or None for
-    "only when stderr is a terminal"), shared by every command that draws a progress bar."""
-    g = sp.add_mutually_exclusive_group()
-    g.add_argument("--progress", dest="progress", action="store_true", default=None,
-                   help="Draw the progress bar even when stderr is not a terminal.")
-    g.add_argument("-q", "--quiet", dest="progress", action="store_false", default=None,
-                   help="Draw no progress bar (by default it is drawn only when stderr is a "
-                        "terminal).")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -547,18 +542,20 @@ def build_parser() -> argparse.ArgumentParser:
     v = add("validate", "Check a plan and print its ranks, replicas and memory per stage.",
             cmd_validate)
     v.add_argument("plan", metavar="PLAN", help="The plan YAML file to check.")
+    common_args(v, force=False, progress=False)
 
     sc = add("schema", "Print (or write) the JSON Schema of plan files, generated from the "
                        "plan loader, for editors: docs/plan.md#editor-support.", cmd_schema)
     sc.add_argument("-o", "--output", default=None, metavar="FILE",
                     help="The file to write (default: print to standard output).")
+    common_args(sc, force=False, progress=False)
 
     t = add("trace", "Generate the trace of a plan and write it to a directory.", cmd_trace)
     t.add_argument("plan", metavar="PLAN", help="The plan YAML file.")
     t.add_argument("-o", "--output", default=None, metavar="DIR",
                    help="The trace directory to write (the plan is stored in it as plan.yaml; "
                         "default: out/<PLAN name>-trace).")
-    t.add_argument("--force", action="store_true", help=FORCE_HELP)
+    common_args(t, force=True, progress=False)
     coarsen_arg(t)
 
     e = add("export", "Write the trace of a plan (or of a trace directory) in a peer "
@@ -578,7 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "COMM_COLL_NODE per member rank (ASTRA-sim runs its own algorithm); "
                         "'p2p' writes every flow as a send/receive pair (our exact schedule). "
                         "Default: coll.")
-    e.add_argument("--force", action="store_true", help=FORCE_HELP)
+    common_args(e, force=True, progress=False)
     coarsen_arg(e)
 
     def run_args(sp: argparse.ArgumentParser) -> None:
@@ -589,8 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--option", action="append", metavar="KEY=VALUE",
                         help="A backend option; repeat for several (values are read as YAML "
                              "scalars, e.g. seed=1).")
-        progress_args(sp)
-        sp.add_argument("--force", action="store_true", help=FORCE_HELP)
+        common_args(sp, force=True, progress=True)
         coarsen_arg(sp)
 
     r = add("run", "Run one backend on a plan or trace and write the timeline, per-rank "
@@ -647,19 +643,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help="The device type whose constant is fitted (every plan must use it).")
     cal.add_argument("--field", default="efficiency", choices=("efficiency", "hbm_efficiency"),
                      help="The constant to fit (default: efficiency).")
+    common_args(cal, force=False, progress=False)
 
     from .bench_collective import add_arguments, cmd_bench_collective
 
-    add_arguments(add("bench-collective", "Sweep one collective over a device group from 1 KiB "
-                                          "to 8 GiB as nccl-tests does (algbw and busbw "
-                                          "columns, optional CSV and plot).",
-                      cmd_bench_collective))
+    bc = add("bench-collective", "Sweep one collective over a device group from 1 KiB to 8 "
+                                 "GiB as nccl-tests does (algbw and busbw columns, optional "
+                                 "CSV and plot).", cmd_bench_collective)
+    add_arguments(bc)
+    common_args(bc, force=True, progress=False)  # -o DIR follows the output rule
 
     b = add("backends", "List every installed backend with its availability and, if it "
                         "cannot run here, the reason.", cmd_backends)
     b.add_argument("--options", action="store_true",
                    help="Also list each backend's options: name, type or allowed values, "
                         "default and what it does.")
+    common_args(b, force=False, progress=False)
     return p
 
 

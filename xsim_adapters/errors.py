@@ -43,3 +43,8 @@ class BackendContractError(XsimError, TypeError):
 class OutputError(XsimError, FileExistsError):
     """An output path holds data xsim did not write (or another kind of output); nothing is
     replaced, and the message says how to proceed."""
+
+
+class ArgumentTypeError(XsimError, TypeError):
+    """A Python API function got an argument of the wrong type: the message names the
+    function, the argument, what was expected and what was got."""

@@ -15,6 +15,7 @@ job, and each job's metrics are computed from its own trace, exactly as for a lo
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -129,6 +130,15 @@ def cluster_ranks(jobs: JobSet) -> list[dict[str, Any]]:
     return out
 
 
+_RANK = re.compile(r"\d+")
+
+
+def remap_rank_list(text: str, rank_map: np.ndarray) -> str:
+    """A collective's ``ranks`` cell with every rank ``r`` renamed ``rank_map[r]``, separators
+    kept: ``"0,1,2"`` for a ring, ``"0,1;2,3"`` (the two stages' ranks) for a p2p or reshard."""
+    return _RANK.sub(lambda m: str(int(rank_map[int(m.group())])), text)
+
+
 def combine_traces(jobs: JobSet, traces: Sequence[Trace | None],
                    only: int | None = None) -> Trace:
     """One trace holding every job's ops (ids, ranks, collectives and edges shifted); with
@@ -153,8 +163,7 @@ def combine_traces(jobs: JobSet, traces: Sequence[Trace | None],
         c = trace.collectives.copy()
         if len(c):
             c["collective"] = (c["collective"] + coll_off).astype(c["collective"].dtype)
-            c["ranks"] = [",".join(str(int(rmap[int(r)])) for r in s.split(",") if r != "")
-                          for s in c["ranks"].astype(str)]
+            c["ranks"] = [remap_rank_list(s, rmap) for s in c["ranks"].astype(str)]
             coll_off = int(c["collective"].max()) + 1
         coll_parts.append(c)
         slowdowns += remap(trace.manifest.get(SLOWDOWNS_KEY) or [], rmap)

@@ -46,14 +46,14 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendContractError
+from ..errors import BackendContractError, TraceError
 from ..options import COMMON_OPTIONS, Option
 from ..topology.model import Topology
 from ..trace.schema import KIND_FLOW, Trace
 from ..trace.timeline import Timeline
 
-__all__ = ["RUN_INFO_KEYS", "Backend", "ReplayProgress", "Timeline", "check_run_info",
-           "flow_totals"]
+__all__ = ["RUN_INFO_KEYS", "Backend", "ReplayProgress", "Timeline", "check_inputs",
+           "check_run_info", "flow_totals"]
 
 #: Keys every backend puts in ``Timeline.stats`` (see the module docstring).
 RUN_INFO_KEYS = ("wall_s", "startup_s", "replay_s", "packet_flows", "packet_bytes",
@@ -157,6 +157,44 @@ def check_run_info(name: str, trace: Trace, stats: Mapping[str, Any]) -> None:
             f"backend {name!r}: packet + fluid flows and bytes must be the trace's {flows} flows"
             f" and {nbytes} bytes (got {got_flows} flows, {got_bytes} bytes)"
         )
+
+
+def check_inputs(trace: Trace, topology: Topology) -> None:
+    """Raise TraceError unless ``trace`` and ``topology`` describe the same cluster: as many
+    GPUs in the topology as ranks in the manifest, and, for every rank record that says where
+    its rank sits (``node``: traces of the generator and of ``--job`` runs; hand-made traces
+    record labels only), the same server and, where the topology records it, the same device
+    type. :func:`xsim_adapters.api.run` calls it before every backend, so no backend replays
+    a trace on another plan's network."""
+    ranks = trace.manifest["ranks"]
+    fix = ("build the topology from the plan the trace was generated from "
+           "(xs.build_topology(plan)), or replay the trace directory, whose plan.yaml is used")
+    if topology.num_ranks != len(ranks):
+        raise TraceError(f"run: the trace has {len(ranks)} ranks (manifest ranks) but the "
+                         f"topology has {topology.num_ranks} GPUs; {fix}")
+    placed = [i for i, r in enumerate(ranks) if "node" in r]
+    if not placed:
+        return
+    idx = np.asarray(placed, dtype=np.int64)
+    want = np.asarray([ranks[i]["node"] for i in placed], dtype=np.int64)
+    server = topology.nodes["server"].to_numpy()[np.asarray(topology.rank_node)[idx]]
+    bad = np.flatnonzero(server != want)
+    if len(bad):
+        r = int(idx[bad[0]])
+        raise TraceError(f"run: manifest ranks[{r}].node: the trace puts rank {r} on server "
+                         f"{int(want[bad[0]])}, the topology on server {int(server[bad[0]])} "
+                         f"({len(bad)} ranks differ); {fix}")
+    types = topology.rank_device_types
+    if types is None:
+        return
+    want_types = [types[i] for i in placed]
+    have_types = [ranks[i].get("device_type", t) for i, t in zip(placed, want_types, strict=True)]
+    if have_types != want_types:  # one C-level comparison; the loop only to name the first
+        k = next(k for k, (h, w) in enumerate(zip(have_types, want_types, strict=True)) if h != w)
+        i = placed[k]
+        raise TraceError(f"run: manifest ranks[{i}].device_type: the trace has "
+                         f"{str(have_types[k])[:64]!r} on rank {i}, the topology "
+                         f"{want_types[k]!r}; {fix}")
 
 
 class Backend(ABC):

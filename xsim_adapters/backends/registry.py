@@ -152,6 +152,11 @@ def get_backend(name: str, options: Mapping[str, Any] | None = None) -> Backend:
     ``available()`` says it cannot run here (with its reason); BackendContractError if the
     plugin breaks the contract.
     """
+    from .._argcheck import check_arg
+
+    check_arg("get_backend", "name", name, str, "a backend name (str, e.g. 'flow')")
+    check_arg("get_backend", "options", options, Mapping, "a mapping of backend options",
+              optional=True)
     cls, where = _load(name)
     ok, reason = _check_available(cls, where, options)
     if not ok:

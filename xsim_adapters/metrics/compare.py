@@ -86,6 +86,11 @@ def compare_metrics(ma: Metrics, mb: Metrics) -> Comparison:
 
 def compare(trace: Trace, tl_a: Timeline, tl_b: Timeline) -> Comparison:
     """Compare two backends' timelines of ``trace`` (per-op join on op_id)."""
+    from .._argcheck import check_arg
+
+    check_arg("compare", "trace", trace, Trace, "a Trace (xs.generate(plan))")
+    for name, tl in (("tl_a", tl_a), ("tl_b", tl_b)):
+        check_arg("compare", name, tl, Timeline, "a Timeline (xs.run(...))")
     return compare_metrics(compute_metrics(trace, tl_a), compute_metrics(trace, tl_b))
 
 

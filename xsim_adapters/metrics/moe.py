@@ -31,8 +31,8 @@ def expert_load(plan: Plan) -> pd.DataFrame:
             "rank_tokens", "rank_load_factor"]
     if plan.model.moe is None:
         return pd.DataFrame(columns=cols)
-    from ..workload.alltoall import MoEPlanner  # lazy: the workload imports metrics-free code
-    from ..workload.rings import RankInfo
+    from ..workload.comm.alltoall import MoEPlanner  # lazy: the workload imports metrics-free code
+    from ..workload.comm.rings import RankInfo
 
     planner = MoEPlanner(plan, RankInfo(plan))
     rows = []

@@ -41,7 +41,7 @@ def _comm_arrays(tf: pd.DataFrame, kind: np.ndarray
     """(rank, start, end, phase) of every communication interval of a rank.
 
     Every flow counts twice: for its sender from its start (its start latency, the NCCL
-    latency and protocol cost a ring member pays before its first send, ``workload/nccl.py``,
+    latency and protocol cost a ring member pays before its first send, ``workload/comm/nccl.py``,
     is the sender's), for its receiver from its first byte (start + ``duration_ns``). A timed
     barrier of a communication phase counts once, for the rank that owns it. The receiver of
     an EP all-to-all or CP ring flow is inside the same grouped kernel while the sender waits

@@ -87,7 +87,7 @@ def estimate_ops(plan: Plan, simulated: Collection[int] | None = None) -> int:
     optimizer step and barriers. Exact formulas are in :mod:`xsim_adapters.workload`; this is
     within a small factor above them (tests/test_attack.py checks it on the shipped plans).
     """
-    from ..workload.collectives import num_steps
+    from ..workload.comm.collectives import num_steps
     from ..workload.schedule import replica_chunks
 
     c, t = plan.collectives, plan.training
@@ -140,7 +140,7 @@ def _nvls_joins(plan: Plan, st: Any, chunks: int) -> int:
     """Joins an NVLS all-reduce of the stage's TP group may add (upper): one per member and
     piece where NVLS can run (NVLink SHARP on an NVSwitch server) and a join is worth it
     (:func:`xsim_adapters.workload.algorithms.worth_a_join`)."""
-    from ..workload.algorithms import worth_a_join
+    from ..workload.comm.algorithms import worth_a_join
 
     g = plan.group(st.group)
     m = min(st.tp, g.gpus_per_node)
@@ -163,7 +163,7 @@ def _tp_ring_channels(plan: Plan, st: Any) -> int:
 
 def _replicas_per_server(plan: Plan) -> int:
     """The most replicas that have a GPU on one server (DP-ring members a server holds)."""
-    from ..workload.rings import RankInfo
+    from ..workload.comm.rings import RankInfo
 
     server = RankInfo(plan).server
     count: dict[int, int] = {}
@@ -234,7 +234,7 @@ def check_ops(ops: int) -> None:
 
 def _check_magnitudes(plan: Plan) -> None:
     """Every duration (ns) and byte count the generator computes stays below 2^53."""
-    from ..workload.compute import (
+    from ..workload.compute.costs import (
         embedding_cost,
         head_cost,
         layer_costs,

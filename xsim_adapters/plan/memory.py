@@ -188,7 +188,7 @@ def expert_params_per_device(plan: Plan, replica: int, stage: int) -> tuple[floa
     moe = plan.model.moe
     if moe is None or st.ep <= 1:
         return 0.0, 1
-    from ..workload.moe import expert_counts  # lazy: workload imports this module
+    from ..workload.compute.routing import expert_counts  # lazy: workload imports this module
 
     g = st.ep * st.etp // st.tp
     r0 = replica - replica % g

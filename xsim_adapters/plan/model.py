@@ -246,8 +246,8 @@ class DeviceType:
 
     ``efficiency`` is the fraction of a precision's peak that the best-shaped large GEMM reaches
     (maximum achievable matmul / spec); smaller or oddly shaped GEMMs reach less, by the tile and
-    wave model of :mod:`xsim_adapters.workload.gemm`. A precision peak of 0 means the part has
-    no such unit (see docs/compute.md for what a plan asking for it gets).
+    wave model of :mod:`xsim_adapters.workload.compute.gemm`. A precision peak of 0 means the part
+    has no such unit (see docs/compute.md for what a plan asking for it gets).
     """
 
     name: str
@@ -266,7 +266,7 @@ class DeviceType:
     sm_count: int = 0  # SMs (NVIDIA) or CUs (AMD) a GEMM spreads over; 0: no wave model
     hbm_efficiency: float = 0.8  # achieved fraction of hbm_GBps (median of measured copies)
     # CUDA compute capability x 10 (80 Ampere, 90 Hopper, 100 Blackwell): selects NCCL's
-    # per-architecture tuner constants (workload/nccl.py); 0: unknown (Ampere constants).
+    # per-architecture tuner constants (workload/comm/nccl.py); 0: unknown (Ampere constants).
     compute_capability: int = 0
     # NVLink SHARP (NVLS): the server's NVSwitches (gen3+) reduce and multicast in the switch.
     nvls: bool = False
@@ -443,7 +443,7 @@ class CollectiveAlgorithms:
 class CollectivesSpec:
     resharding: Resharding = "lcm"
     # rings per collective (bytes split by each ring's bottleneck bandwidth); 0 is ``auto``:
-    # one ring per NIC the members of a server use, as NCCL opens (workload/rings.py)
+    # one ring per NIC the members of a server use, as NCCL opens (workload/comm/rings.py)
     channels: int = 0
     granularity: Granularity = "step"
     chunks: int = 4  # pipelined chunks per ring step when granularity == "chunked"

@@ -39,8 +39,12 @@ def write_json(path: str | Path, obj: Any) -> Path:
 
 
 def write_csv(path: str | Path, frame: pd.DataFrame) -> Path:
-    """CSV without the index, atomically."""
-    return write_atomic(path, lambda tmp: frame.to_csv(tmp, index=False))
+    """CSV without the index, atomically; nanosecond columns of whole numbers are written as
+    integers (:func:`xsim_adapters.metrics.frames.integer_ns`: values never change)."""
+    from ..metrics.frames import integer_ns
+
+    table = integer_ns(frame)
+    return write_atomic(path, lambda tmp: table.to_csv(tmp, index=False))
 
 
 def write_timeline(path: str | Path, timeline: Timeline) -> Path:

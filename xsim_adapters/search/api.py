@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..sweep.runner import Executor, LocalExecutor
 from .bnb import (
+    STATUS_BUDGET,
     Entry,
     Outcome,
     Progress,
@@ -28,6 +29,7 @@ from .bnb import (
     prune_counts,
 )
 from .bound import Analyzer
+from .budget import Deadline
 from .evaluate import Evaluator, KeptPoolExecutor
 from .space import plan_dict
 from .spec import SearchSpec, load_search_spec
@@ -62,7 +64,8 @@ def search(spec: SearchSpec | str | os.PathLike[str], executor: Executor | None 
            baselines: bool = True, top: int = 5, confirm: str | None = None,
            confirm_options: dict[str, Any] | None = None,
            progress: Progress | None = None, entries: list[Entry] | None = None,
-           analyzer: Analyzer | None = None, coarsen: str = "auto") -> SearchResult:
+           analyzer: Analyzer | None = None, coarsen: str = "auto",
+           started: float | None = None) -> SearchResult:
     """Search ``spec`` (a SearchSpec, or a spec YAML path or text) and return the result.
 
     ``exhaustive``: simulate every feasible candidate (no cut by the bound; for checking the
@@ -71,14 +74,17 @@ def search(spec: SearchSpec | str | os.PathLike[str], executor: Executor | None 
     best on that backend (ns3, htsim). ``entries``: the space as :func:`enumerate_space`
     gave it for this spec with ``analyzer`` (to not enumerate twice). ``coarsen``: how the
     simulations coarsen identical replicas (``auto``, ``on``, ``off``; docs/scale.md).
+    ``started``: the :func:`time.monotonic` instant the command started (default: now), from
+    which the seconds budget and the reported wall time count (search/budget.py).
     """
-    t0 = time.monotonic()
+    t0 = time.monotonic() if started is None else started
     if not isinstance(spec, SearchSpec):
         spec = load_search_spec(spec)
+    deadline = Deadline(spec.budget.seconds, t0)
     an = analyzer or Analyzer(spec)
     if entries is None:
-        entries = enumerate_space(spec, an)
-    t_enum = time.monotonic() - t0
+        entries = enumerate_space(spec, an, deadline.enumeration_deadline())
+    t_enum = deadline.elapsed()
     kept = None
     if evaluator is None and (executor is None or type(executor) is LocalExecutor):
         # the search simulates in rounds: keep the worker processes between them
@@ -86,23 +92,27 @@ def search(spec: SearchSpec | str | os.PathLike[str], executor: Executor | None 
         executor = kept
     ev = evaluator or Evaluator(executor, base_dir=spec.base_dir, coarsen=coarsen)
     try:
-        return _search(spec, entries, ev, an, t0, t_enum, exhaustive, baselines, top, confirm,
-                       confirm_options, progress)
+        return _search(spec, entries, ev, an, deadline, t_enum, exhaustive, baselines, top,
+                       confirm, confirm_options, progress)
     finally:
         if kept is not None:
             kept.close()
 
 
-def _search(spec: SearchSpec, entries: list[Entry], ev: Evaluator, an: Analyzer, t0: float,
-            t_enum: float, exhaustive: bool, baselines: bool, top: int, confirm: str | None,
-            confirm_options: dict[str, Any] | None, progress: Progress | None) -> SearchResult:
-    s = Searcher(spec, entries, ev, progress, an)
+def _search(spec: SearchSpec, entries: list[Entry], ev: Evaluator, an: Analyzer,
+            deadline: Deadline, t_enum: float, exhaustive: bool, baselines: bool, top: int,
+            confirm: str | None, confirm_options: dict[str, Any] | None,
+            progress: Progress | None) -> SearchResult:
+    s = Searcher(spec, entries, ev, progress, an, deadline)
     main = s.run("search", exhaustive=exhaustive)
     statuses = dict(main.statuses)
     summary: dict[str, Any] = {
         "spec": spec.name,
         "objective": spec.objective,
-        "space_size": len(entries),
+        "space_size": len(entries) + s.not_analysed,
+        # phase 1 stopped by the seconds budget: the candidates after these were not analysed
+        # (not in candidates.csv; counted as not_reached:budget)
+        "analysed": len(entries),
         "feasible": main.considered,
         "evaluated": main.evaluated,
         "prune_counts": prune_counts(entries, main),
@@ -143,26 +153,33 @@ def _search(spec: SearchSpec, entries: list[Entry], ev: Evaluator, an: Analyzer,
                     key=rank)
     top_entries = ranked[:top]
     summary["simulations"] = s.simulations
-    summary["status_counts"] = dict(sorted(Counter(
-        statuses.get(e.index, e.status or "pruned:bound") for e in entries).items()))
+    counts = Counter(statuses.get(e.index, e.status or "pruned:bound") for e in entries)
+    if s.not_analysed:
+        counts[STATUS_BUDGET] += s.not_analysed
+    summary["status_counts"] = dict(sorted(counts.items()))
     if confirm:
-        summary["confirm"] = _confirm(spec, ev, top_entries, confirm, confirm_options or {})
-    summary["wall_s"] = round(time.monotonic() - t0, 3)
+        summary["confirm"] = _confirm(spec, ev, top_entries, confirm, confirm_options or {},
+                                      deadline)
+    summary["wall_s"] = round(deadline.elapsed(), 3)  # from the command's start
     return SearchResult(spec, entries, main, base, summary, top_entries, statuses=statuses)
 
 
 def _confirm(spec: SearchSpec, ev: Evaluator, top: list[Entry], backend: str,
-             options: dict[str, Any]) -> list[dict[str, Any]]:
-    """Re-run ``top`` on a packet backend; one record per plan with both times."""
+             options: dict[str, Any], deadline: Deadline) -> list[dict[str, Any]]:
+    """Re-run ``top`` on a packet backend; one record per plan with both times. Within the
+    seconds budget: none once it is spent, and runs still going at its end are stopped."""
     from ..backends.registry import check_backend_options, get_backend
 
     get_backend(backend, options)
     check_backend_options(backend, options)
     packet = Evaluator(ev.executor, backend=backend, options=options, base_dir=ev.base_dir,
                        rows_log=ev.rows_log, done=ev.cache)
-    rows = packet.evaluate([plan_dict(spec, e.cand) for e in top], [e.cand.key for e in top])
+    rows = ([None] * len(top) if deadline.passed() else
+            packet.evaluate([plan_dict(spec, e.cand) for e in top], [e.cand.key for e in top],
+                            deadline.at))
     out = []
-    for e, row in zip(top, rows, strict=True):
+    for e, got in zip(top, rows, strict=True):
+        row = got or {"error": "not run: the seconds budget ran out first"}
         flow = float(e.row["iteration_time_ns"]) if e.row is not None else math.nan
         it = row.get("iteration_time_ns")
         out.append({"candidate": e.index, "key": e.cand.key, "flow_iteration_time_ns": flow,

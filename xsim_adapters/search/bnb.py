@@ -16,6 +16,7 @@ output, is the same for a given spec whatever the parallelism.
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from typing import Any
 
 from ..errors import PlanError
 from .bound import Analyzer
+from .budget import Deadline
 from .evaluate import Evaluator, Row
 from .space import Candidate, Choice, Structure, choices, plan_dict, structures
 from .spec import SearchSpec
@@ -40,6 +42,9 @@ MAX_CANDIDATES = 200_000
 STATUS_BOUND = "pruned:bound"  # bound above the incumbent
 STATUS_BUDGET = "not_reached:budget"  # the budget ran out first
 STATUS_ERROR = "error"  # simulated, but the plan or the backend failed
+# A resumed row more than this fraction below its candidate's lower bound is simulated again
+# (the bound is proven <= the simulated time, docs/search.md#bound; the slack is for rounding).
+BOUND_SLACK = 1e-6
 
 Progress = Callable[[int, str], None]
 
@@ -69,6 +74,7 @@ class Outcome:
     unreached: int  # left when the budget ran out
     proven: bool  # the pass finished (not stopped by the budget)
     statuses: dict[int, str] = field(default_factory=dict)
+    not_analysed: int = 0  # candidates of the whole space phase 1 did not reach (no entry)
 
 
 _NONE = Entry(-1, None, "none")  # type: ignore[arg-type]  # a lookup miss
@@ -92,13 +98,32 @@ def twin(spec: SearchSpec, c: Candidate) -> Choice | None:
     return None if out == ch else out
 
 
-def enumerate_space(spec: SearchSpec, an: Analyzer) -> list[Entry]:
+class Space(list[Entry]):
+    """The entries :func:`enumerate_space` analysed, in space order, and ``size``: every
+    candidate of the space (more than ``len`` when the budget stopped phase 1)."""
+
+    size: int = 0
+
+    @property
+    def not_analysed(self) -> int:
+        """Candidates phase 1 did not reach (``not_reached:budget``, not listed)."""
+        return self.size - len(self)
+
+
+def not_analysed(entries: list[Entry]) -> int:
+    """How many candidates of the space ``entries`` stand for phase 1 did not reach."""
+    return entries.not_analysed if isinstance(entries, Space) else 0
+
+
+def enumerate_space(spec: SearchSpec, an: Analyzer, until: float = math.inf) -> Space:
     """Every candidate of the space with its phase-1 status, bound and headroom.
 
     Dominance (``pruned:dominated``): a candidate whose plan another candidate already is
     (:func:`twin`), and one with ZeRO stage z >= 2 when a lower stage >= 1 of the same plan
-    fits in memory (ZeRO-2 and -3 move the same bytes as ZeRO-1 here and only save memory)."""
-    out: list[Entry] = []
+    fits in memory (ZeRO-2 and -3 move the same bytes as ZeRO-1 here and only save memory).
+    ``until``: the monotonic instant the budget allows phase 1 (search/budget.py); the
+    candidates not analysed by then are only counted (``Space.size``)."""
+    out = Space()
     seen: dict[tuple[Choice, Structure, str], Entry] = {}
     level1, level2 = structures(spec), choices(spec)
     if len(level1) * len(level2) > MAX_CANDIDATES:
@@ -106,11 +131,14 @@ def enumerate_space(spec: SearchSpec, an: Analyzer) -> list[Entry]:
                                  f"{len(level1):,} structures x {len(level2):,} training "
                                  "choices); lower space.shapes_per_group or narrow space.tp, "
                                  "pp_min..pp_max or the choice lists")
+    reshards = [spec.space.resharding if any(len(set(p.tp)) > 1 for p in parts)
+                else spec.space.resharding[:1] for parts in level1]
+    out.size = len(level2) * sum(len(r) for r in reshards)
     for ch in level2:
-        for parts in level1:
+        for parts, reshard in zip(level1, reshards, strict=True):
+            if until != math.inf and time.monotonic() >= until:
+                return out  # the budget ran out: the rest is counted, not analysed
             layers = tuple(an.layer_split(ch, p) for p in parts)
-            reshard = (spec.space.resharding if any(len(set(p.tp)) > 1 for p in parts)
-                       else spec.space.resharding[:1])
             if any(lay is None for lay in layers):
                 for r in reshard:
                     out.append(Entry(len(out), Candidate(ch, parts, r, (), ()), STATUS_LAYERS))
@@ -139,16 +167,19 @@ class Searcher:
     """Phase 2 over the entries of :func:`enumerate_space`, sharing one evaluator (cache)."""
 
     def __init__(self, spec: SearchSpec, entries: list[Entry], evaluator: Evaluator,
-                 progress: Progress | None = None, analyzer: Analyzer | None = None) -> None:
+                 progress: Progress | None = None, analyzer: Analyzer | None = None,
+                 deadline: Deadline | None = None) -> None:
         self.spec = spec
         self.entries = entries
         self.ev = evaluator
         self._analyzer = analyzer
         self.progress = progress
-        self.t0 = time.monotonic()
+        # the seconds budget bounds every pass together, from the command's start
+        self.deadline = deadline or Deadline(spec.budget.seconds)
         self.simulations = 0  # over every pass, cached or not
         self._pass_sims = 0  # in the current pass (the evaluation budget is per pass)
-        self._pass_t0 = self.t0
+        # phase 1 stopped by the budget: candidates of the space with no entry (no bound)
+        self.not_analysed = not_analysed(entries)
 
     @property
     def analyzer(self) -> Analyzer:
@@ -182,7 +213,26 @@ class Searcher:
         b = self.spec.budget
         if b.evaluations is not None and self._pass_sims >= b.evaluations:
             return False
-        return b.seconds is None or time.monotonic() - self._pass_t0 < b.seconds
+        return not self.deadline.passed()
+
+    def _evaluate(self, batch: list[Entry]) -> list[Row | None]:
+        """The rows of ``batch`` (None: killed at the deadline). A row read back for --resume
+        whose time is below the candidate's proven lower bound cannot be a simulation's: it is
+        simulated again (and the evaluator says why) instead of trusted."""
+        plans = [plan_dict(self.spec, e.cand) for e in batch]
+        keys = [e.cand.key for e in batch]
+        rows = self.ev.evaluate(plans, keys, self.deadline.at)
+        again = [k for k, (e, row) in enumerate(zip(batch, rows, strict=True))
+                 if row is not None and _valid_time(row.get("iteration_time_ns"))
+                 and float(row["iteration_time_ns"]) < e.lb_ns * (1 - BOUND_SLACK)
+                 and self.ev.distrust(plans[k], f"{keys[k]}: {row['iteration_time_ns']} ns is "
+                                                f"below its lower bound {e.lb_ns:.0f} ns")]
+        if again:
+            redo = self.ev.evaluate([plans[k] for k in again], [keys[k] for k in again],
+                                    self.deadline.at)
+            for k, row in zip(again, redo, strict=True):
+                rows[k] = row
+        return rows
 
     def refine(self, e: Entry) -> None:
         """Give ``e`` its full bound (the DP sync and ZeRO floors on top of the pipeline's)."""
@@ -208,9 +258,9 @@ class Searcher:
         best: Entry | None = None
         best_obj = float("inf")
         statuses: dict[int, str] = {}
-        evaluated = 0
+        evaluated = unstarted = 0  # (unstarted: killed at the deadline before finishing)
         wave = max(1, self.spec.budget.wave)
-        self._pass_sims, self._pass_t0 = 0, time.monotonic()
+        self._pass_sims = 0
         done = False
         while heap and not done and self._budget_left():
             size = wave
@@ -218,6 +268,8 @@ class Searcher:
                 size = min(size, self.spec.budget.evaluations - self._pass_sims)
             batch: list[Entry] = []
             while heap and len(batch) < size:
+                if self.deadline.passed():  # (refining bounds takes time too)
+                    break
                 obj, _, i = heap[0]
                 e = by_index[i]
                 if not exhaustive and obj > best_obj:
@@ -231,14 +283,18 @@ class Searcher:
                 batch.append(e)
             if not batch:
                 break
-            rows = self.ev.evaluate([plan_dict(self.spec, e.cand) for e in batch],
-                                    [e.cand.key for e in batch])
-            self.simulations += len(batch)
-            self._pass_sims += len(batch)
-            evaluated += len(batch)
+            rows = self._evaluate(batch)
+            ran = sum(row is not None for row in rows)
+            self.simulations += ran
+            self._pass_sims += ran
+            evaluated += ran
             for e, row in zip(batch, rows, strict=True):
+                if row is None:  # killed at the deadline: not simulated, no proof
+                    statuses[e.index] = STATUS_BUDGET
+                    unstarted += 1
+                    continue
                 e.row = row
-                ok = row.get("error") == "" and row.get("iteration_time_ns") is not None
+                ok = row.get("error") == "" and _valid_time(row.get("iteration_time_ns"))
                 e.status = STATUS_EVALUATED if ok else STATUS_ERROR
                 statuses[e.index] = e.status
                 if ok:
@@ -248,7 +304,7 @@ class Searcher:
             if self.progress:
                 shown = "none" if best is None else f"{best_obj:.4g}"
                 self.progress(len(batch), f"{label}: best {shown} after {evaluated} sims")
-        unreached = cut = 0
+        unreached, cut = unstarted, 0
         for _, _, i in heap:
             e = by_index[i]
             if e.index in statuses:
@@ -261,8 +317,22 @@ class Searcher:
                 cut += 1
         if self.progress and len(pool) > evaluated:
             self.progress(len(pool) - evaluated, f"{label}: done")
+        # never analysed (no bound): no proof over the space, whichever subset this pass is
+        proven = unreached == 0 and self.not_analysed == 0
         return Outcome(label=label, best=best, considered=len(pool), evaluated=evaluated,
-                       cut=cut, unreached=unreached, proven=unreached == 0, statuses=statuses)
+                       cut=cut, unreached=unreached, proven=proven, statuses=statuses,
+                       not_analysed=self.not_analysed)
+
+
+def _valid_time(v: Any) -> bool:
+    """An iteration time a simulation can give: a finite number of ns > 0 (a row read back
+    for --resume is checked on reading; this keeps any other source from ranking first)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    try:
+        return math.isfinite(v) and v > 0
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def prune_counts(entries: list[Entry], outcome: Outcome) -> dict[str, int]:
@@ -271,6 +341,8 @@ def prune_counts(entries: list[Entry], outcome: Outcome) -> dict[str, int]:
     c: Counter[str] = Counter()
     for e in entries:
         c[outcome.statuses.get(e.index, e.status or STATUS_BOUND)] += 1
+    if not_analysed(entries):  # phase 1 never reached them (only counted)
+        c[STATUS_BUDGET] += not_analysed(entries)
     return dict(sorted(c.items()))
 
 
@@ -289,6 +361,7 @@ def outcome_summary(o: Outcome, spec: SearchSpec) -> dict[str, Any]:
         "evaluated": o.evaluated,
         "cut_by_bound": o.cut,
         "not_reached": o.unreached,
+        "not_analysed": o.not_analysed,
         "proven_optimal": o.proven,
         "best": None if b is None else b.cand.key,
         "best_iteration_time_ns": None if b is None or b.row is None

@@ -25,8 +25,9 @@ from typing import Any
 from ..plan.layout import even_split, ranges_from_counts
 from ..plan.memory import GB, stage_memory
 from ..plan.model import Plan, Replica, Stage, TrainingSpec
+from ..plan.sizes import activation_bytes
 from ..workload.blocks import Unit, stage_units, tp_kinds
-from ..workload.compute import optimizer_time_ns, stage_params
+from ..workload.compute.costs import optimizer_time_ns, stage_params
 from ..workload.schedule import BWD, FWD, WGRAD, replica_chunks
 from .comm import Fabric
 from .dpbound import Costs, SyncShape, dp_tail_ns, gather_floors, sync_shape
@@ -124,8 +125,7 @@ class Analyzer:
 
     def act_bytes(self, ch: Choice) -> int:
         """Bytes of one micro-batch's activation (what a TP collective and a PP send carry)."""
-        m = self.spec.model
-        return ch.micro_batch * m.seq_len * m.hidden * m.dtype_bytes
+        return activation_bytes(self.spec.model, ch.micro_batch)
 
     def tp_gap_ns(self, ch: Choice, group: str, lo: int, tp: int) -> int:
         """The floor (ns) a unit's TP collectives put between its compute and the rank's next

@@ -30,8 +30,9 @@ def add_search_arguments(sp: argparse.ArgumentParser) -> None:
                     help="Where simulations run: local processes, or a Ray cluster.")
     sp.add_argument("--ray-address", metavar="ADDR", default=None,
                     help="The Ray cluster to connect to (default: RAY_ADDRESS, else local).")
-    sp.add_argument("--top", type=int, default=5, metavar="K",
-                    help="How many of the best plans to write as top/NN.yaml (and confirm).")
+    sp.add_argument("--top", default="5", metavar="K",
+                    help="How many of the best plans to write as top/NN.yaml (and confirm; "
+                         "default 5).")
     sp.add_argument("--confirm", metavar="BACKEND", default=None,
                     help="Re-run the top K plans on a packet backend (ns3 or htsim) and "
                          "report both iteration times.")
@@ -41,11 +42,12 @@ def add_search_arguments(sp: argparse.ArgumentParser) -> None:
                     help="Simulate every feasible candidate (no cut by the bound).")
     sp.add_argument("--no-baselines", action="store_true",
                     help="Skip the homogeneous-subset searches (and their speed-ups).")
-    sp.add_argument("--max-evaluations", type=int, default=None, metavar="N",
-                    help="Override budget.evaluations of the spec.")
-    sp.add_argument("--max-seconds", type=float, default=None, metavar="S",
-                    help="Override budget.seconds of the spec (stops between rounds; the "
-                         "result then depends on machine speed).")
+    sp.add_argument("--max-evaluations", default=None, metavar="N",
+                    help="Override budget.evaluations of the spec (simulations per pass).")
+    sp.add_argument("--max-seconds", default=None, metavar="S",
+                    help="Override budget.seconds of the spec: wall time of the whole "
+                         "command, enumeration included (simulations still running then are "
+                         "stopped; the result then depends on machine speed).")
     sp.add_argument("--coarsen", choices=("auto", "on", "off"), default="auto",
                     help="Coarsening of identical replicas in every simulation (default auto: "
                          "only where it is exact; on: also on oversubscribed fabrics, with the "
@@ -53,11 +55,9 @@ def add_search_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--resume", action="store_true",
                     help="Keep OUT and the simulations recorded in OUT/search.rows.jsonl; "
                          "the search replays its decisions and simulates only what is new.")
-    sp.add_argument("--force", action="store_true",
-                    help="Replace an earlier xsim output of another kind at OUT (never files "
-                         "xsim did not write; see docs/outputs.md).")
-    sp.add_argument("--progress", action="store_true", default=None,
-                    help="Draw the progress bar even when stderr is not a terminal.")
+    from ..cli_args import common_args
+
+    common_args(sp, force=True, progress=True)
 
 
 @contextlib.contextmanager
@@ -76,41 +76,61 @@ def open_search_dir(out: Path, resume: bool, force: bool
 def run_search_command(args: argparse.Namespace) -> int:
     """Run the search, write OUT/, print a short report; returns the exit status."""
     import dataclasses
+    import time
+
+    started = time.monotonic()  # the seconds budget and the reported time count from here
 
     from ..sweep.runner import make_executor
+    from .budget import parse_count, parse_seconds
     from .evaluate import KeptPoolExecutor
     from .spec import load_search_spec
 
+    evaluations = parse_count(args.max_evaluations, "--max-evaluations")
+    seconds = parse_seconds(args.max_seconds, "--max-seconds")
+    top = parse_count(args.top, "--top") or 5
     spec = load_search_spec(args.spec)
     budget = spec.budget
-    if args.max_evaluations is not None:
-        budget = dataclasses.replace(budget, evaluations=args.max_evaluations)
-    if args.max_seconds is not None:
-        budget = dataclasses.replace(budget, seconds=args.max_seconds)
+    if evaluations is not None:
+        budget = dataclasses.replace(budget, evaluations=evaluations)
+    if seconds is not None:
+        budget = dataclasses.replace(budget, seconds=seconds)
     spec = dataclasses.replace(spec, budget=budget)
     executor = (KeptPoolExecutor(args.jobs) if args.executor == "local"
                 else make_executor(args.executor, args.jobs, args.ray_address))
     with open_search_dir(Path(args.output), args.resume, args.force) as (out, done):
-        result = _search_into(out, done, spec, executor, args)
-    _report(result, args.output)
+        result, ev = _search_into(out, done, spec, executor, args, top, started)
+    if ev.distrusted:  # resumed rows no simulation can give (below the proven bound)
+        import sys
+
+        n = len(ev.distrusted)
+        print(f"xsim: warning: {Path(args.output) / ROWS_FILE}: {n} simulation row"
+              f"{'s' if n > 1 else ''} below the proven lower bound, simulated again instead "
+              f"of trusted ({ev.distrusted[0]}{f'; and {n - 1} more' if n > 1 else ''})",
+              file=sys.stderr)
+    _report(result, args.output, time.monotonic() - started)
     return 0 if result.best is not None else 1
 
 
 def _search_into(out: Path, done: dict[str, Any], spec: Any, executor: Any,
-                 args: argparse.Namespace) -> Any:
-    """Run the search writing its rows and results into ``out`` (held by the caller)."""
+                 args: argparse.Namespace, top: int, started: float) -> tuple[Any, Any]:
+    """Run the search writing its rows and results into ``out`` (held by the caller);
+    returns (result, evaluator)."""
     from ..options import parse_option_items
     from ..report.progress import ProgressBar
     from ..sweep.results import RowLog
+    from ..sweep.rowsfile import warn_dropped
     from .api import search, write_result
     from .bnb import enumerate_space
     from .bound import Analyzer
+    from .budget import Deadline
     from .evaluate import Evaluator, KeptPoolExecutor
 
+    budget = spec.budget
     if args.resume:
+        warn_dropped(done, "simulation row")
         print(f"resuming in {args.output}: {len(done)} simulations on record in {ROWS_FILE}")
     an = Analyzer(spec)
-    entries = enumerate_space(spec, an)
+    entries = enumerate_space(spec, an, Deadline(budget.seconds, started).enumeration_deadline())
     feasible = sum(1 for e in entries if e.status == "")
     with RowLog(out / ROWS_FILE) as log, \
             ProgressBar(feasible, "xsim search", force=args.progress) as bar, \
@@ -120,20 +140,25 @@ def _search_into(out: Path, done: dict[str, Any], spec: Any, executor: Any,
         ev = Evaluator(executor, base_dir=spec.base_dir, rows_log=log, done=done,
                        coarsen=args.coarsen)
         result = search(spec, evaluator=ev, exhaustive=args.exhaustive,
-                        baselines=not args.no_baselines, top=args.top, confirm=args.confirm,
+                        baselines=not args.no_baselines, top=top, confirm=args.confirm,
                         confirm_options=parse_option_items(args.option or []),
                         progress=lambda n, note: bar.advance(n, note), entries=entries,
-                        analyzer=an)
+                        analyzer=an, started=started)
         result.summary["simulated_now"] = ev.simulated
         write_result(result, out)
-    return result
+    return result, ev
 
 
-def _report(result: Any, out: str) -> None:
+def _report(result: Any, out: str, wall_s: float) -> None:
+    """What the search found; ``wall_s``: seconds the whole command took (outputs written)."""
     s = result.summary
+    partial = s["analysed"] < s["space_size"]
+    why = (f" (budget reached during enumeration: {s['space_size'] - s['analysed']:,} "
+           "candidates not analysed; best not proven)" if partial
+           else "" if s["proven_optimal"] else " (budget reached: best not proven)")
     print(f"{s['spec']}: space {s['space_size']} plans, {s['feasible']} feasible, "
-          f"{s['evaluated']} simulated ({s['simulations']} in all passes) in {s['wall_s']:.1f} s"
-          + ("" if s["proven_optimal"] else " (budget reached: best not proven)"))
+          f"{s['evaluated']} simulated ({s['simulations']} in all passes) in {wall_s:.1f} s"
+          + why)
     print("  " + ", ".join(f"{k} {v}" for k, v in s["prune_counts"].items()))
     b = result.best
     if b is None:

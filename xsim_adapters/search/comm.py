@@ -16,7 +16,7 @@ Everything is read from the models the simulation itself uses, never restated:
   counted on the lowered template (:func:`..workload.algorithms.lower`).
 - **Pipeline transfers**: the bytes :func:`..workload.reshard.reshard_transfers` sends into each
   destination rank.
-- **DP rings** (:mod:`..workload.dpsync`): the bytes a ring must carry across a server's cut.
+- **DP rings** (:mod:`..workload.comm.dpsync`): the bytes a ring must carry across a server's cut.
 
 Explicit ``network.links`` can join any two nodes; their capacity is added to every rank's and
 every server's capacity here, which keeps every bound a lower bound.
@@ -33,10 +33,11 @@ import numpy as np
 from ..plan.model import Plan
 from ..topology.build import build_topology
 from ..topology.model import SERVER_TIERS, TIER_SCALE_UP
-from ..workload.algorithms import lower
-from ..workload.collectives import RingFlows
-from ..workload.reshard import DEST, reshard_transfers
-from ..workload.rings import (
+from ..workload.comm.algorithms import lower
+from ..workload.comm.collectives import RingFlows
+from ..workload.comm.nccl import ring_steps
+from ..workload.comm.reshard import DEST, reshard_transfers
+from ..workload.comm.rings import (
     RankInfo,
     channel_orders,
     ring_bottleneck_GBps,
@@ -44,17 +45,12 @@ from ..workload.rings import (
     ring_order,
     split_bytes,
 )
-from ..workload.selection import Choice, choose_algorithm
+from ..workload.comm.selection import Choice, choose_algorithm
 
 # A slack in bytes subtracted from every byte count below that is a sum of integer cuts
 # (floor(S * i / n) segments, pieces and channels): far below a microsecond on any link, and it
 # keeps the counts lower bounds whatever the rounding of the lowering.
 CUT_SLACK_BYTES = 1 << 16
-
-
-def ring_steps(kind: str, n: int) -> int:
-    """Segments one ring member sends in a ring ``kind`` over n members (all-reduce 2(n-1))."""
-    return 2 * (n - 1) if kind == "all_reduce" else n - 1
 
 
 @dataclass(frozen=True)

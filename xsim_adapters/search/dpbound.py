@@ -1,7 +1,7 @@
 """The part of the data-parallel sync no schedule can hide, as floors for the search bound.
 
-The generator's DP sync (:mod:`..workload.dpsync`, ``_dp_setup`` in
-:mod:`..workload.generate`): one ring per (bucket, chunk) over one rank of every replica; a
+The generator's DP sync (:mod:`..workload.comm.dpsync`, ``dp_setup`` in
+:mod:`..workload.dp`): one ring per (bucket, chunk) over one rank of every replica; a
 member starts its ring when its bucket's gradients are complete (with ``overlap.dp_grad_reduce``
 the unit of the bucket's first layer in the rank's last gradient pass of that chunk, else the
 rank's last compute op), behind the ring's NCCL delay barrier; every flow a member sends on a
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..plan.model import Plan
-from ..workload.dpsync import Bucket, buckets, chunk_rings, sweep_segments
+from ..workload.comm.dpsync import Bucket, buckets, chunk_rings, sweep_segments
 from ..workload.schedule import BWD, FWD, WGRAD, replica_chunks
 from .comm import CUT_SLACK_BYTES, ring_steps
 from .pipeline import StageTimes

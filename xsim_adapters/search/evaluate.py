@@ -12,8 +12,10 @@ bound is deterministic, the resumed search takes the same decisions.
 from __future__ import annotations
 
 import inspect
+import math
 import multiprocessing
 import os
+import pickle
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from types import TracebackType
@@ -24,6 +26,7 @@ import numpy as np
 from ..metrics.coarse import rank_sources
 from ..sweep.results import RowLog, variant_digest
 from ..sweep.runner import (
+    DeadlineReached,
     Executor,
     LocalExecutor,
     OnResult,
@@ -93,6 +96,15 @@ def run_candidate(task: Task) -> Row:
     return guarded(body)
 
 
+def _picklable(fn: Callable[..., Any]) -> bool:
+    """True if ``fn`` can be sent to a worker process (a module-level function)."""
+    try:
+        pickle.dumps(fn)
+    except Exception:  # a closure or lambda (tests' fake simulators): it runs here
+        return False
+    return True
+
+
 class KeptPoolExecutor(LocalExecutor):
     """:class:`..sweep.runner.LocalExecutor` whose worker processes live from one ``map`` to
     the next: the search simulates in rounds, and a spawned worker's start-up (importing numpy,
@@ -106,11 +118,33 @@ class KeptPoolExecutor(LocalExecutor):
         super().__init__(jobs)
         self._pool: ProcessPoolExecutor | None = None
         self._broken = False  # a worker died in this map: isolate the rest (fresh pools)
+        # a time.monotonic() instant (the search's seconds budget): simulations still running
+        # then are killed; with one, even a single job runs in a worker, so it can be stopped
+        self.stop_at = math.inf
+        self._stoppable = False
 
     def map(self, fn: Callable[[Task], Row], tasks: Sequence[Task],
             progress: Any = None, on_result: OnResult | None = None) -> list[Row]:
+        """The rows of ``tasks`` in order; with ``stop_at`` reached, only those finished by
+        then (each given to ``on_result`` as it finished; the others were killed)."""
         self._broken = False
-        return super().map(fn, tasks, progress, on_result)
+        # a deadline stops only simulations in a worker process (fn must pickle to get there)
+        self._stoppable = self.stop_at != math.inf and _picklable(fn)
+        rows: dict[int, Row] = {}
+
+        def keep(i: int, row: Row) -> None:
+            rows[i] = row
+            if on_result:
+                on_result(i, row)
+
+        try:
+            super().map(fn, tasks, progress, keep)
+        except DeadlineReached:
+            pass  # (the pool was killed in _pool_run)
+        return [rows[i] for i in sorted(rows)]
+
+    def _in_process(self, n_tasks: int) -> bool:
+        return not self._stoppable and super()._in_process(n_tasks)
 
     def _pool_run(self, fn: Callable[[Task], Row], tasks: Sequence[Task],  # type: ignore[override]
                   batch: list[int], workers: int, done: OnResult) -> BaseException | None:
@@ -122,7 +156,8 @@ class KeptPoolExecutor(LocalExecutor):
                                              initializer=_worker_init,
                                              initargs=(os.getpid(),))
         try:
-            broken = run_batch(self._pool, fn, tasks, batch, done)
+            broken = run_batch(self._pool, fn, tasks, batch, done,
+                               self.stop_at if self._stoppable else math.inf)
         except BaseException:
             self._drop(kill=True)
             raise
@@ -169,6 +204,8 @@ class Evaluator:
         self.run = run
         self.coarsen = coarsen
         self.simulated = 0  # simulations actually run by this process (not from the cache)
+        self.resumed = set(self.cache)  # digests whose row was read back, not simulated here
+        self.distrusted: list[str] = []  # why resumed rows were simulated again (see below)
 
     def task(self, plan: dict[str, Any]) -> dict[str, Any]:
         t = {"plan": plan, "base_dir": self.base_dir, "backend": self.backend,
@@ -177,24 +214,48 @@ class Evaluator:
             t["coarsen"] = self.coarsen
         return t
 
-    def evaluate(self, plans: Sequence[dict[str, Any]], labels: Sequence[str]) -> list[Row]:
-        """Rows of ``plans`` in order: cached ones at once, the others simulated together."""
+    def distrust(self, plan: dict[str, Any], why: str) -> bool:
+        """Drop the resumed row of ``plan`` from the cache (``why`` is kept), so the next
+        :meth:`evaluate` simulates it; False (nothing done) if its row was simulated here."""
+        d = variant_digest(self.task(plan))
+        if d not in self.resumed:
+            return False
+        self.resumed.discard(d)
+        self.cache.pop(d, None)
+        self.distrusted.append(why)
+        return True
+
+    def evaluate(self, plans: Sequence[dict[str, Any]], labels: Sequence[str],
+                 stop_at: float = math.inf) -> list[Row | None]:
+        """Rows of ``plans`` in order: cached ones at once, the others simulated together.
+        ``stop_at``: a :func:`time.monotonic` instant at which simulations still running on a
+        :class:`KeptPoolExecutor` are killed; their rows are None (other executors finish)."""
         tasks = [self.task(p) for p in plans]
         digests = [variant_digest(t) for t in tasks]
         todo = [k for k, d in enumerate(digests) if d not in self.cache]
 
+        finished = [0]
+
         def saved(i: int, row: Row) -> None:
             k = todo[i]
+            finished[0] += 1
             self.cache[digests[k]] = row
             if self.rows_log is not None:
                 self.rows_log.append(digests[k], k, {"candidate": labels[k]}, row)
 
         if todo:
             sub = [tasks[k] for k in todo]
-            if "on_result" in inspect.signature(self.executor.map).parameters:
-                self.executor.map(self.run, sub, None, on_result=saved)  # type: ignore[call-arg]
-            else:
-                for i, row in enumerate(self.executor.map(self.run, sub, None)):
-                    saved(i, row)
-            self.simulated += len(todo)
-        return [self.cache[d] for d in digests]
+            if isinstance(self.executor, KeptPoolExecutor):
+                self.executor.stop_at = stop_at
+            try:
+                if "on_result" in inspect.signature(self.executor.map).parameters:
+                    self.executor.map(self.run, sub, None,
+                                      on_result=saved)  # type: ignore[call-arg]
+                else:
+                    for i, row in enumerate(self.executor.map(self.run, sub, None)):
+                        saved(i, row)
+            finally:
+                if isinstance(self.executor, KeptPoolExecutor):
+                    self.executor.stop_at = math.inf
+            self.simulated += finished[0]
+        return [self.cache.get(d) for d in digests]

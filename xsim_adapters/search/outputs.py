@@ -27,44 +27,50 @@ SEARCH_FILES = ("candidates.parquet", "candidates.csv", "best.yaml", "pareto.png
 
 def candidates_frame(s: Searcher, entries: list[Entry], statuses: dict[int, str]
                      ) -> pd.DataFrame:
-    """One row per candidate: key choices, status (why pruned), bound, results, cost."""
-    rows = []
+    """One row per candidate: key choices, status (why pruned), bound, results, cost.
+
+    What depends only on a candidate's structure or choice is computed once per structure or
+    choice (a space of 150,000 candidates has a few thousand structures)."""
+    from .space import candidate_key, structure_label
+
+    by_parts: dict[int, tuple[Any, ...]] = {}
+    labels: dict[int, str] = {}
+    cols: dict[str, list[Any]] = {k: [] for k in _COLUMNS}
     for e in entries:
         c, ch = e.cand, e.cand.choice
+        shared = by_parts.get(id(c.parts))
+        if shared is None:
+            shared = by_parts[id(c.parts)] = (
+                structure_label(c.parts), ",".join(sorted(entry_types(s.spec, e))),
+                sum(p.count for p in c.parts), max(p.depth for p in c.parts),
+                any(len(p.groups) > 1 for p in c.parts), c.num_gpus, s.price_per_s(c))
+        replicas, types, dp, max_pp, mixed, gpus, rate = shared
+        label = labels.get(id(ch))
+        if label is None:
+            label = labels[id(ch)] = ch.label
         row = e.row if e.row is not None and e.row.get("error") == "" else None
         it = float(row["iteration_time_ns"]) if row else math.nan
-        rate = s.price_per_s(c)
         tok_s = float(row["tokens_per_s"]) if row else math.nan
-        rows.append({
-            "candidate": e.index,
-            "key": c.key,
-            "status": statuses.get(e.index, e.status or "pruned:bound"),
-            "global_batch": ch.global_batch,
-            "micro_batch": ch.micro_batch,
-            "schedule": ch.schedule,
-            "recompute": ch.recompute,
-            "virtual_stages": ch.virtual_stages,
-            "zero_stage": ch.zero_stage,
-            "sequence_parallel": ch.sequence_parallel,
-            "layer_split": ch.layer_split,
-            "resharding": c.resharding,
-            "replicas": " ".join(p.label() for p in c.parts),
-            "device_types": ",".join(sorted(entry_types(s.spec, e))),
-            "dp": sum(p.count for p in c.parts),
-            "max_pp": max(p.depth for p in c.parts),
-            "mixed": any(len(p.groups) > 1 for p in c.parts),
-            "gpus": c.num_gpus,
-            "lower_bound_ns": e.lb_ns,
-            "bound": "full" if e.full else "pipeline",
-            "memory_headroom_GB": e.headroom_GB,
-            "iteration_time_ns": it,
-            "tokens_per_s": tok_s,
-            "mfu": float(row["mfu"]) if row else math.nan,
-            "bound_over_time": e.lb_ns / it if row else math.nan,
-            "cost_per_million_tokens": (rate * 1e6 / tok_s if row and rate > 0 else math.nan),
-            "error": (e.row or {}).get("error", ""),
-        })
-    return pd.DataFrame(rows)
+        values = (
+            e.index, candidate_key(label, c.resharding, replicas),
+            statuses.get(e.index, e.status or "pruned:bound"), ch.global_batch, ch.micro_batch,
+            ch.schedule, ch.recompute, ch.virtual_stages, ch.zero_stage, ch.sequence_parallel,
+            ch.layer_split, c.resharding, replicas, types, dp, max_pp, mixed, gpus, e.lb_ns,
+            "full" if e.full else "pipeline" if math.isfinite(e.lb_ns) else "none",
+            e.headroom_GB, it, tok_s, float(row["mfu"]) if row else math.nan,
+            e.lb_ns / it if row else math.nan,
+            rate * 1e6 / tok_s if row and rate > 0 else math.nan,
+            (e.row or {}).get("error", ""))
+        for k, v in zip(_COLUMNS, values, strict=True):
+            cols[k].append(v)
+    return pd.DataFrame(cols)
+
+
+_COLUMNS = ("candidate", "key", "status", "global_batch", "micro_batch", "schedule", "recompute",
+            "virtual_stages", "zero_stage", "sequence_parallel", "layer_split", "resharding",
+            "replicas", "device_types", "dp", "max_pp", "mixed", "gpus", "lower_bound_ns",
+            "bound", "memory_headroom_GB", "iteration_time_ns", "tokens_per_s", "mfu",
+            "bound_over_time", "cost_per_million_tokens", "error")
 
 
 def plan_yaml(plan: dict[str, Any], comment: str) -> str:

@@ -104,8 +104,7 @@ class Candidate:
     @property
     def key(self) -> str:
         """A readable identity, also the tie-break order of equal objectives."""
-        parts = " ".join(p.label() for p in self.parts)
-        return f"{self.choice.label} {self.resharding} | {parts}"
+        return candidate_key(self.choice.label, self.resharding, structure_label(self.parts))
 
     @property
     def groups_used(self) -> tuple[str, ...]:
@@ -119,6 +118,17 @@ class Candidate:
     @property
     def has_reshard(self) -> bool:
         return any(len(set(p.tp)) > 1 for p in self.parts)
+
+
+def structure_label(parts: Structure) -> str:
+    """The replicas of a structure as text (``h100:tp8pp2x1 a100:tp4pp1x2``)."""
+    return " ".join(p.label() for p in parts)
+
+
+def candidate_key(choice_label: str, resharding: str, structure: str) -> str:
+    """:attr:`Candidate.key` from its parts' labels (so a table of many candidates can
+    reuse the label of a structure they share)."""
+    return f"{choice_label} {resharding} | {structure}"
 
 
 def _tp_choices(spec: SearchSpec, g: DeviceGroup) -> list[int]:

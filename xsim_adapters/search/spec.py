@@ -260,6 +260,19 @@ def _parse_prices(value: Any, path: str, groups: tuple[DeviceGroup, ...]) -> dic
     return {t: f.get_number(m, t, path) for t in types if t in m}
 
 
+def _check_micro_batches(mbs: tuple[int, ...], gbs: tuple[int, ...], path: str) -> None:
+    """Every micro-batch size divides some global batch, and every global batch has a size
+    that divides it (docs/search.md): else a value searches nothing (PlanError at ``path``)."""
+    for mb in mbs:
+        if not any(gb % mb == 0 for gb in gbs):
+            raise PlanError(path, f"each size must divide a global batch "
+                                  f"({', '.join(map(str, gbs))}); {mb} divides none")
+    for gb in gbs:
+        if not any(gb % mb == 0 for mb in mbs):
+            raise PlanError("training.global_batch", f"{gb}: no micro-batch size of {path} "
+                            f"({', '.join(map(str, mbs))}) divides it")
+
+
 def spec_from_dict(d: Any, base_dir: str | None = None) -> SearchSpec:
     """A search spec as plain data -> SearchSpec (every error names its YAML path)."""
     if d is None:
@@ -288,6 +301,9 @@ def spec_from_dict(d: Any, base_dir: str | None = None) -> SearchSpec:
     used = {g.type: known[g.type] for g in groups}
     check_precision(training, used)
     space = _parse_space(m.get("space"), "space", traw, training, groups, model.layers)
+    _check_micro_batches(space.micro_batch, gbs,
+                         "space.micro_batch" if "micro_batch" in (m.get("space") or {})
+                         else "training.micro_batch")
     for t, tps in space.tp.items():
         gpn = max(g.gpus_per_node for g in groups if g.type == t)
         if not any(gpn % x == 0 for x in tps):

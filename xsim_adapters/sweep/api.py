@@ -16,7 +16,7 @@ import pandas as pd
 from .expand import Variant, expand
 from .results import RowLog, build_frame, variant_digest
 from .runner import Executor, LocalExecutor, make_executor, run_variant
-from .spec import SweepError, SweepSpec, read_plan_data
+from .spec import SweepError, SweepSpec, check_axis_paths, read_plan_data
 
 if TYPE_CHECKING:
     from ..plan.model import Plan
@@ -75,6 +75,7 @@ def run_spec(spec: SweepSpec, executor: Executor | None = None,
 
     get_backend(spec.backend, spec.options)
     check_backend_options(spec.backend, spec.options)
+    check_axis_paths(spec.axes)  # a typo in a path fails the sweep, not every variant
     executor = executor or LocalExecutor(1)
     done = done or {}
     variants = expand(spec.base, spec.axes, spec.base_dir)

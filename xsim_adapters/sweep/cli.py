@@ -19,7 +19,14 @@ import yaml
 from ..options import parse_option_items
 from .expand import Variant
 from .results import ROWS_FILE, RowLog, variant_digest
-from .spec import SweepError, SweepSpec, check_axes, load_sweep_file, parse_set
+from .spec import (
+    SweepError,
+    SweepSpec,
+    check_axes,
+    check_axis_paths,
+    load_sweep_file,
+    parse_set,
+)
 
 MAX_ERRORS_PRINTED = 10
 
@@ -62,16 +69,14 @@ def add_sweep_arguments(sp: argparse.ArgumentParser) -> None:
                     help="Keep OUT and its finished rows (OUT/sweep.rows.jsonl) and run only "
                          "the variants without a successful row there; says how many it "
                          "skipped.")
-    sp.add_argument("--force", action="store_true",
-                    help="Replace an earlier xsim output of another kind at OUT (never files "
-                         "xsim did not write; see docs/outputs.md).")
     sp.add_argument("--allow-failures", action="store_true",
                     help="Exit 0 even if some variants failed (their rows carry the error).")
-    from ..cli import job_args, progress_args
+    from ..cli import job_args
+    from ..cli_args import common_args
 
     job_args(sp, "each variant of PLAN runs beside them: sweep.csv gets its slowdown_pct "
                  "and each other job's job<k>_* columns")
-    progress_args(sp)
+    common_args(sp, force=True, progress=True)
 
 
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
@@ -98,6 +103,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     if not axes:
         raise SweepError("no axes (add --set PATH=V1,V2 or axes: in a sweep file)")
     spec.axes = check_axes(axes)
+    check_axis_paths(spec.axes)  # before OUT is touched or any variant runs
     if args.backend:
         spec.backend = args.backend
     spec.options.update(parse_option_items(args.option or []))
@@ -123,6 +129,9 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     total = len(product(spec.axes))
     with open_sweep_dir(Path(args.output), args.resume, args.force) as (out, done):
         if args.resume:
+            from .rowsfile import warn_dropped
+
+            warn_dropped(done, "row")
             print(f"resuming in {args.output}: {len(done)} finished variants on record in "
                   f"{ROWS_FILE}")
         with ProgressBar(total, "xsim sweep", force=args.progress, unit="variants") as bar, \

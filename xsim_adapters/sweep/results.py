@@ -13,6 +13,7 @@ import pandas as pd
 import yaml
 
 from .expand import Variant
+from .rowsfile import ResumedRows, read_rows  # noqa: F401 - read back there, used from here
 
 # Columns that are the same for every --jobs / executor; the rest are wall-clock times.
 TIMING_COLUMNS = ("wall_s", "cpu_s")
@@ -61,7 +62,9 @@ def build_frame(variants: Sequence[Variant], rows: Sequence[dict[str, Any]]) -> 
             frame[k] = pd.array(frame[k].tolist(), dtype="Int64")
         elif k != "plan" and not _is_job_name(k):
             frame[k] = pd.to_numeric(frame[k], errors="coerce").astype("float64")
-    return frame
+    from ..metrics.frames import integer_ns
+
+    return integer_ns(frame)  # *_ns columns of whole numbers as (nullable) integers
 
 
 def _is_job_name(column: str) -> bool:
@@ -120,22 +123,3 @@ class RowLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def read_rows(path: str | Path) -> dict[str, dict[str, Any]]:
-    """digest -> row of every successful variant in a rows file (the last one wins; a line cut
-    short by a kill is ignored). An absent file gives {}."""
-    out: dict[str, dict[str, Any]] = {}
-    try:
-        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
-    except FileNotFoundError:
-        return out
-    for line in lines:
-        try:
-            rec = json.loads(line)
-            digest, row = rec["digest"], rec["row"]
-        except (ValueError, KeyError, TypeError):
-            continue
-        if isinstance(digest, str) and isinstance(row, dict) and row.get("error") == "":
-            out[digest] = row
-    return out

@@ -156,14 +156,23 @@ def _dead_worker_row(exc: BaseException) -> Row:
                      "with `xsim run` to see why", "wall_s": math.nan, "cpu_s": math.nan}
 
 
+#: Local worker processes one sweep or search may start: each is an interpreter with numpy,
+#: pandas and xsim loaded (~150 MB resident), so 256 is already tens of GB; more is a typo.
+MAX_LOCAL_JOBS = 256
+
+
 class LocalExecutor:
     """``jobs`` worker processes (spawned: no state inherited from the parent, the same on
     every OS); ``jobs=1`` runs in this process with no pool at all. Workers die with the
     parent (Linux parent-death signal)."""
 
     def __init__(self, jobs: int = 1) -> None:
-        if jobs < 1:
-            raise XsimError(f"jobs: must be at least 1 (got {jobs})")
+        if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+            raise XsimError(f"jobs: must be at least 1 (got {jobs!r})")
+        if jobs > MAX_LOCAL_JOBS:
+            raise XsimError(f"jobs: at most {MAX_LOCAL_JOBS} local worker processes "
+                            f"(MAX_LOCAL_JOBS; each is a Python interpreter of its own) (got "
+                            f"{jobs}); use --executor ray for a cluster")
         self.jobs = jobs
 
     def map(self, fn: Callable[[Task], Row], tasks: Sequence[Task],
@@ -177,7 +186,7 @@ class LocalExecutor:
             if progress:
                 progress(1)
 
-        if min(self.jobs, len(tasks)) <= 1:
+        if self._in_process(len(tasks)):
             for i, t in enumerate(tasks):
                 done(i, fn(t))
             return [results[i] for i in range(len(tasks))]
@@ -195,6 +204,10 @@ class LocalExecutor:
                 alone = True
         return [results[i] for i in range(len(tasks))]
 
+    def _in_process(self, n_tasks: int) -> bool:
+        """Run ``n_tasks`` here, one after the other (one job, or one task): no pool."""
+        return min(self.jobs, n_tasks) <= 1
+
     @staticmethod
     def _pool_run(fn: Callable[[Task], Row], tasks: Sequence[Task], batch: list[int],
                   workers: int, done: OnResult) -> BaseException | None:
@@ -211,14 +224,24 @@ class LocalExecutor:
             raise
 
 
+class DeadlineReached(Exception):
+    """:func:`run_batch` stopped at its ``stop_at`` with tasks unfinished (the pool must then
+    be killed: its workers are still running them)."""
+
+
 def run_batch(pool: ProcessPoolExecutor, fn: Callable[[Task], Row], tasks: Sequence[Task],
-              batch: list[int], done: OnResult) -> BaseException | None:
+              batch: list[int], done: OnResult, stop_at: float = math.inf
+              ) -> BaseException | None:
     """Run ``batch`` on ``pool``, calling ``done`` in task order among those finished together;
-    return the BrokenProcessPool if a worker died (the pool is then unusable)."""
+    return the BrokenProcessPool if a worker died (the pool is then unusable). ``stop_at``: a
+    :func:`time.monotonic` instant; DeadlineReached if tasks are still running then."""
     futures: dict[Future, int] = {pool.submit(fn, tasks[i]): i for i in batch}
     waiting = set(futures)
     while waiting:
-        finished, waiting = wait(waiting, return_when=FIRST_COMPLETED)
+        left = None if stop_at == math.inf else max(stop_at - time.monotonic(), 0.0)
+        finished, waiting = wait(waiting, timeout=left, return_when=FIRST_COMPLETED)
+        if not finished:
+            raise DeadlineReached(f"{len(waiting)} tasks unfinished at the deadline")
         for f in sorted(finished, key=futures.__getitem__):
             try:
                 row = f.result()

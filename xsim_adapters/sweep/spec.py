@@ -9,6 +9,7 @@ strings.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,9 @@ from ..errors import XsimError
 
 PathPart = str | int
 SWEEP_KEYS = ("base", "axes", "backend", "options", "jobs", "placement")
+#: Variants one sweep may have: each holds a copy of the plan (a few kB) until it has run, so
+#: 100,000 are a few hundred MB; at 0.1-1 s per flow simulation they are hours of work.
+MAX_VARIANTS = 100_000
 
 
 class SweepError(XsimError, ValueError):
@@ -145,7 +149,93 @@ def check_axes(axes: Mapping[str, Any]) -> dict[str, list[Any]]:
         if len(values) == 0:
             raise SweepError(f"axes: {path} has no values")
         out[path] = list(values)
+    count = math.prod(len(v) for v in out.values())
+    if count > MAX_VARIANTS:
+        sizes = " x ".join(str(len(v)) for v in out.values())
+        raise SweepError(f"axes: {count:,} variants ({sizes}), more than the {MAX_VARIANTS:,} "
+                         "one sweep may run (MAX_VARIANTS, docs/sweep.md); split the sweep or "
+                         "give fewer values")
     return out
+
+
+def check_axis_paths(axes: Mapping[str, Any]) -> None:
+    """Every axis path leads to a key the plan format has (its JSON Schema, generated from the
+    plan loader: :func:`xsim_adapters.plan.schema.plan_schema`), before any variant runs;
+    SweepError naming the path, the first unknown part and the closest known key, e.g.
+    ``axis training.micro_bach: unknown key micro_bach under training; did you mean
+    micro_batch?``. Values are left to the loader (each variant is validated as a plan)."""
+    schema = _plan_schema()
+    for path in axes:
+        node: Any = schema
+        parts = parse_path(path)
+        for depth, part in enumerate(parts):
+            node = _schema_child(node, part)
+            if node is None:
+                _unknown(path, parts, depth, _schema_keys(_schema_at(schema, parts[:depth])))
+            if node == {}:
+                break  # any value here (a key the loader reads without a shape)
+
+
+_SCHEMA_CACHE: list[dict[str, Any]] = []
+
+
+def _plan_schema() -> dict[str, Any]:
+    """The plan JSON Schema, built once per process (~0.1 s)."""
+    if not _SCHEMA_CACHE:
+        from ..plan.schema import plan_schema
+
+        _SCHEMA_CACHE.append(plan_schema())
+    return _SCHEMA_CACHE[0]
+
+
+def _alternatives(node: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list(node.get("anyOf", [node]))
+
+
+def _schema_child(node: Mapping[str, Any], part: PathPart) -> Any:
+    """The schema of ``part`` (a key or a list index) below ``node``: {} for any value, None
+    if no alternative of ``node`` has it."""
+    for alt in _alternatives(node):
+        if isinstance(part, int):
+            if alt.get("type") == "array":
+                return alt.get("items", {})
+            continue
+        if alt.get("type") != "object":
+            continue
+        props = alt.get("properties")
+        if props is not None and part in props:
+            return props[part]
+        extra = alt.get("additionalProperties")
+        if isinstance(extra, Mapping):  # a mapping of names (device_groups.<name>)
+            return extra
+        if props is None and extra is None:
+            return {}  # an object of any keys
+    return None
+
+
+def _schema_at(schema: Mapping[str, Any], parts: Sequence[PathPart]) -> Mapping[str, Any]:
+    node: Any = schema
+    for part in parts:
+        node = _schema_child(node, part) or {}
+    return node
+
+
+def _schema_keys(node: Mapping[str, Any]) -> list[str]:
+    return sorted({k for alt in _alternatives(node) for k in (alt.get("properties") or {})})
+
+
+def _unknown(path: str, parts: Sequence[PathPart], depth: int, keys: list[str]) -> None:
+    """Raise the SweepError of an axis path whose part ``depth`` the plan has not."""
+    import difflib
+
+    part, under = parts[depth], format_path(parts[:depth]) or "the plan's top level"
+    if isinstance(part, int):
+        raise SweepError(f"axis {path}: {under} is not a list in a plan, so [{part}] "
+                         "cannot index it")
+    close = difflib.get_close_matches(str(part), keys, n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    known = f" (known keys: {', '.join(keys)})" if keys and not close else ""
+    raise SweepError(f"axis {path}: unknown key {part} under {under}{hint}{known}"[:600])
 
 
 def load_sweep_file(path: str | os.PathLike[str]) -> SweepSpec:
@@ -155,7 +245,8 @@ def load_sweep_file(path: str | os.PathLike[str]) -> SweepSpec:
 
     p = Path(path)
     if not p.is_file():
-        raise SweepError(f"sweep file not found: {p}")
+        raise SweepError(f"{p}: not a regular file (expected a sweep YAML file)" if p.exists()
+                         else f"sweep file not found: {p}")
     d = parse_yaml(p.read_text(), str(p))
     if not isinstance(d, Mapping):
         raise SweepError(f"{p}: expected a mapping with keys base, axes (got "

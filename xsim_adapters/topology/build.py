@@ -87,6 +87,8 @@ def build_topology(plan: Plan) -> Topology:
         meta=meta,
         _router=Router(nodes, links),
         ecmp=plan.network.ecmp,
+        rank_device_types=tuple(g.type for g in plan.device_groups
+                                for _ in range(g.num_devices)),
     )
 
 

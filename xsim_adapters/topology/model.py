@@ -57,6 +57,9 @@ class Topology:
     meta: dict[str, Any] = field(default_factory=dict)
     _router: Any = None  # set by the builder: an object with path(src_node, dst_node, key)
     ecmp: str = "flow"  # network.ecmp: what keys a flow's path (routing.ECMP_MODES)
+    # The device type of each rank's GPU (as the plan names it), or None when the builder did
+    # not record it (a hand-built topology); checked against a trace's manifest before a run.
+    rank_device_types: tuple[str, ...] | None = None
 
     @property
     def num_ranks(self) -> int:

@@ -16,7 +16,7 @@ from .graph import Graph
 from .routing import Router
 from .servers import GBPS_PER_GBYTE_PER_S, Gpu, add_server
 
-LINK_KINDS = ("nvlink", "pci", "net")  # the link types of NCCL's tuner (workload/nccl.py)
+LINK_KINDS = ("nvlink", "pci", "net")  # the link types of NCCL's tuner (workload/comm/nccl.py)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ GBPS_PER_GBYTE_PER_S = 8.0
 # Gen3-5 128b/130b at 8 / 16 / 32 GT/s (PCI Express Base Specification 3.0-5.0, Physical
 # Layer); Gen6 64 GT/s PAM4 in FLIT mode, 242 of 256 FLIT bytes carry TLPs (PCIe 6.0 spec,
 # as in the PCI-SIG PCIe 6.0 FAQ: 121 GB/s per direction at x16). TLP header overhead is left to
-# the collective cost model, as NVLink's link efficiency is (workload/nccl.py).
+# the collective cost model, as NVLink's link efficiency is (workload/comm/nccl.py).
 PCIE_LANE_GBps = {
     1: 2.5 * 8 / 10 / 8,
     2: 5.0 * 8 / 10 / 8,

@@ -107,7 +107,8 @@ class TraceBuilder:
         manifest = {
             "schema_version": SCHEMA_VERSION, "plan_name": self.plan_name,
             "plan_digest": "0" * 16,
-            "ranks": [{"rank": r, "group": g, "node": r, "device_type": t, "local": 0}
+            # no node: a hand-made trace knows its ranks' labels, not where they sit
+            "ranks": [{"rank": r, "group": g, "device_type": t, "local": 0}
                       for r, (g, t) in enumerate(self.ranks)],
             "device_types": {t: {"peak_tflops": p} for t, p in self.peak.items()},
             "workload": {"tokens_per_iteration": self.tokens, "replicas": replicas or []},
@@ -137,7 +138,7 @@ def ring_collective(tb: TraceBuilder, ranks: Sequence[int], nbytes: int, *,
     every rank's last send).
     """
     # Imported here: the workload package imports the trace package.
-    from ..workload.collectives import ring_flows
+    from ..workload.comm.collectives import ring_flows
 
     n = len(ranks)
     orders = [list(ranks)] if orders is None else [list(o) for o in orders]

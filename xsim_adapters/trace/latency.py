@@ -1,7 +1,7 @@
 """A trace's flow start latencies as timed barriers, for formats without a per-message delay.
 
 Trace schema 2 gives a flow a start latency (its ``duration_ns``: NCCL's per-call cost before
-its first byte, :mod:`xsim_adapters.workload.latency`). GOAL and Chakra ET have no such field
+its first byte, :mod:`xsim_adapters.workload.comm.latency`). GOAL and Chakra ET have no such field
 on a message, so their exporters see the same schedule written as version 1 wrote it: before
 each flow with a latency, a barrier on its source rank with that delay, which takes over the
 flow's predecessors; the flow then waits only for the barrier. The schedule is the same (the

@@ -34,8 +34,9 @@ them, so a backend only executes the DAG.
 
 ``collectives`` (one row per collective): ``collective`` int32, ``kind`` (str: all_reduce,
 reduce_scatter, all_gather, reshard, p2p), ``phase`` int8, ``bytes`` int64 (payload S per rank
-for ring collectives, total moved for reshard/p2p), ``ranks`` (str, comma-joined ring order),
-``algorithm`` (str), ``channels`` int16, ``sync_group`` int32 (DP sync group, -1 otherwise),
+for ring collectives, total moved for reshard/p2p), ``ranks`` (str: comma-joined ring order;
+for p2p and reshard the two stages' ranks, each comma-joined, joined by ``;``), ``algorithm``
+(str), ``channels`` int16, ``sync_group`` int32 (DP sync group, -1 otherwise),
 ``layer_start``/``layer_stop`` int16, ``chunk`` int32 (LCM multi-ring chunk index, -1 otherwise).
 
 ``manifest`` (dict, JSON on disk): ``schema_version``, ``plan_name``, ``plan_digest``,

@@ -15,22 +15,24 @@ the last flows of the previous unit's collective that touch its rank.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ..plan.attention import is_window_layer
-from ..plan.model import DeviceType, Plan, Stage
-from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, LAYER_EMBEDDING, PHASE_INDEX
-from .algorithms import lower
+from ..plan.model import DeviceType, ModelSpec, Plan, Stage, TrainingSpec
+from ..trace.schema import KIND_COMPUTE, LAYER_EMBEDDING, PHASE_INDEX
 from .builder import BulkBuilder, Template
-from .collectives import RingFlows, ring_flows
-from .compute import BlockCosts, embedding_cost, head_cost, layer_costs
-from .context import CPCosts, cp_costs, cp_mark, local_model
-from .kernels import microbatch_overhead_seconds
-from .latency import gate_latency, latency_members
-from .moe_units import StageMoE
-from .passes import (
+from .comm.algorithms import lower
+from .comm.collectives import RingFlows, ring_flows
+from .comm.context import CPCosts, cp_costs, cp_mark, local_model
+from .comm.emit import emit_lowered
+from .comm.selection import Choice
+from .compute.costs import BlockCosts, embedding_cost, head_cost, layer_costs
+from .compute.kernels import microbatch_overhead_seconds
+from .compute.moe_units import StageMoE
+from .compute.passes import (
     GEMM_WGRAD_SHARE,
     attention_core_flops,
     attention_wgrad_share,
@@ -38,7 +40,6 @@ from .passes import (
     selective_recompute_ns,
     split_ns,
 )
-from .selection import Choice
 
 # SMs that Transformer Engine's TP communication takes from the GEMM it overlaps, per block
 # and pass as (first GEMM, last GEMM) of the unit in run order; the median of the H100
@@ -98,7 +99,7 @@ class RingSpec:
     label: str  # channel-0 order, local indices, comma-joined
     algorithm: str
     delays: tuple[tuple[str, int], ...] = ()  # (collective kind, NCCL delay ns before a ring)
-    # Kinds lowered by another algorithm than the ring: their Choice (workload.selection)
+    # Kinds lowered by another algorithm than the ring: their Choice (workload.comm.selection)
     choices: tuple[tuple[str, Choice], ...] = ()
     # The same group's ring for the MLA latents (Unit.latent) and their bytes per micro-batch
     latent: RingSpec | None = None
@@ -108,6 +109,21 @@ class RingSpec:
 def tp_kinds(plan: Plan) -> tuple[str, ...]:
     """The collective kinds of a stage's TP ring."""
     return ("reduce_scatter", "all_gather") if plan.training.sequence_parallel else ("all_reduce",)
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """What every unit of one model chunk of a stage is built from (:func:`stage_units`)."""
+
+    model: ModelSpec  # with cp > 1 the rank's s/cp tokens
+    training: TrainingSpec
+    device: DeviceType
+    tp: int
+    cpc: CPCosts | None  # ring-attention step costs (cp > 1)
+    tpk: tuple[str, ...]  # the TP collective kinds after a unit
+    kinds: dict[bool, _AttentionKind]  # is-window-layer -> that attention kind's costs
+    gather: str | None  # "all_gather" of MLA's latents under sequence parallelism, else None
+    moe: StageMoE | None
 
 
 def stage_units(
@@ -121,14 +137,14 @@ def stage_units(
     moe: StageMoE | None = None,
 ) -> list[list[Unit]]:
     """Units of one model chunk of a stage for one micro-batch: [forward, backward], or with
-    ``split_w`` (zero-bubble) [forward, B, W] (see :mod:`.passes`).
+    ``split_w`` (zero-bubble) [forward, B, W] (see :mod:`.compute.passes`).
 
     ``layers`` is the chunk's layer range (default: the stage's); ``first``/``last``: the chunk
     holds the embedding / the output head. Forward units carry marks ``("fwd", layer)`` and
     ``("fwd", "embedding")`` (where a parameter all-gather must have arrived); the unit after
     which a layer's weight gradient is complete carries the mark ``layer`` (``"embedding"``).
-    ``moe``: the MoE layers' costs of this stage (:mod:`.moe_units`); their MLP units are
-    replaced by the MoE units, marked for the expert-parallel all-to-all.
+    ``moe``: the MoE layers' costs of this stage (:mod:`.compute.moe_units`); their MLP units
+    are replaced by the MoE units, marked for the expert-parallel all-to-all.
     """
     model, training = plan.model, plan.training
     n = stage.tp
@@ -136,131 +152,140 @@ def stage_units(
     if stage.cp > 1:  # every cost on the rank's s/cp tokens; ring steps add the rest of the core
         model = local_model(model, stage.cp)
         cpc = cp_costs(model, training, device, n, stage.cp)
-    tpk = tp_kinds(plan)
     a, b = stage.layers if layers is None else layers
-    kinds = {w: _attention_kind(model, training, device, n, w)
-             for w in {is_window_layer(model, x) for x in range(a, b)}}
     # Megatron-Core gathers MLA's latents, not the hidden state, ahead of its attention block
     mla_sp = (model.attention is not None and model.attention.mla is not None and n > 1
               and training.sequence_parallel)
-    gather = "all_gather" if mla_sp else None
-    fwd: list[Unit] = []
-    bwd: list[Unit] = []
+    c = _Chunk(model, training, device, n, cpc, tp_kinds(plan),
+               {w: _attention_kind(model, training, device, n, w)
+                for w in {is_window_layer(model, x) for x in range(a, b)}},
+               "all_gather" if mla_sp else None, moe)
+    fwd = _forward_units(c, a, b, first, last)
+    bwd = _forward_units(c, a, b, False, False, "recompute") if training.recompute == "full" \
+        else []
     wgr: list[Unit] = []
-    grads = wgr if split_w else bwd  # where weight gradients are complete
-    if first:
-        ns, fl = embedding_cost(model, training, device)
-        emb = Unit("fwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, tpk, ("fwd", "embedding"),
-                   latent=gather)
-        fwd.append(emb)
-    for layer in range(a, b):
-        k = kinds[is_window_layer(model, layer)]
-        costs = k.costs
-        nxt = None if layer == model.layers - 1 else gather  # it feeds the next attention
-        if cpc is not None:
-            fwd.extend(_cp_units(cpc, layer, "fwd", costs.attn_fwd_ns, costs.attn_flops, tpk))
-        else:
-            fwd.append(
-                Unit("fwd", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk,
-                     ("fwd", layer), k.ga, comm_sms=TP_OVERLAP_SMS["attention_fwd"])
-            )
-        if moe is not None and layer in moe.layers:
-            fwd.extend(_moe_units(moe, layer, "fwd", tpk, nxt))
-            continue
-        fwd.append(Unit("fwd", layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk, None,
-                        k.gm, nxt, TP_OVERLAP_SMS["mlp_fwd"]))
-    if last:
-        ns, fl = head_cost(model, training, device, n)
-        fwd.append(Unit("fwd", model.layers, model.layers + 1, ns, fl, ()))
-    if training.recompute == "full":
-        for layer in range(a, b):
-            k = kinds[is_window_layer(model, layer)]
-            costs = k.costs
-            nxt = None if layer == model.layers - 1 else gather
-            if cpc is not None:
-                bwd.extend(_cp_units(cpc, layer, "recompute", costs.attn_fwd_ns,
-                                     costs.attn_flops, tpk))
-            else:
-                bwd.append(
-                    Unit("recompute", layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk,
-                         None, k.ga, comm_sms=TP_OVERLAP_SMS["attention_fwd"])
-                )
-            if moe is not None and layer in moe.layers:
-                bwd.extend(_moe_units(moe, layer, "recompute", tpk, nxt))
-                continue
-            bwd.append(
-                Unit("recompute", layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk,
-                     None, k.gm, nxt, TP_OVERLAP_SMS["mlp_fwd"])
-            )
     if last:
         ns, fl = head_cost(model, training, device, n, bwd=True)  # fl: backward (2x) FLOPs
         if split_w:
             hb, hw = split_ns(ns, GEMM_WGRAD_SHARE)
-            bwd.append(Unit("bwd", model.layers, model.layers + 1, hb, fl / 2, tpk))
+            bwd.append(Unit("bwd", model.layers, model.layers + 1, hb, fl / 2, c.tpk))
             wgr.append(Unit("wgrad", model.layers, model.layers + 1, hw, fl / 2, ()))
         else:
-            bwd.append(Unit("bwd", model.layers, model.layers + 1, ns, fl, tpk))
+            bwd.append(Unit("bwd", model.layers, model.layers + 1, ns, fl, c.tpk))
     scatter = "reduce_scatter" if mla_sp else None  # the latents' gradients, backward
     for layer in range(b - 1, a - 1, -1):
-        k = kinds[is_window_layer(model, layer)]
-        costs = k.costs
-        is_moe = moe is not None and layer in moe.layers
         if split_w:
-            if moe is not None and is_moe:  # the experts' W pass stays in B (not split)
-                bwd.extend(_moe_units(moe, layer, "bwd", tpk))
-            else:
-                bwd.append(Unit("bwd", layer, layer + 1, k.mlp_b, costs.mlp_flops, tpk, None,
-                                k.rm, comm_sms=TP_OVERLAP_SMS["mlp_bwd"]))
-            if training.recompute == "selective":
-                bwd.append(Unit("recompute", layer, layer + 1, k.sel_ns, k.core, ()))
-            if cpc is not None:  # B: the ring's input gradients; the local GEMMs' W deferred
-                bwd.extend(_cp_units(cpc, layer, "bwd", k.attn_b, costs.attn_flops + k.core,
-                                     tpk, scatter))
-            else:
-                bwd.append(
-                    Unit("bwd", layer, layer + 1, k.attn_b, costs.attn_flops + k.core, tpk, None,
-                         k.ra, scatter, TP_OVERLAP_SMS["attention_bwd"])
-                )
-            mw, mfl = (0, 0.0) if is_moe else (k.mlp_w, costs.mlp_flops)
-            wgr.append(
-                Unit("wgrad", layer, layer + 1, mw + k.attn_w, mfl + k.attn_wfl, (), mark=layer)
-            )
-            continue
-        if moe is not None and is_moe:
-            bwd.extend(_moe_units(moe, layer, "bwd", tpk))
+            _split_backward_units(c, layer, scatter, bwd, wgr)
         else:
-            bwd.append(
-                Unit("bwd", layer, layer + 1, costs.mlp_bwd_ns, 2 * costs.mlp_flops, tpk, None,
-                     k.rm, comm_sms=TP_OVERLAP_SMS["mlp_bwd"])
-            )
-        if training.recompute == "selective":
-            bwd.append(Unit("recompute", layer, layer + 1, k.sel_ns, k.core, ()))
-        if cpc is not None:
-            bwd.extend(_cp_units(cpc, layer, "bwd", costs.attn_bwd_ns, 2 * costs.attn_flops, tpk,
-                                 scatter))
-            continue
-        bwd.append(
-            Unit("bwd", layer, layer + 1, costs.attn_bwd_ns, 2 * costs.attn_flops, tpk, layer,
-                 k.ra, scatter, TP_OVERLAP_SMS["attention_bwd"])
-        )
+            _backward_units(c, layer, scatter, bwd)
     if first:
         ns, fl = embedding_cost(model, training, device, bwd=True)
-        grads.append(
+        (wgr if split_w else bwd).append(  # where weight gradients are complete
             Unit("wgrad" if split_w else "bwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, (),
                  mark="embedding")
         )
-    # Framework overhead per micro-batch pass, on the pass's first layer op. With interleaving
-    # every model chunk is its own forward/backward step call (Megatron's forward_step per chunk
-    # and micro-batch), so each chunk pays it.
-    # (On its first transformer-layer op, so a stage's embedding or head op stays its own.)
+    _add_microbatch_overhead(model, (fwd, bwd))
+    return [fwd, bwd, wgr] if split_w else [fwd, bwd]
+
+
+def _forward_units(c: _Chunk, a: int, b: int, first: bool, last: bool,
+                   phase: str = "fwd") -> list[Unit]:
+    """The forward of layers [a, b) (with the embedding if ``first``, the head if ``last``),
+    or with ``phase="recompute"`` its full recompute (no marks)."""
+    model, tpk, moe = c.model, c.tpk, c.moe
+    fwd = phase == "fwd"
+    units: list[Unit] = []
+    if first:
+        ns, fl = embedding_cost(model, c.training, c.device)
+        units.append(Unit("fwd", LAYER_EMBEDDING, LAYER_EMBEDDING + 1, ns, fl, tpk,
+                          ("fwd", "embedding"), latent=c.gather))
+    for layer in range(a, b):
+        k = c.kinds[is_window_layer(model, layer)]
+        costs = k.costs
+        nxt = None if layer == model.layers - 1 else c.gather  # it feeds the next attention
+        if c.cpc is not None:
+            units.extend(_cp_units(c.cpc, layer, phase, costs.attn_fwd_ns, costs.attn_flops,
+                                   tpk))
+        else:
+            units.append(
+                Unit(phase, layer, layer + 1, costs.attn_fwd_ns, costs.attn_flops, tpk,
+                     ("fwd", layer) if fwd else None, k.ga,
+                     comm_sms=TP_OVERLAP_SMS["attention_fwd"])
+            )
+        if moe is not None and layer in moe.layers:
+            units.extend(_moe_units(moe, layer, phase, tpk, nxt))
+            continue
+        units.append(Unit(phase, layer, layer + 1, costs.mlp_fwd_ns, costs.mlp_flops, tpk, None,
+                          k.gm, nxt, TP_OVERLAP_SMS["mlp_fwd"]))
+    if last:
+        ns, fl = head_cost(model, c.training, c.device, c.tp)
+        units.append(Unit("fwd", model.layers, model.layers + 1, ns, fl, ()))
+    return units
+
+
+def _backward_units(c: _Chunk, layer: int, scatter: str | None, bwd: list[Unit]) -> None:
+    """Append the backward of ``layer`` (MLP, selective recompute, attention) to ``bwd``."""
+    k = c.kinds[is_window_layer(c.model, layer)]
+    costs, tpk = k.costs, c.tpk
+    if c.moe is not None and layer in c.moe.layers:
+        bwd.extend(_moe_units(c.moe, layer, "bwd", tpk))
+    else:
+        bwd.append(
+            Unit("bwd", layer, layer + 1, costs.mlp_bwd_ns, 2 * costs.mlp_flops, tpk, None,
+                 k.rm, comm_sms=TP_OVERLAP_SMS["mlp_bwd"])
+        )
+    if c.training.recompute == "selective":
+        bwd.append(Unit("recompute", layer, layer + 1, k.sel_ns, k.core, ()))
+    if c.cpc is not None:
+        bwd.extend(_cp_units(c.cpc, layer, "bwd", costs.attn_bwd_ns, 2 * costs.attn_flops, tpk,
+                             scatter))
+        return
+    bwd.append(
+        Unit("bwd", layer, layer + 1, costs.attn_bwd_ns, 2 * costs.attn_flops, tpk, layer,
+             k.ra, scatter, TP_OVERLAP_SMS["attention_bwd"])
+    )
+
+
+def _split_backward_units(c: _Chunk, layer: int, scatter: str | None, bwd: list[Unit],
+                          wgr: list[Unit]) -> None:
+    """Zero-bubble: append ``layer``'s B pass to ``bwd`` and its W pass to ``wgr``."""
+    k = c.kinds[is_window_layer(c.model, layer)]
+    costs, tpk = k.costs, c.tpk
+    is_moe = c.moe is not None and layer in c.moe.layers
+    if c.moe is not None and is_moe:  # the experts' W pass stays in B (not split)
+        bwd.extend(_moe_units(c.moe, layer, "bwd", tpk))
+    else:
+        bwd.append(Unit("bwd", layer, layer + 1, k.mlp_b, costs.mlp_flops, tpk, None,
+                        k.rm, comm_sms=TP_OVERLAP_SMS["mlp_bwd"]))
+    if c.training.recompute == "selective":
+        bwd.append(Unit("recompute", layer, layer + 1, k.sel_ns, k.core, ()))
+    if c.cpc is not None:  # B: the ring's input gradients; the local GEMMs' W deferred
+        bwd.extend(_cp_units(c.cpc, layer, "bwd", k.attn_b, costs.attn_flops + k.core,
+                             tpk, scatter))
+    else:
+        bwd.append(
+            Unit("bwd", layer, layer + 1, k.attn_b, costs.attn_flops + k.core, tpk, None,
+                 k.ra, scatter, TP_OVERLAP_SMS["attention_bwd"])
+        )
+    mw, mfl = (0, 0.0) if is_moe else (k.mlp_w, costs.mlp_flops)
+    wgr.append(
+        Unit("wgrad", layer, layer + 1, mw + k.attn_w, mfl + k.attn_wfl, (), mark=layer)
+    )
+
+
+def _add_microbatch_overhead(model: ModelSpec, passes: tuple[list[Unit], ...]) -> None:
+    """Framework overhead per micro-batch pass, on the pass's first layer op, in place.
+
+    With interleaving every model chunk is its own forward/backward step call (Megatron's
+    forward_step per chunk and micro-batch), so each chunk pays it. (On its first
+    transformer-layer op, so a stage's embedding or head op stays its own.)"""
     extra = int(round(microbatch_overhead_seconds() * 1e9))
-    for units in (fwd, bwd):
+    for units in passes:
         i0 = next((i for i, u in enumerate(units) if 0 <= u.layer_start < model.layers), None)
         if i0 is not None:
             d = units[i0].duration_ns
             units[i0] = replace(units[i0], duration_ns=(
                 d + extra if isinstance(d, int) else tuple(x + extra for x in d)))
-    return [fwd, bwd, wgr] if split_w else [fwd, bwd]
 
 
 @dataclass(frozen=True)
@@ -363,6 +388,11 @@ def _pieces(u: Unit, split: bool, sm_count: int = 0) -> list[tuple[Any, Any]]:
     ]
 
 
+def _same_tags(tags: dict[str, Any], _ranks: np.ndarray, _inst: np.ndarray) -> dict[str, Any]:
+    """The op tags of a TP collective's ops: one set for all (the template is per stage)."""
+    return tags
+
+
 def build_block(
     units: list[Unit],
     n: int,
@@ -440,50 +470,22 @@ def build_block(
                     lowered[key] = lower(choice.algorithm, kind, choice.layout, nbytes,
                                          choice.channels, choice.chunks)
             rf = lowered[key]
-            delay = dict(rs.delays).get(kind, 0)
-            folded = latency_members(rf)[0] if delay > 0 else np.zeros(n, dtype=bool)
-            coll = tb.add_collectives(
-                1,
-                kind=kind,
-                phase=tp_phase,
-                bytes=nbytes,
-                ranks=rs.label,
+            coll = dict(
+                n=1, kind=kind, phase=tp_phase, bytes=nbytes, ranks=rs.label,
                 algorithm=rs.algorithm if choice is None else choice.label,
                 channels=len(rs.perm) if choice is None else choice.channels,
-                layer_start=u.layer_start,
-                layer_stop=u.layer_stop,
+                layer_start=u.layer_start, layer_stop=u.layer_stop,
             )
-            fl = tb.add_ops(
-                rf.size,
-                kind=rf.op_kinds(),
-                rank=rf.src,
-                dst=rf.op_dst(),
-                bytes=rf.nbytes,
-                # NCCL latency and protocol cost: a start latency on each member's gate flows
-                duration_ns=gate_latency(rf, delay, folded[None]) if delay > 0 else 0,
-                phase=tp_phase,
-                layer_start=u.layer_start,
-                layer_stop=u.layer_stop,
-                collective=coll[0],
-                step=rf.step,
-                channel=rf.channel,
-            )
-            base = fl[0]
-            tb.add_edges(rf.pred + base, rf.succ + base)
-            start = rf.start[0] + base  # (C, n): first send of member m on channel c
-            if delay > 0:
-                tb.add_edges(tails[folded][:, :, None], start.T[folded][:, None, :])
-                slow = np.flatnonzero(~folded)  # gate flows that wait inside (a tree's inner)
-                if len(slow):  # keep a timed barrier from the member's readiness
-                    dl = tb.add_ops(len(slow), kind=KIND_BARRIER, rank=slow, duration_ns=delay,
-                                    phase=tp_phase, layer_start=u.layer_start,
-                                    layer_stop=u.layer_stop, collective=coll[0])
-                    tb.add_edges(tails[slow], dl[:, None])
-                    tb.add_edges(dl[:, None], start.T[slow])
-            else:
-                tb.add_edges(tails[:, :, None], start.T[:, None, :])
+            # NCCL latency and protocol cost: a start latency on each member's gate flows
+            # (a timed barrier where a gate flow waits inside the collective)
+            tags: dict[str, Any] = dict(phase=tp_phase, layer_start=u.layer_start,
+                                        layer_stop=u.layer_stop)
+            rtails, start = emit_lowered(tb, rf, local[None], dict(rs.delays).get(kind, 0), coll,
+                                         partial(_same_tags, tags))
+            # each member's gate flows (or barrier) wait for the member's compute
+            tb.add_edges_valid(tails.T[:, None, :], start[0][None])
             prev_early = prev_tails
-            tails = (rf.tails[0] + base).transpose(1, 0, 2).reshape(n, -1)  # (n, 2C)
+            tails = rtails[0].transpose(1, 0, 2).reshape(n, -1)  # (n, 2C)
             prev_tails = tails
     assert head is not None and last is not None
     tails = prev_tails if prev_tails is not None else last[:, None]

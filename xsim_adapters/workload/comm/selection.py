@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan.model import Plan
+from ...plan.model import Plan
 from .algorithms import Layout, layout_of, lower, merge, nominal_ns, tile
 from .collectives import RingFlows, ring_flows
 from .nccl import NVLS_MIN_RANKS_PER_SERVER, Fabric, choose, delay_ns

@@ -30,12 +30,15 @@ from typing import Any
 
 import numpy as np
 
-from ..plan.attention import attention_dims
-from ..plan.model import DeviceType, ModelSpec, Plan, TrainingSpec
-from ..trace.schema import KIND_FLOW, PHASE_INDEX
-from .kernels import _attention_core, make_ctx, unit_seconds
+from ...plan.attention import attention_dims
+from ...plan.model import DeviceType, ModelSpec, Plan, TrainingSpec
+from ...plan.sizes import tokens_per_microbatch
+from ...trace.schema import PHASE_INDEX
+from ..compute.kernels import _attention_core, make_ctx, unit_seconds
+from ..compute.passes import attention_core_flops
+from .emit import Emitter, emit_gated
 from .nccl import RING_BASE_LATENCY_US, RING_STEP_LATENCY_US
-from .passes import attention_core_flops
+from .rings import RankInfo
 
 SIMPLE = 2  # index of the Simple protocol in nccl.PROTOCOLS
 # fraction of the local s/cp x s/cp score square one off-diagonal ring step computes, unmasked
@@ -95,19 +98,19 @@ def kv_bytes(plan: Plan, tp: int, cp: int) -> int:
     m = plan.model
     _, hkv, dqk, dv = attention_dims(m)
     kv_heads = max(1, hkv // tp)
-    return plan.training.micro_batch * (m.seq_len // cp) * kv_heads * (dqk + dv) * (
+    return tokens_per_microbatch(m, plan.training.micro_batch, cp) * kv_heads * (dqk + dv) * (
         m.dtype_bytes)
 
 
-def p2p_delay_ns(info: Any, a: int, b: int) -> int:
+def p2p_delay_ns(info: RankInfo, a: int, b: int) -> int:
     """NCCL's latency of one p2p send from rank ``a`` to ``b`` (Simple protocol), ns."""
     link = "nvlink" if info.server[a] == info.server[b] else "net"
     return int(round((RING_BASE_LATENCY_US[SIMPLE] + RING_STEP_LATENCY_US[link][SIMPLE]) * 1e3))
 
 
-def emit_cp(gen: Any) -> None:
-    """Add the K/V ring exchanges of every CP group to ``gen``'s builder (after its stages)."""
-    plan: Plan = gen.plan
+def emit_cp(em: Emitter) -> None:
+    """Add the K/V ring exchanges of every CP group to ``em``'s builder (after its stages)."""
+    plan: Plan = em.plan
     for r0 in range(0, plan.dp, plan.replicas[0].stages[0].cp):
         rep = plan.replicas[r0]
         for i, st in enumerate(rep.stages):
@@ -115,13 +118,13 @@ def emit_cp(gen: Any) -> None:
                 continue
             reps = list(range(r0, r0 + st.cp))
             ranks = np.array([plan.stage_ranks(plan.replicas[r].stages[i]) for r in reps])
-            for k, layers in enumerate(gen.chunks[r0][i]):
+            for k, layers in enumerate(em.chunks[r0][i]):
                 for layer in range(*layers):
                     for phase in ("fwd", "recompute", "bwd"):
-                        _emit_ring(gen, reps, i, k, layer, phase, ranks, st.tp, st.cp)
+                        _emit_ring(em, reps, i, k, layer, phase, ranks, st.tp, st.cp)
 
 
-def _emit_ring(gen: Any, reps: list[int], stage: int, chunk: int, layer: int, phase: str,
+def _emit_ring(em: Emitter, reps: list[int], stage: int, chunk: int, layer: int, phase: str,
                ranks: np.ndarray, tp: int, cp: int) -> None:
     """The ring of one layer and pass on every TP position; ``ranks`` is (cp, tp)."""
     marks = []
@@ -129,38 +132,41 @@ def _emit_ring(gen: Any, reps: list[int], stage: int, chunk: int, layer: int, ph
         key = cp_mark(layer, j, phase, cp)
         cols = []
         for r in reps:
-            ops = gen.stage_ops[(r, stage, chunk)]
+            ops = em.stage_ops[(r, stage, chunk)]
             hit = next((o.marks[key] for o in ops[1:] if key in o.marks), None) if phase != "fwd" \
                 else ops[0].marks.get(key)
             if hit is None:
                 return  # no such pass (e.g. no recompute)
             cols.append(hit)
         marks.append(np.stack(cols, axis=1))  # (m, cp, tp)
-    plan: Plan = gen.plan
-    tb = gen.tb
+    plan: Plan = em.plan
+    tb = em.tb
     m = marks[0].shape[0]
     nbytes = kv_bytes(plan, tp, cp) * (2 if phase == "bwd" else 1)
     src = ranks.reshape(-1)  # member (x, t) -> flat x * tp + t
     nxt = np.roll(ranks, -1, axis=0).reshape(-1)  # the next rank of the ring, same TP position
     n = len(src)
     pc = PHASE_INDEX["cp"]
-    coll = tb.add_collectives(
-        m, kind="cp_ring", phase=pc, bytes=nbytes * (cp - 1),
+    coll: dict[str, Any] | np.ndarray = dict(
+        n=m, kind="cp_ring", phase=pc, bytes=nbytes * (cp - 1),
         ranks=",".join(map(str, ranks[:, 0])), algorithm=f"ring_attention:p2p(cp={cp})",
         channels=1, layer_start=layer, layer_stop=layer + 1,
     )
-    delay = np.array([p2p_delay_ns(gen.info, int(a), int(b)) for a, b in zip(src, nxt,
+    delay = np.array([p2p_delay_ns(em.info, int(a), int(b)) for a, b in zip(src, nxt,
                                                                               strict=True)])
     prev_in = None  # (m, n) flow of the previous step into each member
     prev_out = None  # (m, n) flow of the previous step out of each member
-    replica = gen.rank_replica[src]
+    replica = em.rank_replica[src]
     for j in range(1, cp):
         common = dict(phase=pc, replica=np.tile(replica, m), stage=stage,
                       microbatch=np.repeat(np.arange(m), n), layer_start=layer,
-                      layer_stop=layer + 1, collective=np.repeat(coll, n), step=j - 1)
-        # NCCL's p2p cost: the flow's start latency (workload/latency.py)
-        fl = tb.add_ops(m * n, kind=KIND_FLOW, rank=np.tile(src, m), dst=np.tile(nxt, m),
-                        bytes=nbytes, duration_ns=np.tile(delay, m), **common).reshape(m, n)
+                      layer_stop=layer + 1, collective=np.repeat(np.arange(m), n), step=j - 1)
+        # NCCL's p2p cost: the flow's start latency (workload/comm/latency.py); the first
+        # step opens the collective's rows, the later ones add to them
+        coll, fl, _ = emit_gated(tb, coll, dict(
+            n=m * n, rank=np.tile(src, m), dst=np.tile(nxt, m), bytes=nbytes,
+            duration_ns=np.tile(delay, m), **common))
+        fl = fl.reshape(m, n)
         tb.add_edges(marks[0].reshape(m, n), fl)  # K/V of the local chunk exist
         if prev_in is not None:
             # forward the chunk received in the step before, once that step's send/receive

@@ -29,8 +29,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..plan.layout import apportion
-from ..plan.model import DeviceType, ModelSpec, MoESpec, Plan, TrainingSpec
+from ...plan.layout import apportion
+from ...plan.model import DeviceType, ModelSpec, MoESpec, Plan, TrainingSpec
+from ...plan.sizes import tokens_per_microbatch
 from .kernels import Kernel, _gemm, _linear_bwd, _linear_fwd, _mem, make_ctx, unit_seconds
 
 # Router probabilities and top-k indices written per token and expert (fp32): bytes per element.
@@ -192,5 +193,5 @@ def side_costs(plan: Plan, device: DeviceType, tokens: int, tp: int) -> MoESideC
 
 def local_tokens(plan: Plan, tp: int, cp: int = 1) -> int:
     """Tokens one rank routes per micro-batch: b*s, / tp under sequence parallelism, / cp."""
-    t = plan.training.micro_batch * plan.model.seq_len // cp
+    t = tokens_per_microbatch(plan.model, plan.training.micro_batch, cp)
     return t // tp if plan.training.sequence_parallel else t

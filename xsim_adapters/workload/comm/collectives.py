@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.schema import KIND_FLOW
+from ...trace.schema import KIND_FLOW
+from .nccl import ring_steps
 
 
 def num_steps(kind: str, n: int, granularity: str, chunks: int) -> int:
@@ -33,7 +34,7 @@ def num_steps(kind: str, n: int, granularity: str, chunks: int) -> int:
         return 0
     if granularity == "chunked":
         return max(1, chunks)
-    return 2 * (n - 1) if kind == "all_reduce" else n - 1
+    return ring_steps(kind, n)
 
 
 def _segment_index(kind: str, n: int) -> np.ndarray:

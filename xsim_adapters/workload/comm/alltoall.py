@@ -34,16 +34,16 @@ that delay as a timed barrier (its forwarding is gated on it) and pays a second 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from ..plan.model import Plan
-from ..plan.moe import expert_params, is_moe_layer, moe_layers_in
-from ..plan.parallel import ep_ranks, group_replicas
-from ..trace.schema import KIND_BARRIER, KIND_FLOW, PHASE_INDEX
-from .etp import emit_etp
-from .moe import (
+from ...plan.model import Plan
+from ...plan.moe import expert_params, is_moe_layer, moe_layers_in
+from ...plan.parallel import ep_ranks, group_replicas
+from ...plan.sizes import tokens_per_microbatch
+from ...trace.schema import KIND_BARRIER, PHASE_INDEX
+from ..compute.moe_units import MoELayerCost, StageMoE
+from ..compute.routing import (
     alltoall_matrix,
     expert_counts,
     experts_time_ns,
@@ -52,7 +52,9 @@ from .moe import (
     routing_counts,
     side_costs,
 )
-from .moe_units import MoELayerCost, StageMoE
+from .dpsetup import DPSetup, RingRows, sync_rings
+from .emit import Emitter, emit_gated
+from .etp import emit_etp
 from .nccl import NVLINK_BW_EFFICIENCY, RING_BASE_LATENCY_US, RING_STEP_LATENCY_US
 from .rings import RankInfo
 
@@ -200,7 +202,7 @@ class MoEPlanner:
         owner = owner_of_experts(ex)
         # ep 1: one "member" (the TP group) routes all b*s tokens; ep > 1: each its local ones
         tokens = local_tokens(plan, st.tp, st.cp) if st.ep > 1 else (
-            plan.training.micro_batch * plan.model.seq_len // st.cp)
+            tokens_per_microbatch(plan.model, plan.training.micro_batch, st.cp))
         tb = plan.model.hidden * plan.model.dtype_bytes
         counts, matrix = {}, {}
         for layer in range(*st.layers):
@@ -255,17 +257,17 @@ class MoEPlanner:
         return (gr.experts[j] * expert_params(plan.model, gr.etp)
                 * moe_layers_in(plan.model, st.layers))
 
-    def edp_setup(self, gen: Any) -> dict[str, Any] | None:
-        """Rings of the expert-data-parallel gradient sync, in the form of
-        ``_Generator._dp_setup``: one ring per (stage, EP position) over that position in every
-        EP group; each member is ready after its stage's last compute of the iteration."""
+    def edp_setup(self, em: Emitter) -> DPSetup | None:
+        """Rings of the expert-data-parallel gradient sync (:class:`.dpsetup.DPSetup`, as the
+        dense DP sync's): one ring per (stage, EP position) over that position in every EP
+        group; each member is ready after its stage's last compute of the iteration."""
         plan = self.plan
         rep0 = plan.replicas[0]
         g = group_replicas(plan, 0, 0, "ep")
         heads = list(range(0, plan.dp, len(g)))
         if len(heads) < 2:
             return None
-        rows: list[dict[str, Any]] = []
+        members, grad, param, ready, layers = [], [], [], [], []
         # gradients (all-reduce, reduce-scatter) in the gradient format, as the dense DP sync;
         # ZeRO's all-gather of the updated experts in the model dtype
         grad_bytes = plan.training.grad_reduce_bytes(plan.model.dtype_bytes)
@@ -274,58 +276,36 @@ class MoEPlanner:
             for p in range(st.ep * st.etp):  # every block position
                 r_in, local = divmod(p, st.tp)
                 params = self.expert_params_of(r_in, i, local)
-                nbytes = params * grad_bytes
-                if nbytes <= 0:
+                if params * grad_bytes <= 0:
                     continue
-                members = [grp[p] for grp in groups]
-                ready = []
+                members.append([grp[p] for grp in groups])
+                grad.append(params * grad_bytes)
+                param.append(params * plan.model.dtype_bytes)
+                layers.append(st.layers)
+                row = []
                 for h in heads:
-                    r = h + r_in
-                    kind, c, mb = (int(x) for x in gen.order(r, i)[-1])
-                    ready.append(int(gen.stage_ops[(r, i, c)][kind].last[mb][local]))
-                rows.append({"members": members, "nbytes": nbytes, "ready": ready,
-                             "layers": st.layers,
-                             "param_nbytes": params * plan.model.dtype_bytes})
-        if not rows:
+                    blk, mb = em.last_block(h + r_in, i)
+                    row.append(int(blk.last[mb][local]))
+                ready.append(row)
+        if not members:
             return None
-        perms, sizes, gsizes, labels = [], [], [], []
-        kinds = ("all_reduce", "reduce_scatter", "all_gather")
-        delays: dict[str, list[int]] = {k: [] for k in kinds}
-        choices: dict[str, list[Any]] = {k: [] for k in kinds}
-        picked: dict[tuple, Any] = {}
-        seen: dict[tuple, int] = {}
-        for row in rows:
-            orders, sz = gen._ring(row["members"], row["nbytes"])
-            gsz = (sz if row["param_nbytes"] == row["nbytes"]
-                   else gen._ring(row["members"], row["param_nbytes"])[1])
-            pos = {rk: k for k, rk in enumerate(row["members"])}
-            perms.append([[pos[rk] for rk in o] for o in orders])
-            sizes.append(sz)
-            gsizes.append(gsz)
-            labels.append(",".join(map(str, orders[0])))
-            # the algorithm NCCL's tuner picks and its delay, as for the dense DP sync
-            gen._sync_choices(row["members"], orders, (row["nbytes"], sz),
-                              (row["param_nbytes"], gsz), choices, delays, picked, seen)
-        return {
-            "members": np.array([r["members"] for r in rows], dtype=np.int64),
-            "perm": np.array(perms, dtype=np.int64),
-            "sizes": np.array(sizes, dtype=np.int64),
-            "gather_sizes": np.array(gsizes, dtype=np.int64),
-            "gather_nbytes": np.array([r["param_nbytes"] for r in rows], dtype=np.int64),
-            "delays": {k: np.array(v, dtype=np.int64) for k, v in delays.items() if v},
-            "choices": choices,
-            "labels": np.array(labels, dtype=object),
-            "nbytes": np.array([r["nbytes"] for r in rows], dtype=np.int64),
-            "chunk": np.full(len(rows), -1, dtype=np.int64),
-            "sync_group": np.full(len(rows), -1, dtype=np.int64),
-            "layer_start": np.array([r["layers"][0] for r in rows], dtype=np.int64),
-            "layer_stop": np.array([r["layers"][1] for r in rows], dtype=np.int64),
-            "ready": np.array([r["ready"] for r in rows], dtype=np.int64),
-        }
+        # the algorithm NCCL's tuner picks and its delay, as for the dense DP sync
+        perm, sizes, gsizes, labels, delays, choices = sync_rings(
+            em, RingRows(members, grad, param))
+        n = len(members)
+        return DPSetup(
+            members=np.array(members, dtype=np.int64), perm=perm, grad_channel_bytes=sizes,
+            param_channel_bytes=gsizes, grad_bytes=np.array(grad, dtype=np.int64),
+            param_bytes=np.array(param, dtype=np.int64), delays_ns=delays, choices=choices,
+            labels=labels, chunk=np.full(n, -1, dtype=np.int64),
+            sync_group=np.full(n, -1, dtype=np.int64),
+            layer_start=np.array([lr[0] for lr in layers], dtype=np.int64),
+            layer_stop=np.array([lr[1] for lr in layers], dtype=np.int64),
+            ready_op=np.array(ready, dtype=np.int64), first_fwd_op=None)
 
     # ---- emission ------------------------------------------------------------------------
-    def emit(self, gen: Any) -> None:
-        """Add the dispatch and combine all-to-alls of every EP group to ``gen``'s builder."""
+    def emit(self, em: Emitter) -> None:
+        """Add the dispatch and combine all-to-alls of every EP group to ``em``'s builder."""
         plan = self.plan
         done: set[tuple[int, int]] = set()
         for r, rep in enumerate(plan.replicas):
@@ -336,46 +316,46 @@ class MoEPlanner:
                 if (gr.replicas[0], i) in done or not gr.matrix:
                     continue
                 done.add((gr.replicas[0], i))
-                for k in range(len(gen.chunks[r][i])):
-                    self._emit_chunk(gen, gr, k)
+                for k in range(len(em.chunks[r][i])):
+                    self._emit_chunk(em, gr, k)
 
-    def _mark_ids(self, gen: Any, gr: GroupRouting, chunk: int, key: tuple) -> np.ndarray | None:
+    def _mark_ids(self, em: Emitter, gr: GroupRouting, chunk: int, key: tuple) -> np.ndarray | None:
         """(m, G) global op ids of mark ``key`` on every member, or None if no block has it."""
         cols = []
         for r in gr.replicas:
-            ops = gen.stage_ops[(r, gr.stage, chunk)]
+            ops = em.stage_ops[(r, gr.stage, chunk)]
             hit = next((o.marks[key] for o in ops if key in o.marks), None)
             if hit is None:
                 return None
             cols.append(hit)
         return np.concatenate(cols, axis=1)
 
-    def _emit_chunk(self, gen: Any, gr: GroupRouting, chunk: int) -> None:
+    def _emit_chunk(self, em: Emitter, gr: GroupRouting, chunk: int) -> None:
         for layer in gr.matrix:
             for phase in ("fwd", "recompute", "bwd"):
-                pre = self._mark_ids(gen, gr, chunk, ("moe", layer, "pre", phase))
+                pre = self._mark_ids(em, gr, chunk, ("moe", layer, "pre", phase))
                 if pre is None:
                     continue
-                exp = self._mark_ids(gen, gr, chunk, ("moe", layer, "experts", phase))
-                post = self._mark_ids(gen, gr, chunk, ("moe", layer, "post", phase))
+                exp = self._mark_ids(em, gr, chunk, ("moe", layer, "experts", phase))
+                post = self._mark_ids(em, gr, chunk, ("moe", layer, "post", phase))
                 assert exp is not None and post is not None
                 # forward: dispatch pre -> experts, combine experts -> post; backward the
                 # gradients go from the token owner (post) to the experts and back to pre
                 into, out = (post, pre) if phase == "bwd" else (pre, post)
-                self._to_experts(gen, gr, layer, into, exp)
-                self._from_experts(gen, gr, layer, exp, out)
+                self._to_experts(em, gr, layer, into, exp)
+                self._from_experts(em, gr, layer, exp, out)
 
-    def _barrier(self, gen: Any, gr: GroupRouting, layer: int, m: int) -> np.ndarray:
+    def _barrier(self, em: Emitter, gr: GroupRouting, layer: int, m: int) -> np.ndarray:
         """(m, G) zero-time joins, one per block rank and micro-batch."""
         ranks = np.asarray(gr.members, dtype=np.int64)
         g = len(ranks)
-        return gen.tb.add_ops(
+        return em.tb.add_ops(
             m * g, kind=KIND_BARRIER, rank=np.tile(ranks, m), phase=PHASE_INDEX["ep"],
-            replica=np.tile(gen.rank_replica[ranks], m), stage=gr.stage,
+            replica=np.tile(em.rank_replica[ranks], m), stage=gr.stage,
             microbatch=np.repeat(np.arange(m), g), layer_start=layer, layer_stop=layer + 1,
         ).reshape(m, g)
 
-    def _etp_rings(self, gen: Any, gr: GroupRouting, layer: int, kind: str, start: np.ndarray,
+    def _etp_rings(self, em: Emitter, gr: GroupRouting, layer: int, kind: str, start: np.ndarray,
                    end: np.ndarray) -> None:
         """The all-gather-v or reduce-scatter-v of every ETP group (:mod:`.etp`)."""
         tb_bytes = self.plan.model.hidden * self.plan.model.dtype_bytes
@@ -383,44 +363,44 @@ class MoEPlanner:
         e = gr.etp
         for j in range(len(gr.experts)):
             grp = slice(j * e, (j + 1) * e)
-            emit_etp(gen, gr.members[grp], chunks[grp], kind, layer, gr.stage, start[:, grp],
+            emit_etp(em, gr.members[grp], chunks[grp], kind, layer, gr.stage, start[:, grp],
                      end[:, grp])
 
-    def _to_experts(self, gen: Any, gr: GroupRouting, layer: int, src: np.ndarray,
+    def _to_experts(self, em: Emitter, gr: GroupRouting, layer: int, src: np.ndarray,
                     exp: np.ndarray) -> None:
         """Dispatch (or its backward's combine gradient): all-to-all over every EP group, then
         with etp > 1 the all-gather-v of every ETP group."""
         method = self.plan.model.moe.alltoall  # type: ignore[union-attr]
         mats, e = gr.matrix[layer], gr.etp
         if e == 1:
-            self._exchange(gen, gr, gr.members, layer, mats[0], src, exp, method)
+            self._exchange(em, gr, gr.members, layer, mats[0], src, exp, method)
             return
-        joined = self._barrier(gen, gr, layer, src.shape[0])
+        joined = self._barrier(em, gr, layer, src.shape[0])
         for t in range(e):
-            self._exchange(gen, gr, gr.ep_group(t), layer, mats[t], src[:, t::e],
+            self._exchange(em, gr, gr.ep_group(t), layer, mats[t], src[:, t::e],
                            joined[:, t::e], method)
-        self._etp_rings(gen, gr, layer, "all_gather", joined, exp)
+        self._etp_rings(em, gr, layer, "all_gather", joined, exp)
 
-    def _from_experts(self, gen: Any, gr: GroupRouting, layer: int, exp: np.ndarray,
+    def _from_experts(self, em: Emitter, gr: GroupRouting, layer: int, exp: np.ndarray,
                       dst: np.ndarray) -> None:
         """Combine (or the dispatch gradient): with etp > 1 the reduce-scatter-v of every ETP
         group first, then the all-to-all (transposed matrix) over every EP group."""
         method = self.plan.model.moe.alltoall  # type: ignore[union-attr]
         mats, e = gr.matrix[layer], gr.etp
         if e == 1:
-            self._exchange(gen, gr, gr.members, layer, np.ascontiguousarray(mats[0].T), exp, dst,
+            self._exchange(em, gr, gr.members, layer, np.ascontiguousarray(mats[0].T), exp, dst,
                            method)
             return
-        joined = self._barrier(gen, gr, layer, exp.shape[0])
-        self._etp_rings(gen, gr, layer, "reduce_scatter", exp, joined)
+        joined = self._barrier(em, gr, layer, exp.shape[0])
+        self._etp_rings(em, gr, layer, "reduce_scatter", exp, joined)
         for t in range(e):
-            self._exchange(gen, gr, gr.ep_group(t), layer, np.ascontiguousarray(mats[t].T),
+            self._exchange(em, gr, gr.ep_group(t), layer, np.ascontiguousarray(mats[t].T),
                            joined[:, t::e], dst[:, t::e], method)
 
-    def _exchange(self, gen: Any, gr: GroupRouting, members: list[int], layer: int,
+    def _exchange(self, em: Emitter, gr: GroupRouting, members: list[int], layer: int,
                   matrix: np.ndarray, src_ops: np.ndarray, dst_ops: np.ndarray,
                   method: str) -> None:
-        tb = gen.tb
+        tb = em.tb
         ex = lower_alltoall(matrix, members, self.info, method)
         m = src_ops.shape[0]
         if len(ex.src) == 0:  # everything stayed local: the experts wait on the own tokens
@@ -428,11 +408,6 @@ class MoEPlanner:
             return
         ranks = np.asarray(members, dtype=np.int64)
         phase = PHASE_INDEX["ep"]
-        coll = tb.add_collectives(
-            m, kind="all_to_all", phase=phase, bytes=int(matrix.sum() - np.trace(matrix)),
-            ranks=",".join(map(str, members)), algorithm=ex.algorithm, channels=1,
-            layer_start=layer, layer_stop=layer + 1,
-        )
         nf = len(ex.src)
         first = ex.step == 0
         lat = np.zeros(nf, dtype=np.int64)
@@ -440,29 +415,34 @@ class MoEPlanner:
         if self.plan.collectives.nccl_cost:
             # NCCL's cost per sender: a start latency on its first-step flows; a hierarchical
             # proxy (it forwards in a second step, gated on its own delay) keeps a timed
-            # barrier (workload/latency.py)
+            # barrier (workload/comm/latency.py)
             delay = alltoall_delay_ns(ex, members, self.info)
             proxy = np.isin(senders, ex.src[~first])
             folded = senders[~proxy & (delay[senders] > 0)]
             on = first & np.isin(ex.src, folded)
             lat[on] = delay[ex.src[on]]
             senders = senders[proxy]
-        ids = tb.add_ops(
-            m * nf, kind=KIND_FLOW, rank=np.tile(ranks[ex.src], m), dst=np.tile(ranks[ex.dst], m),
-            bytes=np.tile(ex.nbytes, m), duration_ns=np.tile(lat, m), phase=phase,
-            replica=np.tile(gen.rank_replica[ranks[ex.src]], m), stage=gr.stage,
-            microbatch=np.repeat(np.arange(m), nf), layer_start=layer, layer_stop=layer + 1,
-            collective=np.repeat(coll, nf), step=np.tile(ex.step, m),
-        ).reshape(m, nf)
+        tags = dict(phase=phase, stage=gr.stage, layer_start=layer, layer_stop=layer + 1)
+        gated = self.plan.collectives.nccl_cost and len(senders)
+        coll, ids, dl = emit_gated(
+            tb,
+            dict(n=m, kind="all_to_all", phase=phase, bytes=int(matrix.sum() - np.trace(matrix)),
+                 ranks=",".join(map(str, members)), algorithm=ex.algorithm, channels=1,
+                 layer_start=layer, layer_stop=layer + 1),
+            dict(n=m * nf, rank=np.tile(ranks[ex.src], m), dst=np.tile(ranks[ex.dst], m),
+                 bytes=np.tile(ex.nbytes, m), duration_ns=np.tile(lat, m),
+                 replica=np.tile(em.rank_replica[ranks[ex.src]], m),
+                 microbatch=np.repeat(np.arange(m), nf), collective=np.repeat(np.arange(m), nf),
+                 step=np.tile(ex.step, m), **tags),
+            dict(n=m * len(senders), rank=np.tile(ranks[senders], m),
+                 duration_ns=np.tile(delay[senders], m),
+                 replica=np.tile(em.rank_replica[ranks[senders]], m),
+                 microbatch=np.repeat(np.arange(m), len(senders)),
+                 collective=np.repeat(np.arange(m), len(senders)), **tags) if gated else None)
+        ids = ids.reshape(m, nf)
         start = src_ops
-        if self.plan.collectives.nccl_cost and len(senders):
-            dl = tb.add_ops(
-                m * len(senders), kind=KIND_BARRIER, rank=np.tile(ranks[senders], m),
-                duration_ns=np.tile(delay[senders], m), phase=phase,
-                replica=np.tile(gen.rank_replica[ranks[senders]], m), stage=gr.stage,
-                microbatch=np.repeat(np.arange(m), len(senders)), layer_start=layer,
-                layer_stop=layer + 1, collective=np.repeat(coll, len(senders)),
-            ).reshape(m, len(senders))
+        if dl is not None:
+            dl = dl.reshape(m, len(senders))
             tb.add_edges(src_ops[:, senders], dl)
             start = np.full_like(src_ops, -1)
             start[:, senders] = dl
@@ -480,7 +460,7 @@ class MoEPlanner:
                 fwd_us = RING_BASE_LATENCY_US[SIMPLE] + RING_STEP_LATENCY_US["net"][SIMPLE]
                 b2 = tb.add_ops(m, kind=KIND_BARRIER, rank=int(ranks[p]),
                                 duration_ns=int(round(fwd_us * 1e3)), phase=phase,
-                                replica=int(gen.rank_replica[ranks[p]]), stage=gr.stage,
+                                replica=int(em.rank_replica[ranks[p]]), stage=gr.stage,
                                 microbatch=np.arange(m), layer_start=layer,
                                 layer_stop=layer + 1, collective=coll)
                 tb.add_edges(gate, b2)

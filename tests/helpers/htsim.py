@@ -12,13 +12,12 @@ import pytest
 
 from xsim_adapters.topology import Router, Topology
 from xsim_adapters.trace import handmade
-from xsim_adapters.trace.schema import (
-    Trace,
-)
+from xsim_adapters.trace.schema import Trace
 
-REPO = Path(__file__).resolve().parent.parent
+from . import REPO
+
 DRIVER_SRC = REPO / "plugins" / "htsim" / "driver"
-DATA = Path(__file__).resolve().parent / "data" / "htsim"
+DATA = REPO / "tests" / "data" / "htsim"
 
 
 class TraceBuilder(handmade.TraceBuilder):

@@ -22,10 +22,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..plan.model import Plan
-from ..plan.parallel import dp_synced_params
-from .compute import embedding_params, head_params
-from .schedule import replica_chunks
+from ...plan.model import Plan
+from ...plan.parallel import dp_synced_params
+from ..compute.costs import embedding_params, head_params
+from ..schedule import replica_chunks
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 from hypothesis import strategies as st
-
-#: The shipped plans, found from this file so tests do not depend on the working directory.
-WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"
 
 EXAMPLE: dict[str, Any] = {
     "name": "llama2-7b-h100-a100",

@@ -20,8 +20,8 @@ attention core alone yet; when :mod:`.compute` gets one, this should call it (me
 
 from __future__ import annotations
 
-from ..plan.attention import attention_dims, is_standard, keys_per_query
-from ..plan.model import ModelSpec, TrainingSpec
+from ...plan.attention import attention_dims, is_standard, keys_per_query
+from ...plan.model import ModelSpec, TrainingSpec
 
 
 def attention_block_flops(model: ModelSpec, training: TrainingSpec,

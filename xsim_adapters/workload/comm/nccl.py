@@ -369,7 +369,7 @@ def hierarchical_cost(kind: str, nbytes: int, fab: Fabric) -> AlgoCost:
     m, nodes = fab.ppn, fab.servers
     intra = HW_LATENCY_US[fab.intra_link]["ring"][p]
     inter = HW_LATENCY_US["net"]["ring"][p]
-    intra_steps = (2 if kind == "all_reduce" else 1) * (m - 1)
+    intra_steps = ring_steps(kind, m)
     inter_steps = ring_steps(kind, nodes)
     lat = BASE_LATENCY_US["ring"][p] + intra_steps * intra + inter_steps * inter
     return AlgoCost("hierarchical", ring.protocol, lat, ring.algbw_GBps, ring.bw_ratio)

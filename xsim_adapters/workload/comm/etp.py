@@ -22,11 +22,10 @@ whole gathered size (:func:`.rings.ring_delay_ns`).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from ..trace.schema import KIND_BARRIER, KIND_FLOW, PHASE_INDEX
+from ...trace.schema import PHASE_INDEX
+from .emit import Emitter, emit_gated
 from .rings import ring_delay_ns
 
 
@@ -47,37 +46,41 @@ def ring_v(chunks: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.nd
             np.array(st, np.int64))
 
 
-def emit_etp(gen: Any, ranks: list[int], chunks: np.ndarray, kind: str, layer: int,
+def emit_etp(em: Emitter, ranks: list[int], chunks: np.ndarray, kind: str, layer: int,
              stage: int, start: np.ndarray, end: np.ndarray) -> None:
     """Add one ETP ring ``kind`` per micro-batch over ``ranks`` (global, ring order) whose
     member q owns ``chunks[q]`` bytes. ``start`` (m, n): the op after which member q may
     send; ``end`` (m, n): the op that needs member q's result."""
-    tb = gen.tb
+    tb = em.tb
     m, n = start.shape
     if n < 2 or int(chunks.sum()) == 0:
         tb.add_edges(start, end)
         return
     src, dst, nbytes, step = ring_v(chunks, kind)
     ranks_a = np.asarray(ranks, dtype=np.int64)
-    phase = PHASE_INDEX["ep"]
-    coll = tb.add_collectives(
-        m, kind=kind, phase=phase, bytes=int(chunks.sum()), ranks=",".join(map(str, ranks)),
-        algorithm=f"etp_ring_v(etp={n})", channels=1, layer_start=layer, layer_stop=layer + 1,
-    )
     nf = len(src)
-    ids = tb.add_ops(
-        m * nf, kind=KIND_FLOW, rank=np.tile(ranks_a[src], m), dst=np.tile(ranks_a[dst], m),
-        bytes=np.tile(nbytes, m), phase=phase, replica=np.tile(gen.rank_replica[ranks_a[src]], m),
-        stage=stage, microbatch=np.repeat(np.arange(m), nf), layer_start=layer,
-        layer_stop=layer + 1, collective=np.repeat(coll, nf), step=np.tile(step, m),
-    ).reshape(m, nf)
+    tags = dict(phase=PHASE_INDEX["ep"], stage=stage, layer_start=layer, layer_stop=layer + 1)
+    gates = None
+    if em.plan.collectives.nccl_cost:  # every member's ring cost stays a timed barrier
+        delay = ring_delay_ns(em.info, kind, [ranks], [int(chunks.sum())])
+        gates = dict(n=m * n, rank=np.tile(ranks_a, m), duration_ns=delay,
+                     replica=np.tile(em.rank_replica[ranks_a], m),
+                     microbatch=np.repeat(np.arange(m), n), collective=np.repeat(np.arange(m), n),
+                     **tags)
+    _, ids, dl = emit_gated(
+        tb,
+        dict(n=m, kind=kind, phase=tags["phase"], bytes=int(chunks.sum()),
+             ranks=",".join(map(str, ranks)), algorithm=f"etp_ring_v(etp={n})", channels=1,
+             layer_start=layer, layer_stop=layer + 1),
+        dict(n=m * nf, rank=np.tile(ranks_a[src], m), dst=np.tile(ranks_a[dst], m),
+             bytes=np.tile(nbytes, m), replica=np.tile(em.rank_replica[ranks_a[src]], m),
+             microbatch=np.repeat(np.arange(m), nf), collective=np.repeat(np.arange(m), nf),
+             step=np.tile(step, m), **tags),
+        gates)
+    ids = ids.reshape(m, nf)
     gate = start
-    if gen.plan.collectives.nccl_cost:
-        delay = ring_delay_ns(gen.info, kind, [ranks], [int(chunks.sum())])
-        dl = tb.add_ops(m * n, kind=KIND_BARRIER, rank=np.tile(ranks_a, m), duration_ns=delay,
-                        phase=phase, replica=np.tile(gen.rank_replica[ranks_a], m), stage=stage,
-                        microbatch=np.repeat(np.arange(m), n), layer_start=layer,
-                        layer_stop=layer + 1, collective=np.repeat(coll, n)).reshape(m, n)
+    if dl is not None:
+        dl = dl.reshape(m, n)
         tb.add_edges(start, dl)
         gate = dl
     for f in range(nf):

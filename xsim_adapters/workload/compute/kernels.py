@@ -30,7 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import log2
 
-from ..plan.model import DeviceType, ModelSpec, TrainingSpec
+from ...plan.model import DeviceType, ModelSpec, TrainingSpec
+from ...plan.sizes import tokens_per_microbatch
 from .gemm import Rates, gemm_seconds, tiled_quantization
 
 # --- global constants (docs/compute.md lists every one with its source) ---------------------
@@ -97,7 +98,7 @@ class Ctx:
 
     @property
     def tokens(self) -> int:
-        return self.training.micro_batch * self.model.seq_len
+        return tokens_per_microbatch(self.model, self.training.micro_batch)
 
     @property
     def tokens_norm(self) -> float:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.schema import KIND_BARRIER, KIND_FLOW
+from ...trace.schema import KIND_BARRIER, KIND_FLOW
 from .collectives import RingFlows, ring_flows
 
 

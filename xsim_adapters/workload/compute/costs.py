@@ -26,9 +26,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan.attention import attention_params, keys_per_query
-from ..plan.memory import embedding_params, head_params, layer_params, span_params
-from ..plan.model import DeviceType, ModelSpec, TrainingSpec
+from ...plan.attention import attention_params, keys_per_query
+from ...plan.memory import embedding_params, head_params, layer_params, span_params
+from ...plan.model import DeviceType, ModelSpec, TrainingSpec
+from ...plan.sizes import tokens_per_microbatch
 from .kernels import (
     KERNEL_LAUNCH_US,
     attention_kernels,
@@ -165,7 +166,7 @@ def head_cost(
 
     Model FLOPs are the logits GEMM's ``2*b*s*h*V / tp`` (forward; 2x for ``bwd``).
     """
-    bs = training.micro_batch * model.seq_len
+    bs = tokens_per_microbatch(model, training.micro_batch)
     flops = 2.0 * bs * model.hidden * model.vocab / tp
     c = make_ctx(model, training, device, tp)
     return _ns(unit_seconds(head_kernels(c, bwd))), flops * (2 if bwd else 1)

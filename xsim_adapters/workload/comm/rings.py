@@ -26,8 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..plan.model import Plan
-from ..topology.profile import ServerProfile, server_profile, site_GBps
+from ...plan.model import Plan
+from ...topology.profile import ServerProfile, server_profile, site_GBps
 from .nccl import ring_cost
 
 
