@@ -99,9 +99,29 @@ def cmd_schema(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
     from ._atomic import write_text_atomic
+    from ._outdir import check_output_file
 
-    print(f"wrote the plan JSON Schema to {write_text_atomic(args.output, text)}")
+    target = check_output_file(args.output, "plan JSON Schema", _is_schema_file)
+    print(f"wrote the plan JSON Schema to {write_text_atomic(target, text)}")
     return 0
+
+
+def _is_schema_file(path: Path) -> bool:
+    """Whether ``path`` holds a plan schema ``xsim schema`` wrote (its title and description
+    name it): the only non-empty file ``xsim schema -o`` replaces."""
+    import json
+
+    from ._outdir import read_small_file
+    from .plan.schema import plan_schema
+
+    data, _ = read_small_file(path, 16 << 20)
+    try:
+        doc = json.loads(data or b"")
+    except (ValueError, RecursionError):
+        return False
+    ours = plan_schema()
+    return (isinstance(doc, dict) and doc.get("title") == ours["title"]
+            and doc.get("description") == ours["description"])
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -234,7 +254,7 @@ def _is_goal_file(path: Path) -> bool:
     existing file ``xsim export --format goal`` replaces."""
     import re
 
-    try:
+    try:  # check_output_file calls this on regular files only (a FIFO would block)
         with open(path, "rb") as fh:
             head = fh.readline(64)
     except OSError:
@@ -643,7 +663,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "GiB as nccl-tests does (algbw and busbw columns, optional "
                                  "CSV and plot).", cmd_bench_collective)
     add_arguments(bc)
-    common_args(bc, force=False, progress=False)
+    common_args(bc, force=True, progress=False)  # -o DIR follows the output rule
 
     b = add("backends", "List every installed backend with its availability and, if it "
                         "cannot run here, the reason.", cmd_backends)
@@ -672,6 +692,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from ._proc import Terminated, install_sigterm_handler
 
+    for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 prints, escaped
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     install_sigterm_handler()  # SIGTERM cleans temporary files like Ctrl-C does
     try:
         with warnings.catch_warnings():
