@@ -143,17 +143,17 @@ def _nvls_joins(plan: Plan, st: Any, chunks: int) -> int:
     from ..workload.comm.algorithms import worth_a_join
 
     g = plan.group(st.group)
-    m = min(st.tp, g.gpus_per_node)
+    m = min(st.tp, g.domain_gpus)  # members per NVLink domain (a server or a rack)
     if not (plan.device_types[g.type].nvls and plan.server_spec(g).fabric == "nvswitch"
             and worth_a_join(m - 1, m - 1)):
         return 0
-    return st.tp * (1 if st.tp <= g.gpus_per_node else max(1, chunks))
+    return st.tp * (1 if st.tp <= g.domain_gpus else max(1, chunks))
 
 
 def _tp_ring_channels(plan: Plan, st: Any) -> int:
     """``channels: auto`` for a stage's TP ring: 1 on one server, else its most members on a
     server (one ring per NIC)."""
-    gpn = plan.group(st.group).gpus_per_node
+    gpn = plan.group(st.group).domain_gpus  # NCCL's node: a server or an NVL rack
     d0, d1 = st.devices
     first, last = d0 // gpn, (d1 - 1) // gpn
     if first == last:
