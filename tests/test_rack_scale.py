@@ -227,3 +227,22 @@ def test_blackwell_presets_match_their_sources(name):
     # no sustained-clock measurement for Blackwell: no derating
     assert d.sustained_clock_fraction == 1.0
     assert np.isclose(d.sustained_tflops, bf16 * d.efficiency)
+
+
+# ---------------------------------------------------------------- a collective across the rack
+
+
+def test_ring_all_reduce_over_a_whole_rack_at_nvlink5():
+    """72 GPUs on 18 trays, 1 GiB ring all-reduce (flow backend): no faster than 2(n-1)/n S at
+    NCCL's NVLink 5 rate (40.1 of 50 GB/s per link, topo.h) and no slower than that plus NCCL's
+    ring latency (8.4 us + 3.4 us per step, Simple) and two 0.5 us NVLink hops per step."""
+    from xsim_adapters.bench_collective import bench
+
+    plan = plan_from_dict(_plan(nodes=NVL72_TRAYS, tp=4))
+    n, size = 72, 1 << 30
+    row = bench(plan, "all_reduce", [size], algorithm="ring").iloc[0]
+    assert row["algorithm"] == "ring:Simple"
+    steps = 2 * (n - 1)
+    wire_us = steps / n * size / (900e9 * 40.1 / 50) * 1e6
+    latency_us = 8.4 + steps * 3.4 + steps * 2 * 0.5
+    assert wire_us <= row["time_us"] <= 1.01 * (wire_us + latency_us)

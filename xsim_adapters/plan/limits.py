@@ -93,7 +93,7 @@ def estimate_ops(plan: Plan, simulated: Collection[int] | None = None) -> int:
     c, t = plan.collectives, plan.training
     # ``channels: auto`` opens one ring per NIC the members of a server use: a ring inside a
     # server has one; a DP ring has at most one member per replica on a server
-    gpn = max(g.gpus_per_node for g in plan.device_groups)
+    gpn = max(g.domain_gpus for g in plan.device_groups)  # NICs of a server or an NVL rack
     chans = c.channels or min(gpn, _replicas_per_server(plan))
     kinds = ("reduce_scatter", "all_gather") if t.sequence_parallel else ("all_reduce",)
     # compute ops per unit and rank (tp_comm cuts a unit in three), and per layer without

@@ -114,7 +114,7 @@ class Fabric:
                                   minlength=num_servers)[:num_servers] + explicit
         c = plan.collectives
         # channels a ring can open: the plan's count, or (auto) one per NIC of a server
-        self.max_channels = max(c.channels, max(gr.gpus_per_node for gr in plan.device_groups))
+        self.max_channels = max(c.channels, max(gr.domain_gpus for gr in plan.device_groups))
         self._tp: dict[tuple[int, int, int, tuple[str, ...]], int] = {}
         self._sent: dict[tuple[str, str, object, int, int, int], np.ndarray] = {}
         self._choice: dict[tuple[object, ...], Choice] = {}
