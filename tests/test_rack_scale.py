@@ -17,8 +17,8 @@ from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import device_presets, plan_from_dict
 from xsim_adapters.plan.serialize import plan_to_dict
 from xsim_adapters.trace.schema import KIND_FLOW, PHASE_INDEX
-from xsim_adapters.workload.rings import RankInfo
-from xsim_adapters.workload.selection import fabric
+from xsim_adapters.workload.comm.rings import RankInfo
+from xsim_adapters.workload.comm.selection import fabric
 
 NVL72_TRAYS = 18  # compute trays of 4 GPUs per GB200 / GB300 NVL72 rack (9 NVLink switch trays)
 GB200_NVLINK_GBPS = 900 * 8  # NVLink 5: 900 GB/s per GPU per direction, in Gb/s
