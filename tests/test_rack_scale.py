@@ -246,3 +246,23 @@ def test_ring_all_reduce_over_a_whole_rack_at_nvlink5():
     wire_us = steps / n * size / (900e9 * 40.1 / 50) * 1e6
     latency_us = 8.4 + steps * 3.4 + steps * 2 * 0.5
     assert wire_us <= row["time_us"] <= 1.01 * (wire_us + latency_us)
+
+
+def test_search_places_tp_across_trays_inside_a_rack_not_across_racks():
+    from xsim_adapters.search import spec_from_dict
+    from xsim_adapters.search.space import pure_shapes
+
+    raw = {
+        "name": "s", "model": "llama2-7b", "training": {"global_batch": 16},
+        "device_groups": {"gb": {"type": "GB200", "nodes": 4, "gpus_per_node": 4,
+                                 "nvlink_domain_gpus": 8}},
+        "space": {"tp": [4, 8, 16], "pp_min": 1, "pp_max": 1, "micro_batch": [1]},
+    }
+    spec = spec_from_dict(raw)
+    # TP 8 spans the two trays of a domain; TP 16 would span two domains
+    assert [tp for tp, _ in pure_shapes(spec, spec.device_groups[0])] == [8, 4]
+    raw["space"]["tp"] = [16]
+    with pytest.raises(PlanError) as e:
+        spec_from_dict(raw)
+    assert str(e.value) == ("space.tp: expected a TP degree dividing the 8 GPUs of one GB200 "
+                            "NVLink domain (got [16])")
