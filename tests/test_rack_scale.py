@@ -122,6 +122,24 @@ def test_without_the_key_every_tray_is_its_own_domain():
 # ---------------------------------------------------------------- what the generator sees
 
 
+@pytest.mark.parametrize("server", [None, {"fabric": "nvswitch", "pair_GBps": 300.0,
+                                           "pcie": {"gen": 5}, "nics": "per_pair"}])
+def test_the_tiled_rack_profile_equals_routing_every_pair(server):
+    """server_profile tiles a two-tray profile over the rack; routing all 72 x 72 pairs of the
+    built rack gives the same bandwidths, link kinds, NICs and NIC shares."""
+    from xsim_adapters.topology.profile import _domain_profile, server_profile
+
+    extra = {} if server is None else {"server": server}
+    plan = plan_from_dict(_plan(nodes=NVL72_TRAYS, tp=4, extra_group=extra))
+    g = plan.device_groups[0]
+    tiled, routed = server_profile(plan, g), _domain_profile(plan, g, NVL72_TRAYS)
+    assert np.array_equal(tiled.pair_GBps, routed.pair_GBps)
+    assert tiled.pair_kind == routed.pair_kind
+    assert np.array_equal(tiled.nic, routed.nic)
+    assert np.array_equal(tiled.scaleout_GBps, routed.scaleout_GBps)
+    assert tiled.pair_GBps[0, 71] == (300.0 if server else 900.0)
+
+
 def test_rank_info_treats_the_rack_as_one_nccl_node(two_racks):
     plan, _ = two_racks
     info = RankInfo(plan)
