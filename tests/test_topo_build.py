@@ -22,7 +22,7 @@ def names_of(topo, ids) -> list[str]:
 def test_frames_follow_the_contract():
     topo = build_topology(make_plan([("h", "H100", 2, 8), ("a", "A100", 1, 4)]))
     nodes, links = topo.nodes, topo.links
-    assert list(nodes.columns) == ["node_id", "kind", "name", "rank", "server"]
+    assert list(nodes.columns) == ["node_id", "kind", "name", "rank", "server", "domain"]
     assert list(links.columns) == ["link_id", "src", "dst", "gbps", "latency_ns", "tier"]
     assert nodes["node_id"].tolist() == list(range(len(nodes)))
     assert links["link_id"].tolist() == list(range(len(links)))

@@ -57,7 +57,7 @@ MODEL_KEYS = ("preset", "name", *MODEL_SHAPE_KEYS, "dtype", "gated_mlp", "moe", 
               "mlp_bias")
 DEVICE_NUMBER_KEYS = ("peak_tflops", "hbm_GB", "hbm_GBps", "scaleup_GBps", "nic_gbps")
 # Optional per-precision peaks (TFLOP/s, 0 = the part has no such unit) and model constants.
-DEVICE_PEAK_KEYS = ("fp32_tflops", "tf32_tflops", "fp8_tflops")
+DEVICE_PEAK_KEYS = ("fp32_tflops", "tf32_tflops", "fp8_tflops", "fp4_tflops")
 DEVICE_KEYS = (
     *DEVICE_NUMBER_KEYS,
     *DEVICE_PEAK_KEYS,

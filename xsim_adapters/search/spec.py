@@ -308,11 +308,13 @@ def spec_from_dict(d: Any, base_dir: str | None = None, source: str | None = Non
                          "space.micro_batch" if "micro_batch" in (m.get("space") or {})
                          else "training.micro_batch")
     for t, tps in space.tp.items():
-        gpn = max(g.gpus_per_node for g in groups if g.type == t)
+        gpn = max(g.domain_gpus for g in groups if g.type == t)  # a server or an NVL rack
+        unit = ("server" if all(g.domain_nodes == 1 for g in groups if g.type == t)
+                else "NVLink domain")
         if not any(gpn % x == 0 for x in tps):
             per_type = isinstance((m.get("space") or {}).get("tp"), Mapping)
             raise PlanError(f"space.tp.{t}" if per_type else "space.tp",
-                            f"expected a TP degree dividing the {gpn} GPUs of one {t} server "
+                            f"expected a TP degree dividing the {gpn} GPUs of one {t} {unit} "
                             f"(got {list(tps)})")
     prices = _parse_prices(m.get("prices_per_gpu_hour"), "prices_per_gpu_hour", groups)
     objective = f.get_enum(m, "objective", "", OBJECTIVES, "throughput")

@@ -209,7 +209,8 @@ def replica_signature(plan: Plan, r: int) -> tuple:
     on a symmetric fabric."""
     so = plan.network.scale_out
     rep = plan.replicas[r]
-    first_node = None
+    domain_of = plan.domain_of_node()
+    first_node = first_domain = None
     stages = []
     for st in rep.stages:
         g = plan.group(st.group)
@@ -217,7 +218,11 @@ def replica_signature(plan: Plan, r: int) -> tuple:
         gpn = g.gpus_per_node
         _, _, node = plan.rank_info(plan.stage_ranks(st)[0])
         first_node = node if first_node is None else first_node
-        place: tuple = (st.devices[0] % gpn, st.devices[1] - st.devices[0])
+        first_domain = domain_of[node] if first_domain is None else first_domain
+        # the stage's place in its NVLink domain (a rack of trays: which PP hops stay on NVLink)
+        place: tuple = (st.devices[0] % g.domain_gpus, st.devices[1] - st.devices[0])
+        if g.domain_nodes > 1:
+            place += (domain_of[node] - first_domain,)
         if not so.rail_optimized:  # which stages share a leaf matters for PP routes
             npl = max(1, so.nodes_per_leaf)
             place += (node - first_node, node // npl - first_node // npl)
