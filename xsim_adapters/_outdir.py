@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from ._proc import _LIBC, TOOL, pid_alive
+from ._version import __version__
 from .errors import OutputError
 
 STAMP = ".xsim-output"
@@ -54,12 +55,6 @@ LEGACY_FILES: dict[str, set[str]] = {
 }
 SWEEP_STAMP_FILES = tuple(sorted(LEGACY_FILES["sweep"]))  # a sweep fills its directory later
 _TMP_RE = re.compile(re.escape(TMP_PREFIX) + r".*-(\d+)-[A-Za-z0-9_]{8}(?:\.tmp)?")
-
-
-def _version() -> str:
-    from . import __version__
-
-    return __version__
 
 
 def _files(root: Path) -> list[str]:
@@ -247,7 +242,7 @@ def writer_lock(root: Path) -> Iterator[None]:
 def write_stamp(root: Path, kind: str, files: Iterable[str] | None = None) -> None:
     """Write ``root/.xsim-output`` listing ``files`` (default: every file now under root)."""
     listed = sorted(set(files if files is not None else _files(root)) - {STAMP})
-    stamp = {"tool": TOOL, "version": _version(), "kind": kind, "pid": os.getpid(),
+    stamp = {"tool": TOOL, "version": __version__, "kind": kind, "pid": os.getpid(),
              "files": listed}
     tmp = root / f".{STAMP}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(stamp, indent=1) + "\n", encoding="utf-8")
