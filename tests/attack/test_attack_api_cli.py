@@ -402,7 +402,7 @@ def test_absurd_local_jobs_are_refused_before_any_worker(tmp_path: Path, command
 
 
 def test_compare_backends_given_twice_run_once() -> None:
-    from xsim_adapters.cli import parse_backends
+    from xsim_adapters.cli.args import parse_backends
     from xsim_adapters.errors import XsimError
 
     assert parse_backends("flow, ns3,flow") == ["flow", "ns3"]

@@ -9,7 +9,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .evaluate import ROWS_FILE
+from ..search.evaluate import ROWS_FILE
+from .args import common_args, default_output
 
 
 def add_search_arguments(sp: argparse.ArgumentParser) -> None:
@@ -53,9 +54,14 @@ def add_search_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--resume", action="store_true",
                     help="Keep OUT and the simulations recorded in OUT/search.rows.jsonl; "
                          "the search replays its decisions and simulates only what is new.")
-    from ..cli_args import common_args
-
     common_args(sp, force=True, progress=True)
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    """``xsim search``: see docs/search.md."""
+    if args.output is None:
+        args.output = default_output(args.spec, "search")
+    return run_search_command(args)
 
 
 def open_search_dir(out: Path, resume: bool, force: bool) -> tuple[Path, dict[str, Any]]:
@@ -83,15 +89,15 @@ def run_search_command(args: argparse.Namespace) -> int:
     from .._outdir import write_stamp, writer_lock
     from ..options import parse_option_items
     from ..report.progress import ProgressBar
+    from ..search.api import search, write_result
+    from ..search.bnb import enumerate_space
+    from ..search.bound import Analyzer
+    from ..search.budget import Deadline, parse_count, parse_seconds
+    from ..search.evaluate import Evaluator, KeptPoolExecutor
+    from ..search.spec import load_search_spec
     from ..sweep.results import RowLog
     from ..sweep.rowsfile import warn_dropped
     from ..sweep.runner import make_executor
-    from .api import search, write_result
-    from .bnb import enumerate_space
-    from .bound import Analyzer
-    from .budget import Deadline, parse_count, parse_seconds
-    from .evaluate import Evaluator, KeptPoolExecutor
-    from .spec import load_search_spec
 
     evaluations = parse_count(args.max_evaluations, "--max-evaluations")
     seconds = parse_seconds(args.max_seconds, "--max-seconds")
