@@ -100,9 +100,6 @@ PLUGINS = ("xsim_ns3", "xsim_htsim", "xsim_flowcore")
 
 # rule: importer -> imported (short names: without "xsim_adapters.") -> issue that fixes it.
 KNOWN_VIOLATIONS: dict[str, int] = {
-    # api.search and the sweep executor: api sits below sweep and search (26, item 2).
-    "up: api -> search": 26,
-    "up: api -> sweep.runner": 26,
     # plan is input only: op estimates and memory feasibility call the generator (26, item 1).
     "up: plan.limits -> workload.comm.algorithms": 26,
     "up: plan.limits -> workload.coarsen": 26,
@@ -130,9 +127,6 @@ KNOWN_CYCLES: dict[tuple[str, ...], int] = {
      "topology.profile", "topology.servers", "workload.coarsen", "workload.comm.rings",
      "workload.compute.costs", "workload.compute.kernels", "workload.compute.passes",
      "workload.compute.routing", "workload.schedule"): 26,
-    # api -> search, sweep.runner -> api, jobs.
-    ("api", "jobs", "search", "search.api", "search.bnb", "search.evaluate",
-     "search.outputs", "sweep.runner"): 26,
 }
 
 
