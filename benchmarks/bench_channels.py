@@ -13,9 +13,10 @@ import dataclasses
 import time
 
 import xsim_adapters as xs
+from xsim_adapters.plan.model import Plan
 
 
-def measure(plan: xs.Plan) -> tuple[int, float, float, str]:
+def measure(plan: Plan) -> tuple[int, float, float, str]:
     """(ops, CPU s of generate + flow run, iteration ns, DP channel counts seen) of ``plan``."""
     topo = xs.build_topology(plan)
     t0 = time.process_time()

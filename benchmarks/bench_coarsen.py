@@ -22,7 +22,8 @@ import numpy as np
 from _variant import load_variant
 
 import xsim_adapters as xs
-from xsim_adapters.workload.coarsen import decide
+from xsim_adapters.workload import generate
+from xsim_adapters.workload.coarsen import Coarsening, decide
 
 
 def compare(path: str, microbatches: bool = False, sets: list[str] | None = None) -> dict:
@@ -34,13 +35,14 @@ def compare(path: str, microbatches: bool = False, sets: list[str] | None = None
         if co.microbatches is None:
             raise SystemExit(f"{path}: no steady-state micro-batches to merge:"
                              f" {co.microbatch_reason}")
-        ways = {"coarse": co, "full": dataclasses.replace(co, microbatches=None)}
+        ways: dict[str, str | Coarsening] = {
+            "coarse": co, "full": dataclasses.replace(co, microbatches=None)}
     else:
         ways = {"coarse": "on", "full": "off"}
     out: dict = {}
     for name, how in ways.items():
         t0 = time.process_time()
-        trace = xs.generate(plan, how)
+        trace = generate(plan, how)  # the generator itself: it takes a Coarsening too
         rec = trace.manifest["coarsening"].get("microbatches") or {}
         if microbatches and name == "coarse" and not rec.get("used"):
             raise SystemExit(f"{path}: micro-batches not merged: {rec.get('reason')}")

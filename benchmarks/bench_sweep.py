@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from xsim_adapters.sweep import TIMING_COLUMNS, sweep
 
 ROOT = Path(__file__).resolve().parent.parent
-AXES = {
+AXES: dict[str, list[Any]] = {
     "training.schedule": ["gpipe", "1f1b"],
     "training.micro_batch": [1, 2],
     "network.scale_out.link_gbps": [100, 400],

@@ -37,3 +37,30 @@ def test_a_failing_writer_leaves_neither_target_nor_temporary(tmp_path: Path) ->
         write_atomic(target, boom)
     assert target.read_text() == "previous"  # the old file is untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]
+
+
+def test_the_temporary_is_a_fresh_stamped_directory_and_disk_full_keeps_the_old_file(
+        tmp_path: Path) -> None:
+    import errno
+    import json
+
+    target = tmp_path / "out.csv"
+    target.write_text("previous")
+    # a user's files named like the temporaries of older versions are never touched
+    lookalike = tmp_path / f".xsim-tmp-out.csv-{os.getpid()}-abcdefgh.tmp"
+    lookalike.write_text("user")
+    seen: list[Path] = []
+
+    def full(tmp: str) -> None:
+        seen.append(Path(tmp))
+        stamp = json.loads((Path(tmp).parent / ".xsim-output").read_text())
+        assert stamp["tool"] == "xsim-adapters" and stamp["kind"] == "tmp"
+        Path(tmp).write_text("half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(OSError, match="No space left on device"):
+        write_atomic(target, full)
+    assert seen[0].name == "out.csv" and seen[0].parent.parent == tmp_path
+    assert seen[0].parent.name.startswith(f".xsim-tmp-out.csv-{os.getpid()}-")
+    assert target.read_text() == "previous" and lookalike.read_text() == "user"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [lookalike.name, "out.csv"]

@@ -98,7 +98,8 @@ BASE = {"layers": 4, "hidden": 256, "ffn_hidden": 512, "heads": 4, "seq_len": 12
                               r"128 \(got 256\)"),
     ({"full_every": 2}, r"model\.attention\.full_every: needs a sliding_window \(got 2\)"),
     ({"mla": {"kv_lora_rank": 8}}, r"model\.attention\.mla\.qk_nope_head_dim: required"),
-    ({"window": 8}, r"model\.attention\.window: unknown key; expected one of head_dim"),
+    ({"window": 8}, r"model\.attention\.window: unknown key \(did you mean sliding_window\?\); "
+                    r"expected one of head_dim"),
 ])
 def test_attention_plan_errors(attention, msg):
     with pytest.raises(PlanError, match=msg):

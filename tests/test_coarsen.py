@@ -14,9 +14,9 @@ from helpers import WORKLOADS
 
 import xsim_adapters as xs
 from xsim_adapters.errors import XsimError
-from xsim_adapters.plan.limits import estimate_ops
 from xsim_adapters.trace.schema import KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
 from xsim_adapters.workload.coarsen import AUTO_MIN_OPS, decide, replica_classes
+from xsim_adapters.workload.estimate import estimate_ops
 
 FABRIC = {"topology": "leaf_spine", "rail_optimized": True, "link_gbps": 400,
           "latency_us": 1.0, "oversubscription": 1.0}

@@ -1,13 +1,12 @@
-"""The two C++ max-min (progressive filling) engines, cross-tested on the same inputs.
+"""The two C++ fluid (max-min, progressive filling) engines, cross-tested on the same inputs.
 
-Three engines time scale-up flows as a max-min fair share of their links: the flow backend's
-Python reference (``xsim_adapters/backends/flow/maxmin.py``), the ns-3 replay engine's fluid
-model (``plugins/ns3/xsim_ns3/engine.cpp``, ``FluidResolve``) and the htsim driver's
-(``plugins/htsim/driver/fluid.cpp``, ``FluidGroup::resolve``). The two C++ copies are not one
-shared header: engine.cpp is compiled by cppyy at run time from the installed ns-3 package, the
-driver by make against HTSIM_DIR, and neither package ships the other's sources. So the same
-traces run on all three here, and the C++ engines must agree with the reference within one
-epsilon:
+Three engines time scale-up flows as a max-min fair share of their links: the flow backend
+(reference: ``xsim_adapters/backends/flow/maxmin.py``), the ns-3 replay engine's fluid model
+(``plugins/ns3/xsim_ns3/engine.cpp``, ``FluidResolve``) and the htsim driver's
+(``plugins/htsim/driver/fluid.cpp``, ``FluidGroup::resolve``). Both C++ engines solve with the
+one shared header ``xsim/maxmin.hpp`` (tested on its own in test_maxmin_header.py), but each
+has its own clock and event loop around it. So the same traces run on all three here, and the
+C++ engines must agree with the reference within one epsilon:
 
 ``CLOCK_NS`` per op: ns-3's clock is integer nanoseconds (htsim's picoseconds are finer); each
 engine rounds a flow's completion up to its clock at every rate change and rounds the path

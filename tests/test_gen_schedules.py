@@ -12,7 +12,6 @@ from helpers.gen import A100, H100, make_plan, topo_order
 
 import xsim_adapters as xs
 from xsim_adapters.metrics.ranks import rank_metrics
-from xsim_adapters.plan.limits import estimate_ops
 from xsim_adapters.plan.model import ModelSpec
 from xsim_adapters.trace.schema import (
     KIND_BARRIER,
@@ -23,6 +22,7 @@ from xsim_adapters.trace.schema import (
     Trace,
 )
 from xsim_adapters.workload import generate
+from xsim_adapters.workload.estimate import estimate_ops
 from xsim_adapters.workload.schedule import BWD, FWD, WGRAD, replica_chunks, stage_order
 
 EIGHT = ModelSpec(

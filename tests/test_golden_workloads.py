@@ -56,6 +56,16 @@ BF16_BYTES = 2
 MIXTRAL_8X7B_PARAMS, MIXTRAL_8X7B_ROUTED = 46_702_792_704, 45_097_156_608
 QWEN_MOE_PARAMS, QWEN_MOE_ROUTED = 14_315_587_584, 12_457_082_880
 LLAMA3_8B_PARAMS = 8_030_261_248
+# Llama 3 70B (Llama Team 2024, arXiv:2407.21783, Table 3: 80 layers, hidden 8192, FFN 28672, 64
+# heads, 8 KV heads, vocabulary 128,256): 80 x 855,654,400 per layer (attention 8192 x (8192 +
+# 2 x 1024) + 8192^2, SwiGLU 3 x 8192 x 28672, two norms) + 2 x 128,256 x 8192 (untied embedding
+# and head) + 8192 (final norm) = 70,553,706,496, the count of meta-llama/Meta-Llama-3-70B.
+LLAMA3_70B_LAYER_PARAMS = 855_654_400
+LLAMA3_70B_PARAMS = 80 * LLAMA3_70B_LAYER_PARAMS + 2 * 128_256 * 8192 + 8192
+# GB200 preset rates the rack check bounds with (presets/devices.yaml, its sources): the best
+# GEMM rate, 2500 TFLOP/s x the MAMF ratio 0.729, and NVLink 5, 900 GB/s per GPU per direction
+GB200_GEMM_FLOPS = 2500e12 * 0.729
+NVLINK5_BYTES_PER_S = 900e9
 FP32_BYTES = 4  # gradients of bf16 parameters (training.grad_reduce_dtype auto, Megatron-LM)
 HAND = {
     "moe-mixtral-8x7b-64xh100-ep8": {
@@ -85,6 +95,8 @@ HAND = {
     "dgx1-v100-cube-mesh": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 2},
     "pcie-rtx4090": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 4},
     "two-site-measured": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 2},
+    # two GB200 NVL72 racks: Llama 3 70B, TP 8 x PP 2 x DP 9, stage s of every replica in rack s
+    "gb200-nvl72-llama3-70b": {"params": LLAMA3_70B_PARAMS, "dp": 9, "rack_gpus": 72},
 }
 
 
@@ -160,10 +172,39 @@ def _independent_checks(name: str, golden: dict, trace, plan) -> None:
     bd = golden["breakdown_rank_ns"]
     assert 0 < sum(bd.values()) <= golden["ranks"] * golden["iteration_time_ns"]
     assert bd["breakdown_compute_ns"] <= sum(golden["phases"].get(p, 0) for p in COMPUTE_PHASES)
+    if "rack_gpus" in hand:
+        _rack_checks(hand["rack_gpus"], golden, flows, plan)
     # tokens/s is global_batch x seq_len tokens per iteration, by definition
     tokens = plan.training.global_batch * plan.model.seq_len
     assert golden["tokens_per_s"] * golden["iteration_time_ns"] / 1e9 == pytest.approx(
         tokens, rel=1e-12)
+
+
+def _rack_checks(rack: int, golden: dict, flows, plan) -> None:
+    """An NVL rack plan: TP and DP flows stay inside a rack (NVLink), only PP crosses, and the
+    iteration is no shorter than a stage-0 rank's layer GEMMs at the preset rate plus its TP
+    sends at NVLink 5 (without TP overlap the two are serial on the rank)."""
+    same = flows["rank"].to_numpy() // rack == flows["dst"].to_numpy() // rack
+    phase = flows["phase"].to_numpy()
+    for name in ("tp", "dp"):
+        assert same[phase == PHASE_INDEX[name]].all(), name
+    assert not same[phase == PHASE_INDEX["pp"]].any()
+    st = plan.replicas[0].stages[0]
+    micro = plan.replicas[0].micro_batches
+    tokens = micro * plan.training.micro_batch * plan.model.seq_len
+    # forward + backward = 3 x 2 FLOPs per parameter and token, over the rank's 1/tp share
+    gemm_s = 6 * st.num_layers * LLAMA3_70B_LAYER_PARAMS / st.tp * tokens / GB200_GEMM_FLOPS
+    r0 = flows["rank"] == 0
+    tp_s = flows.loc[r0 & (flows["phase"] == PHASE_INDEX["tp"]), "bytes"].sum() / (
+        NVLINK5_BYTES_PER_S)
+    # closed form of those bytes: per layer and micro-batch 2 all-gathers and 2 reduce-scatters
+    # forward and again backward (sequence parallel), plus the first stage's vocab-parallel
+    # embedding (its reduce-scatter forward, all-gather backward), each (tp - 1) / tp of
+    # b x s x h x 2 bytes
+    act = plan.training.micro_batch * plan.model.seq_len * plan.model.hidden * BF16_BYTES
+    calls = (8 * st.num_layers + 2) * micro
+    assert tp_s * NVLINK5_BYTES_PER_S == calls * (st.tp - 1) * act // st.tp
+    assert golden["iteration_time_ns"] >= (gemm_s + tp_s) * 1e9
 
 
 def test_every_shipped_plan_has_a_golden():

@@ -127,19 +127,21 @@ def test_run_keeps_a_user_file_inside_its_own_output(plans, tmp_path, capsys):
     assert json.loads((out / "summary.json").read_text())["plan"] == "tiny-b"
 
 
-def test_outputs_from_before_the_stamp_are_recognised_by_their_files(plans, tmp_path, capsys):
+def test_an_unstamped_directory_is_never_taken_for_an_xsim_output(plans, tmp_path, capsys):
+    """A run whose stamp is gone (as an xsim older than the stamp wrote it) holds only the
+    file names a run writes, as a user's directory with its own summary.json may: both are
+    refused, whole, with one line that says how to go on (docs/outputs.md)."""
     out = tmp_path / "out"
     assert cli.main(["run", str(plans[0]), "-o", str(out)]) == 0
-    (out / ".xsim-output").unlink()  # as an older xsim wrote it
-    assert _outdir.inspect_output(out)[0] == "run"
-    assert cli.main(["run", str(plans[1]), "--no-plots", "-o", str(out)]) == 0
-    # --no-plots over a run with pictures: the old pictures do not survive beside new numbers
-    assert not (out / "timeline.png").exists()
     (out / ".xsim-output").unlink()
-    (out / "thesis.tex").write_text("x")
+    assert _outdir.inspect_output(out)[0] == "foreign"
+    before = _tree(out)
     capsys.readouterr()
-    assert cli.main(["run", str(plans[1]), "--no-plots", "-o", str(out)]) == 1
-    assert "thesis.tex" in _error(capsys) and (out / "thesis.tex").read_text() == "x"
+    for extra in ([], ["--force"]):
+        assert cli.main(["run", str(plans[1]), "--no-plots", "-o", str(out), *extra]) == 1
+        err = _error(capsys)
+        assert "not an xsim output (no .xsim-output stamp" in err and "empty it" in err
+        assert _tree(out) == before
 
 
 def test_an_empty_directory_is_used_and_goal_replaces_only_goal(plans, tmp_path, capsys):
@@ -166,14 +168,19 @@ def test_stale_siblings_of_dead_runs_are_removed_and_nothing_else(plans, tmp_pat
     unstamped = tmp_path / f".xsim-tmp-out-{dead}-zzzzzzzz"
     unstamped.mkdir()
     (unstamped / "mine.txt").write_text("user data under a confusing name")
-    stale_file = tmp_path / f".xsim-tmp-x.csv-{dead}-q1w2e3r4.tmp"
-    stale_file.write_text("half")
+    stale_file = tmp_path / f".xsim-tmp-x.csv-{dead}-q1w2e3r4.tmp"  # a user's file (or an
+    stale_file.write_text("half")  # older xsim's temporary): a file is never taken by its name
+    stale_sub = tmp_path / f".xsim-tmp-x.csv-{dead}-q1w2e3r5"  # what write_atomic leaves now
+    stale_sub.mkdir()
+    _outdir.write_stamp(stale_sub, "tmp", [])
+    (stale_sub / "x.csv").write_text("half")
     alive = tmp_path / f".xsim-tmp-out-{live}-abcdefgh"
     alive.mkdir()
     _outdir.write_stamp(alive, "run", [])
     assert cli.main(["trace", str(plans[0]), "-o", str(tmp_path / "out")]) == 0
     left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".xsim-tmp-"))
-    assert left == sorted([unstamped.name, alive.name])
+    assert left == sorted([unstamped.name, alive.name, stale_file.name])
+    assert stale_file.read_text() == "half"
 
 
 def test_swap_without_renameat2_leaves_the_new_output_whole(plans, tmp_path, monkeypatch):

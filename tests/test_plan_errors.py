@@ -14,9 +14,9 @@ from xsim_adapters.plan import load_plan, plan_from_dict
 
 A100_STAGE0 = "replicas[1].stages[0]"
 TYPES = (
-    "A10, A100-40GB, A100-80GB, A100-80GB-PCIe, A30, B200, GH200, GH200-141GB, H100-80GB, "
-    "H100-PCIe, H200, L4, L40S, MI250X, MI300X, RTX-2080-Ti, RTX-3090, RTX-4090, T4, V100-16GB, "
-    "V100-32GB"
+    "A10, A100-40GB, A100-80GB, A100-80GB-PCIe, A30, B200, B300, GB200, GB300, GH200, "
+    "GH200-141GB, H100-80GB, H100-PCIe, H200, L4, L40S, MI250X, MI300X, RTX-2080-Ti, RTX-3090, "
+    "RTX-4090, T4, V100-16GB, V100-32GB"
 )
 MODELS = (
     "deepseek-v3, gpt-oss-120b, gpt-oss-20b, gpt3-1.3b, gpt3-175b, llama2-13b, llama2-70b, "
@@ -76,7 +76,8 @@ CASES = [
     (
         "unknown key in training",
         _set(["training", "shedule"], "1f1b"),
-        "training.shedule: unknown key; expected one of global_batch, micro_batch, schedule, "
+        "training.shedule: unknown key (did you mean schedule?); expected one of global_batch, "
+        "micro_batch, schedule, "
         "optimizer, zero_stage, recompute, sequence_parallel, causal_attention_halving, "
         "flash_attention, virtual_stages, overlap, precision, dropout, grad_reduce_dtype, "
         "grad_accumulation_fusion",

@@ -8,8 +8,9 @@ from helpers import WORKLOADS
 
 from xsim_adapters.plan import load_plan, memory_report, plan_to_yaml
 from xsim_adapters.plan.bounded_yaml import parse_yaml
-from xsim_adapters.plan.limits import MAX_TRACE_OPS, MAX_YAML_NODES, estimate_ops
+from xsim_adapters.plan.limits import MAX_TRACE_OPS, MAX_YAML_NODES
 from xsim_adapters.workload.coarsen import AUTO_MIN_OPS, decide, replica_classes
+from xsim_adapters.workload.estimate import estimate_ops
 
 MEGATRON = WORKLOADS / "megatron-1t-3072gpu.yaml"
 LLAMA = WORKLOADS / "llama3-405b-16k-h100.yaml"
@@ -72,13 +73,19 @@ def test_scale_plan_fits_only_coarsened(path):
     assert co.microbatches == (72 if path == MEGATRON else None), co.microbatch_reason
 
 
-def test_full_trace_of_megatron_is_refused_with_the_limit():
+def test_full_trace_of_megatron_is_refused_with_the_limit(monkeypatch):
+    """The full trace is 41.0 M ops (estimate_ops counts what the generator emits: its
+    replica-coarsened, every-micro-batch trace of 6,839,296 ops is counted exactly); with the
+    limit below that, ``off`` is refused before anything is built."""
     from xsim_adapters.errors import PlanError
+    from xsim_adapters.plan import limits
     from xsim_adapters.workload import generate
 
     plan = load_plan(MEGATRON)
-    assert estimate_ops(plan) > MAX_TRACE_OPS
-    with pytest.raises(PlanError, match="MAX_TRACE_OPS"):
+    assert estimate_ops(plan) == 41_005_056
+    assert estimate_ops(plan, {0}) == 6_839_296  # bench_coarsen --microbatches, docs/scale.md
+    monkeypatch.setattr(limits, "MAX_TRACE_OPS", 40_000_000)
+    with pytest.raises(PlanError, match="about 41,005,056 ops, over the limit of 40,000,000"):
         generate(plan, "off")  # refused before anything is built
 
 

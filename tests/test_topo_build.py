@@ -22,7 +22,7 @@ def names_of(topo, ids) -> list[str]:
 def test_frames_follow_the_contract():
     topo = build_topology(make_plan([("h", "H100", 2, 8), ("a", "A100", 1, 4)]))
     nodes, links = topo.nodes, topo.links
-    assert list(nodes.columns) == ["node_id", "kind", "name", "rank", "server"]
+    assert list(nodes.columns) == ["node_id", "kind", "name", "rank", "server", "domain"]
     assert list(links.columns) == ["link_id", "src", "dst", "gbps", "latency_ns", "tier"]
     assert nodes["node_id"].tolist() == list(range(len(nodes)))
     assert links["link_id"].tolist() == list(range(len(links)))
@@ -148,10 +148,13 @@ def test_explicit_links_and_events_resolve():
 
 def test_event_errors_name_the_plan_path():
     bad = (LinkEvent(at_us=1.0, kind="fail", src="gpu0", dst="leaf9"),)
-    with pytest.raises(PlanError, match=r"^network.events\[0\].dst: unknown topology node 'leaf9'"):
+    with pytest.raises(PlanError, match=r"^network.events\[0\].dst: unknown topology node; "
+                                        r"expected one of gpu0..gpu3, nvs0, leaf0 "
+                                        r"\(got 'leaf9'\)$"):
         build_topology(make_plan([("h", "H100", 1, 4)], events=bad))
     nolink = (LinkEvent(at_us=1.0, kind="fail", src="gpu0", dst="gpu1"),)
-    with pytest.raises(PlanError, match=r"^network.events\[0\]: no link between 'gpu0' and 'gpu1'"):
+    with pytest.raises(PlanError, match=r"^network.events\[0\]: expected two nodes joined by a "
+                                        r"link \(got 'gpu0' and 'gpu1', which have none"):
         build_topology(make_plan([("h", "H100", 1, 4)], events=nolink))
     same = (ExplicitLink("leaf0", "leaf0", gbps=1.0),)
     with pytest.raises(PlanError, match=r"^network.links\[0\]: src and dst must differ"):

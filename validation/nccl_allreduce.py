@@ -20,6 +20,7 @@ reaches ~370 GB/s, nccl-tests #212).
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 import pandas as pd
@@ -81,7 +82,7 @@ def cases() -> list[Case]:
             out.append(Case(
                 source=SOURCE, label=f"{dev} {r.size_label}", metric="busbw_GBps",
                 measured=float(getattr(r, col)),
-                predict=lambda d=dev, s=size: _predict(d, s),
+                predict=functools.partial(_predict, dev, size),
                 fast=dev == "A100-80GB" and size in FAST_SIZES,
                 notes="NVLS (NCCL_ALGO=NVLS, as measured)" if dev != "A100-80GB"
                 else "auto (NCCL tuner rule)",

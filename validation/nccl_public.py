@@ -12,6 +12,8 @@ Also a source of the validation suite (``python -m validation``: SOURCE ``nccl-p
 
 from __future__ import annotations
 
+import functools
+
 import pandas as pd
 
 from xsim_adapters.bench_collective import bench, bench_plan
@@ -39,9 +41,9 @@ def cases() -> list[Case]:
         out.append(Case(
             source=SOURCE, label=str(r.label), metric="busbw_GBps",
             measured=float(r.busbw_GBps),
-            predict=lambda r=r: predict(str(r.kind), str(r.device), int(r.servers),
-                                        int(r.gpus_per_server), str(r.algorithm),
-                                        int(r.size_bytes)),
+            predict=functools.partial(predict, str(r.kind), str(r.device), int(r.servers),
+                                      int(r.gpus_per_server), str(r.algorithm),
+                                      int(r.size_bytes)),
             fast=False, notes=f"{r.algorithm}; {r.provenance}",
         ))
     return out

@@ -1,45 +1,27 @@
-"""Atomic file writes: write a temporary sibling, then ``os.replace`` it over the target.
+"""Atomic file writes: every file xsim writes goes through :func:`write_atomic`.
 
-Every file xsim writes goes through here, so a crash never leaves a half-written file that
-looks whole, and every output gets the permissions a plain ``open(path, "w")`` would give
-(``mkstemp`` creates its files 0600).
+The file is written inside a fresh stamped temporary directory beside its target and renamed
+over it (:func:`._outdir.replace_file`, the one implementation), so a crash never leaves a
+half-written file that looks whole, a temporary never takes a user's file name, and every
+output gets the permissions a plain ``open(path, "w")`` would give.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from ._outdir import replace_file
 
 
 def write_atomic(path: str | os.PathLike[str], writer: Callable[[str], None]) -> Path:
     """Call ``writer(tmp_path)`` then rename the temporary file to ``path``.
 
-    The temporary file sits in the same directory (same filesystem, so the rename is atomic)
-    and is removed if ``writer`` raises, so a crash never leaves a half-written ``path``.
+    The temporary sits beside ``path`` (same filesystem, so the rename is atomic) and is
+    removed if ``writer`` raises (disk full included), leaving ``path`` as it was.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # The name says who owns it (pid) so a run after a SIGKILL can remove it (see _outdir).
-    fd, tmp = tempfile.mkstemp(prefix=f".xsim-tmp-{path.name}-{os.getpid()}-", suffix=".tmp",
-                               dir=path.parent)
-    os.close(fd)
-    try:
-        writer(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    return replace_file(path, writer)
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:

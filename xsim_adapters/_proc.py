@@ -25,6 +25,9 @@ from pathlib import Path
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 TMP_STAMP = ".xsim-tmp-owner"  # inside every temporary directory: {"tool", "pid"}
 TOOL = "xsim-adapters"
+#: The largest pid Linux can hand out (PID_MAX_LIMIT, include/linux/threads.h, 64-bit): a pid
+#: read from a file above it (or <= 0) names no process, and os.kill would overflow on it.
+PID_MAX_LIMIT = 1 << 22
 
 _LIBC = None
 if sys.platform.startswith("linux"):
@@ -76,8 +79,9 @@ def child_preexec() -> Callable[[], None] | None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (it may belong to another user)."""
-    if pid <= 0:
+    """Whether a process with this pid exists (it may belong to another user); False for a pid
+    no process can have (<= 0 or above :data:`PID_MAX_LIMIT`)."""
+    if not 0 < pid <= PID_MAX_LIMIT:
         return False
     try:
         os.kill(pid, 0)

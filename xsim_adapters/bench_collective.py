@@ -265,7 +265,8 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--no-nccl-cost", action="store_true",
                     help="Leave out NCCL's latency and protocol cost (flows only).")
     sp.add_argument("-o", "--output", default=None, metavar="DIR",
-                    help="Write bench.csv and bench.png there.")
+                    help="Write bench.csv and bench.png there (an xsim bench output, "
+                         "replaced whole; docs/outputs.md).")
 
 
 def _positive(text: str) -> int:
@@ -302,6 +303,8 @@ TABLE = (("size(B)", 12, "d"), ("time(us)", 10, ".1f"), ("algbw(GB/s)", 12, ".2f
 
 def cmd_bench_collective(args: argparse.Namespace) -> int:
     """Run the sweep and print it as nccl-tests does."""
+    from ._outdir import check_output, output_dir
+
     lo = parse_size(args.minbytes, "--minbytes")
     hi = parse_size(args.maxbytes, "--maxbytes")
     if lo > hi:
@@ -310,6 +313,8 @@ def cmd_bench_collective(args: argparse.Namespace) -> int:
     sizes = sweep_sizes(lo, hi)
     check_trace_size(args.kind, args.servers * args.gpus_per_server, args.channels,
                      args.gpus_per_server)
+    if args.output:
+        check_output(args.output, "bench", args.force)  # before any work
     plan = bench_plan(args.device, args.servers, args.gpus_per_server, args.nic_gbps)
     frame = bench(plan, args.kind, sizes, args.backend, channels=args.channels,
                   nccl_cost=not args.no_nccl_cost, algorithm=args.algorithm)
@@ -320,10 +325,9 @@ def cmd_bench_collective(args: argparse.Namespace) -> int:
         cells = (r.size, r.time_us, r.algbw, r.busbw)
         print(" ".join(f"{v:>{w}{fmt}}" for v, (_, w, fmt) in zip(cells, TABLE, strict=True))
               + f"  {r.algorithm}")
-    if args.output:
-        out = Path(args.output)
-        out.mkdir(parents=True, exist_ok=True)
-        frame.to_csv(out / "bench.csv", index=False)
-        plot(frame, out / "bench.png", f"{args.kind}, {args.servers}x{args.gpus_per_server} "
-             f"{args.device}")
+    if args.output:  # one unit: written beside DIR, then swapped in
+        with output_dir(args.output, "bench", args.force) as tmp:
+            frame.to_csv(tmp / "bench.csv", index=False)
+            plot(frame, tmp / "bench.png", f"{args.kind}, {args.servers}x"
+                 f"{args.gpus_per_server} {args.device}")
     return 0

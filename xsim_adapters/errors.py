@@ -16,6 +16,10 @@ class PlanError(XsimError, ValueError):
         super().__init__(f"{path}: {message}" if path else message)
 
 
+class PlanWarning(UserWarning):
+    """A plan loads, but means something it may not have meant before (shown once, one line)."""
+
+
 class InfeasiblePlanError(XsimError, ValueError):
     """A well-formed plan cannot run (e.g. a stage does not fit in device memory)."""
 

@@ -313,7 +313,7 @@ def _prepare(plans: list[Any] | tuple[Any, ...], placement: str
     """The placed jobs, the cluster's topology and the training jobs' traces (traffic: None)."""
     from .topology.build import build_topology
     from .traffic import TrafficSpec
-    from .workload.coarsen import decide
+    from .workload.coarsen import decide, full
     from .workload.generate import generate
 
     jobs = place_jobs(plans, placement)
@@ -322,11 +322,14 @@ def _prepare(plans: list[Any] | tuple[Any, ...], placement: str
     for k, p in enumerate(jobs.plans):
         if isinstance(p, TrafficSpec):
             continue
-        # other jobs share the fabric: a job's micro-batches need not repeat, so they are
-        # never merged here (replicas coarsen as `auto` decides)
-        co = decide(p, "auto")
+        # other jobs share the fabric: a job's micro-batches need not repeat, and its replicas
+        # meet the other jobs' traffic each in its own place, so neither axis is coarsened
+        # (the replica axis's bound is measured on a fabric of its own: docs/scale.md)
+        why = "jobs share the fabric"
+        co = full(p, "auto", f"{why}: replicas meet the other jobs' traffic unalike") \
+            if len(jobs.plans) > 1 else decide(p, "auto")
         traces[k] = generate(p, dataclasses.replace(co, microbatches=None,
-                                                    microbatch_reason="jobs share the fabric"))
+                                                    microbatch_reason=why))
     return jobs, topology, traces
 
 

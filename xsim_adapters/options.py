@@ -16,13 +16,13 @@ as YAML scalars, and aimed at one backend with a ``backend.`` prefix
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ._suggest import closest
 from .errors import OptionError
 
 #: The types an option may declare. ``path``: a str or os.PathLike; ``callable``: any callable
@@ -109,8 +109,8 @@ def _coerce(backend: str, o: Option, value: Any) -> Any:
     if not ok:
         raise OptionError(f"{where}: expected {_expected(o)} (got {_short(value)})")
     if o.choices is not None and value not in o.choices:
-        close = difflib.get_close_matches(str(value), [str(c) for c in o.choices], n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        close = closest(value, o.choices)
+        hint = f"; did you mean {close!r}?" if close else ""
         raise OptionError(f"{where}: must be one of {', '.join(map(str, o.choices))}"
                           f" (got {_short(value)}){hint}")
     if o.type in ("int", "float"):
@@ -134,8 +134,8 @@ def _short(value: Any, limit: int = 60) -> str:
 
 def unknown_option_message(backend: str, key: str, allowed: Sequence[str]) -> str:
     """``unknown option 'protcol' for backend htsim; did you mean 'protocol'? allowed: ...``"""
-    close = difflib.get_close_matches(key, list(allowed), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ";"
+    close = closest(key, allowed)
+    hint = f"; did you mean {close!r}?" if close else ";"
     return (f"unknown option {_short(key)} for backend {backend}{hint}"
             f" allowed: {', '.join(sorted(allowed))}")
 

@@ -98,27 +98,32 @@ def load_job(path: str | os.PathLike[str]) -> Any:
     """A job file for ``xsim run --job``: a traffic file (top key ``traffic:``) as a
     TrafficSpec, anything else as a validated Plan. The file is read and parsed once."""
     p = Path(path)
-    return job_from_data(parse_yaml(read_plan_file(p), str(p)), str(p.resolve().parent))
+    return job_from_data(parse_yaml(read_plan_file(p), str(p)), str(p.resolve().parent),
+                         source=str(p))
 
 
-def job_from_data(data: Any, base_dir: str | None = None) -> Any:
+def job_from_data(data: Any, base_dir: str | None = None, source: str | None = None) -> Any:
     """A job from plain data: a traffic file's (top key ``traffic:``) as a TrafficSpec,
-    anything else as a validated Plan (``base_dir`` resolves its relative paths)."""
+    anything else as a validated Plan (``base_dir`` resolves its relative paths; ``source``
+    names the file in the error when it is a search spec or a sweep file)."""
     from .plan.loader import plan_from_dict
 
     if isinstance(data, dict) and "traffic" in data:
-        return traffic_from_dict(data)
-    return plan_from_dict(data, base_dir=base_dir)
+        return traffic_from_dict(data, source)
+    return plan_from_dict(data, base_dir=base_dir, source=source)
 
 
 def load_traffic(path: str | os.PathLike[str]) -> TrafficSpec:
     """Read and validate a traffic file; PlanError naming the place otherwise."""
     p = Path(path)
-    return traffic_from_dict(parse_yaml(read_plan_file(p), str(p)))
+    return traffic_from_dict(parse_yaml(read_plan_file(p), str(p)), str(p))
 
 
-def traffic_from_dict(d: Any) -> TrafficSpec:
-    """Plain data (what YAML gives) -> TrafficSpec."""
+def traffic_from_dict(d: Any, source: str | None = None) -> TrafficSpec:
+    """Plain data (what YAML gives) -> TrafficSpec (``source``: the file, for messages)."""
+    from .plan.kinds import TRAFFIC_SPEC, check_kind
+
+    check_kind(d, TRAFFIC_SPEC, source)
     top = f.expect_mapping(d, "")
     f.check_keys(top, "", ("traffic",), ("traffic",))
     path = "traffic"

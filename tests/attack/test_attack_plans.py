@@ -246,7 +246,7 @@ def test_no_file_escapes_through_a_group_name(tmp_path):
 def test_estimate_bounds_the_shipped_plans():
     """The op-count estimate that refuses plans is an upper bound, within 10%, of the truth."""
     from xsim_adapters import api
-    from xsim_adapters.plan.limits import estimate_ops
+    from xsim_adapters.workload.estimate import estimate_ops
 
     for name in ("homogeneous-h100.yaml", "uneven-layers.yaml", "hetero-pipeline-reshard.yaml"):
         plan = api.load_plan(ROOT / "workloads" / name)

@@ -172,7 +172,9 @@ def plan_dicts(draw: st.DrawFn) -> dict[str, Any]:
                 "rail_optimized": draw(st.booleans()),
                 "nodes_per_leaf": draw(st.integers(1, 32)),
                 "spines": draw(st.integers(0, 8)),
-                "fat_tree_k": draw(st.sampled_from([0, 4, 8])),
+                # radix 8 holds 8^3/4 = 128 hosts, at least the 72 GPUs drawn (radix 4: 16,
+                # a plan whose topology cannot be built, refused at load as it has events)
+                "fat_tree_k": draw(st.sampled_from([0, 8])),
             },
             "scale_up": {"latency_us": draw(st.floats(0.0, 2.0))},
             "links": [{"src": "leaf0", "dst": "spine0", "gbps": 100.0, "latency_us": 2.0}],

@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from ..errors import XsimError
+from ..errors import PlanWarning, XsimError
 from .args import common_args
 from .calibrate import add_calibrate_arguments, cmd_calibrate
 from .plan import add_schema_arguments, add_validate_arguments, cmd_schema, cmd_validate
@@ -86,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def bench_arguments(sp: argparse.ArgumentParser) -> None:
         add_arguments(sp)
-        common_args(sp, force=False, progress=False)
+        common_args(sp, force=True, progress=False)  # -o DIR follows the output rule
 
     add("bench-collective", "Sweep one collective over a device group from 1 KiB to 8 "
                             "GiB as nccl-tests does (algbw and busbw columns, optional "
@@ -94,6 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
     add("backends", "List every installed backend with its availability and, if it "
                     "cannot run here, the reason.", cmd_backends, add_backends_arguments)
     return p
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """A PlanWarning as one ``xsim: warning:`` line; any other warning as Python shows it."""
+    if issubclass(category, PlanWarning):
+        print(f"xsim: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -105,9 +116,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from .._proc import Terminated, install_sigterm_handler
 
+    for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 prints, escaped
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     install_sigterm_handler()  # SIGTERM cleans temporary files like Ctrl-C does
     try:
-        return int(args.func(args))
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return int(args.func(args))
     except XsimError as exc:
         print(f"xsim: error: {exc}", file=sys.stderr)
         return 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .args import check_input, common_args
 from .fmt import runs, span
@@ -25,9 +26,29 @@ def cmd_schema(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
     from .._atomic import write_text_atomic
+    from .._outdir import check_output_file
 
-    print(f"wrote the plan JSON Schema to {write_text_atomic(args.output, text)}")
+    target = check_output_file(args.output, "plan JSON Schema", _is_schema_file)
+    print(f"wrote the plan JSON Schema to {write_text_atomic(target, text)}")
     return 0
+
+
+def _is_schema_file(path: Path) -> bool:
+    """Whether ``path`` holds a plan schema ``xsim schema`` wrote (its title and description
+    name it): the only non-empty file ``xsim schema -o`` replaces."""
+    import json
+
+    from .._outdir import read_small_file
+    from ..plan.schema import plan_schema
+
+    data, _ = read_small_file(path, 16 << 20)
+    try:
+        doc = json.loads(data or b"")
+    except (ValueError, RecursionError):
+        return False
+    ours = plan_schema()
+    return (isinstance(doc, dict) and doc.get("title") == ours["title"]
+            and doc.get("description") == ours["description"])
 
 
 def add_validate_arguments(sp: argparse.ArgumentParser) -> None:

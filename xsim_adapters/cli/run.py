@@ -19,7 +19,7 @@ from .args import (
     parse_backends,
 )
 from .fmt import fmt_bytes, fmt_ns, fmt_pct
-from .trace import load_input
+from .trace import generate_warned, load_input
 
 
 def _run_args(sp: argparse.ArgumentParser) -> None:
@@ -129,7 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                             "perturbation to cost (docs/whatif.md)")
         if trace is None:
             bar.set_label("generating the trace")
-            trace = api.generate(plan, coarsen=args.coarsen)
+            trace = generate_warned(plan, args.coarsen)
         bar.step("building the topology")
         topology = api.build_topology(plan)
         hook = bar.replay_hook(args.backend)  # a step the backend moves through its replay
@@ -208,7 +208,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         plan, trace = load_input(args.plan)
         if trace is None:
             bar.set_label("generating the trace")
-            trace = api.generate(plan, coarsen=args.coarsen)
+            trace = generate_warned(plan, args.coarsen)
         bar.step("building the topology")
         topology = api.build_topology(plan)
         # each backend's replay is a step of its own, moved by the backend's progress reports

@@ -6,6 +6,8 @@ Exit status: 0 when a best plan was found; 1 when no candidate could run (or a m
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,39 +66,29 @@ def cmd_search(args: argparse.Namespace) -> int:
     return run_search_command(args)
 
 
-def open_search_dir(out: Path, resume: bool, force: bool) -> tuple[Path, dict[str, Any]]:
-    """The output directory, ready for rows (stamped as a search output), and the recorded
-    rows to reuse (``resume``)."""
-    from .._outdir import check_output, inspect_output, output_dir
+@contextlib.contextmanager
+def open_search_dir(out: Path, resume: bool, force: bool
+                    ) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """(the directory to fill, the recorded rows to reuse with ``resume``), locked by this
+    search throughout (:func:`.._outdir.fill_output`: a new OUT fills in place, an earlier
+    output is replaced whole at the end and survives any failure before)."""
+    from .._outdir import fill_output
     from ..sweep.results import read_rows
 
-    target = check_output(out, "search", force)
-    if resume and inspect_output(target)[0] == "search":
-        return target, read_rows(target / ROWS_FILE)
-    with output_dir(target, "search", force, expect=(ROWS_FILE,)):
-        pass  # an empty stamped directory replaces whatever earlier output was there
-    return target, {}
+    with fill_output(out, "search", force, resume, (ROWS_FILE,)) as (target, kept):
+        yield target, (read_rows(target / ROWS_FILE) if kept else {})
 
 
 def run_search_command(args: argparse.Namespace) -> int:
     """Run the search, write OUT/, print a short report; returns the exit status."""
-    import contextlib
     import dataclasses
     import time
 
     started = time.monotonic()  # the seconds budget and the reported time count from here
 
-    from .._outdir import write_stamp, writer_lock
-    from ..options import parse_option_items
-    from ..report.progress import ProgressBar
-    from ..search.api import search, write_result
-    from ..search.bnb import enumerate_space
-    from ..search.bound import Analyzer
-    from ..search.budget import Deadline, parse_count, parse_seconds
-    from ..search.evaluate import Evaluator, KeptPoolExecutor
+    from ..search.budget import parse_count, parse_seconds
+    from ..search.evaluate import KeptPoolExecutor
     from ..search.spec import load_search_spec
-    from ..sweep.results import RowLog
-    from ..sweep.rowsfile import warn_dropped
     from ..sweep.runner import make_executor
 
     evaluations = parse_count(args.max_evaluations, "--max-evaluations")
@@ -111,14 +103,42 @@ def run_search_command(args: argparse.Namespace) -> int:
     spec = dataclasses.replace(spec, budget=budget)
     executor = (KeptPoolExecutor(args.jobs) if args.executor == "local"
                 else make_executor(args.executor, args.jobs, args.ray_address))
-    out, done = open_search_dir(Path(args.output), args.resume, args.force)
+    with open_search_dir(Path(args.output), args.resume, args.force) as (out, done):
+        result, ev = _search_into(out, done, spec, executor, args, top, started)
+    if ev.distrusted:  # resumed rows no simulation can give (below the proven bound)
+        import sys
+
+        n = len(ev.distrusted)
+        print(f"xsim: warning: {Path(args.output) / ROWS_FILE}: {n} simulation row"
+              f"{'s' if n > 1 else ''} below the proven lower bound, simulated again instead "
+              f"of trusted ({ev.distrusted[0]}{f'; and {n - 1} more' if n > 1 else ''})",
+              file=sys.stderr)
+    _report(result, args.output, time.monotonic() - started)
+    return 0 if result.best is not None else 1
+
+
+def _search_into(out: Path, done: dict[str, Any], spec: Any, executor: Any,
+                 args: argparse.Namespace, top: int, started: float) -> tuple[Any, Any]:
+    """Run the search writing its rows and results into ``out`` (held by the caller);
+    returns (result, evaluator)."""
+    from ..options import parse_option_items
+    from ..report.progress import ProgressBar
+    from ..search.api import search, write_result
+    from ..search.bnb import enumerate_space
+    from ..search.bound import Analyzer
+    from ..search.budget import Deadline
+    from ..search.evaluate import Evaluator, KeptPoolExecutor
+    from ..sweep.results import RowLog
+    from ..sweep.rowsfile import warn_dropped
+
+    budget = spec.budget
     if args.resume:
         warn_dropped(done, "simulation row")
         print(f"resuming in {args.output}: {len(done)} simulations on record in {ROWS_FILE}")
     an = Analyzer(spec)
     entries = enumerate_space(spec, an, Deadline(budget.seconds, started).enumeration_deadline())
     feasible = sum(1 for e in entries if e.status == "")
-    with writer_lock(out), RowLog(out / ROWS_FILE) as log, \
+    with RowLog(out / ROWS_FILE) as log, \
             ProgressBar(feasible, "xsim search", force=args.progress) as bar, \
             contextlib.ExitStack() as stack:
         if isinstance(executor, KeptPoolExecutor):
@@ -132,16 +152,7 @@ def run_search_command(args: argparse.Namespace) -> int:
                         analyzer=an, started=started)
         result.summary["simulated_now"] = ev.simulated
         write_result(result, out)
-    write_stamp(out, "search")
-    if ev.distrusted:  # resumed rows no simulation can give (below the proven bound)
-        import sys
-
-        n = len(ev.distrusted)
-        print(f"xsim: warning: {out / ROWS_FILE}: {n} simulation row{'s' if n > 1 else ''} "
-              f"below the proven lower bound, simulated again instead of trusted "
-              f"({ev.distrusted[0]}{f'; and {n - 1} more' if n > 1 else ''})", file=sys.stderr)
-    _report(result, args.output, time.monotonic() - started)
-    return 0 if result.best is not None else 1
+    return result, ev
 
 
 def _report(result: Any, out: str, wall_s: float) -> None:

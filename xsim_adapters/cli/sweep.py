@@ -8,6 +8,8 @@ syntax, bad values, unknown backend) before anything runs. The files are written
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +125,6 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
 
 def run_sweep_command(args: argparse.Namespace) -> int:
     """Run the sweep, write OUT/, print a short report; returns the exit status."""
-    from .._outdir import writer_lock
     from ..report.progress import ProgressBar
     from ..sweep.api import run_spec
     from ..sweep.expand import product
@@ -133,14 +134,13 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     executor = make_executor(args.executor, args.jobs, args.ray_address)
     total = len(product(spec.axes))
-    out, done = open_sweep_dir(Path(args.output), args.resume, args.force)
-    if args.resume:
-        from ..sweep.rowsfile import warn_dropped
+    with open_sweep_dir(Path(args.output), args.resume, args.force) as (out, done):
+        if args.resume:
+            from ..sweep.rowsfile import warn_dropped
 
-        warn_dropped(done, "row")
-        print(f"resuming in {args.output}: {len(done)} finished variants on record in "
-              f"{ROWS_FILE}")
-    with writer_lock(out):  # one sweep at a time fills OUT
+            warn_dropped(done, "row")
+            print(f"resuming in {args.output}: {len(done)} finished variants on record in "
+                  f"{ROWS_FILE}")
         with ProgressBar(total, "xsim sweep", force=args.progress, unit="variants") as bar, \
                 RowLog(out / ROWS_FILE) as log:
             bar.set_label(f"{total} variants on {spec.backend} ({args.executor} executor)")
@@ -162,19 +162,18 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     return 1 if len(failed) and not args.allow_failures else 0
 
 
-def open_sweep_dir(out: Path, resume: bool, force: bool) -> tuple[Path, dict[str, Any]]:
-    """The sweep directory, ready for rows (stamped as a sweep output), and the finished rows
-    to reuse (``resume``). Without ``resume`` an earlier sweep there is replaced at once; the
-    directory then fills row by row (it is not swapped in whole: rows must survive a kill)."""
-    from .._outdir import SWEEP_STAMP_FILES, check_output, inspect_output, output_dir
+@contextlib.contextmanager
+def open_sweep_dir(out: Path, resume: bool, force: bool
+                   ) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """(the directory to fill, the finished rows to reuse with ``resume``), locked by this
+    sweep throughout (:func:`.._outdir.fill_output`): a new OUT fills row by row in place, so
+    a kill keeps the rows; an earlier output is replaced whole at the end, and survives any
+    failure before."""
+    from .._outdir import SWEEP_STAMP_FILES, fill_output
     from ..sweep.results import read_rows
 
-    target = check_output(out, "sweep", force)
-    if resume and inspect_output(target)[0] == "sweep":
-        return target, read_rows(target / ROWS_FILE)
-    with output_dir(target, "sweep", force, expect=SWEEP_STAMP_FILES):
-        pass  # an empty stamped directory replaces whatever earlier output was there
-    return target, {}
+    with fill_output(out, "sweep", force, resume, SWEEP_STAMP_FILES) as (target, kept):
+        yield target, (read_rows(target / ROWS_FILE) if kept else {})
 
 
 def _tasks(spec: SweepSpec, variants: list[Variant]) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ simulator's format (GOAL, Chakra)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,18 @@ def load_input(path: str) -> tuple[Any, Any]:
     return api.load_plan(p), None
 
 
+def generate_warned(plan: Any, coarsen: str) -> Any:
+    """``api.generate``; a coarsening forced where it is not exact (``--coarsen on``) is said
+    on stderr, as summary.json's ``coarsening.warning`` records it."""
+    from .. import api
+
+    trace = api.generate(plan, coarsen=coarsen)
+    warning = (trace.manifest.get("coarsening") or {}).get("warning")
+    if warning:
+        print(f"xsim: warning: {warning}", file=sys.stderr)
+    return trace
+
+
 def add_trace_arguments(sp: argparse.ArgumentParser) -> None:
     """The options of ``xsim trace``."""
     sp.add_argument("plan", metavar="PLAN", help="The plan YAML file.")
@@ -49,7 +62,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     args.output = args.output or default_output(args.plan, "trace")
     check_output(args.output, "trace", args.force)  # before any work
     plan = api.load_plan(args.plan)
-    trace = api.generate(plan, coarsen=args.coarsen)
+    trace = generate_warned(plan, args.coarsen)
     api.write_trace(trace, args.output, plan, force=args.force)
     print(f"wrote {op_counts(trace)} to {args.output}")
     return 0
@@ -92,9 +105,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         check_output(args.output, "chakra", args.force)
     plan, trace = load_input(args.plan)
     if trace is None:
-        from .. import api
-
-        trace = api.generate(plan, coarsen=args.coarsen)
+        trace = generate_warned(plan, args.coarsen)
     if args.format == "goal":
         from ..trace.export_goal import export_goal
 
@@ -115,7 +126,7 @@ def _is_goal_file(path: Path) -> bool:
     existing file ``xsim export --format goal`` replaces."""
     import re
 
-    try:
+    try:  # check_output_file calls this on regular files only (a FIFO would block)
         with open(path, "rb") as fh:
             head = fh.readline(64)
     except OSError:

@@ -12,6 +12,7 @@ import reprlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .._suggest import closest
 from ..errors import PlanError
 
 MISSING: Any = object()
@@ -126,7 +127,10 @@ def check_keys(
         RECORDER.keys(path, allowed, list(required))
     for key in m:
         if key not in allowed:
-            raise PlanError(join(path, key), f"unknown key; expected one of {', '.join(allowed)}")
+            close = closest(key, allowed)
+            hint = f" (did you mean {close}?)" if close else ""
+            raise PlanError(join(path, key),
+                            f"unknown key{hint}; expected one of {', '.join(allowed)}")
     for key in required:
         if key not in m:
             raise PlanError(join(path, key), "required key is missing")

@@ -17,11 +17,9 @@ Three layers:
 
 from __future__ import annotations
 
-import math
 import os
 import resource
-from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import PlanError
 
@@ -75,122 +73,6 @@ def memory_budget_bytes() -> int:
     return min(phys, soft) if soft != resource.RLIM_INFINITY else phys
 
 
-def estimate_ops(plan: Plan, simulated: Collection[int] | None = None) -> int:
-    """An upper estimate of the ops :func:`xsim_adapters.workload.generate` makes for ``plan``.
-
-    ``simulated``: the replicas whose stages are generated (a coarsened trace,
-    :mod:`xsim_adapters.workload.coarsen`; None: all); the DP sync is counted whole either way.
-
-    Counts compute units per stage and micro-batch, the TP ring flows of each unit, pipeline
-    transfers (at most tp_a * tp_b flows each way per boundary and micro-batch), the DP sync
-    (per bucket: lcm(TPs) chunk rings of ``2 (dp - 1)`` steps x dp ranks x channels), and the
-    optimizer step and barriers. Exact formulas are in :mod:`xsim_adapters.workload`; this is
-    within a small factor above them (tests/test_attack.py checks it on the shipped plans).
-    """
-    from ..workload.comm.collectives import num_steps
-    from ..workload.schedule import replica_chunks
-
-    c, t = plan.collectives, plan.training
-    # ``channels: auto`` opens one ring per NIC the members of a server use: a ring inside a
-    # server has one; a DP ring has at most one member per replica on a server
-    gpn = max(g.gpus_per_node for g in plan.device_groups)
-    chans = c.channels or min(gpn, _replicas_per_server(plan))
-    kinds = ("reduce_scatter", "all_gather") if t.sequence_parallel else ("all_reduce",)
-    # compute ops per unit and rank (tp_comm cuts a unit in three), and per layer without
-    # collectives (selective recompute, the W passes of zb_h1)
-    per_unit = 3 if t.overlap.tp_comm else 1
-    zb = t.schedule == "zb_h1"
-    per_layer = int(t.recompute == "selective") + int(zb)
-    total = 0
-    boundaries: set[int] = set()
-    for r, rep in enumerate(plan.replicas):
-        chunks = replica_chunks(plan, r)
-        v = len(chunks[0])
-        boundaries.update(b for sc in chunks for rng in sc for b in rng)
-        if simulated is not None and r not in simulated:
-            continue
-        for i, st in enumerate(rep.stages):
-            n_layers = st.layers[1] - st.layers[0]
-            units = 4 * n_layers * (1.5 if t.recompute == "full" else 1.0) + 4 * v
-            # TP ring flows of one unit: steps x ranks x channels, per collective kind (NCCL's
-            # delay rides on the first flows; only a tree's inner members keep a barrier)
-            flows = sum(
-                num_steps(k, st.tp, c.granularity, c.chunks) * st.tp * (
-                    c.channels or _tp_ring_channels(plan, st))
-                for k in kinds
-            )
-            flows += _nvls_joins(plan, st, c.chunks) if "all_reduce" in kinds else 0
-            per_mb = units * (per_unit * st.tp + flows)
-            per_mb += _ep_cp_ops_per_rank(plan, st) * st.tp
-            per_mb += (per_layer * n_layers + (2 * v if zb else 0)) * st.tp
-            # transfers to the next virtual stage: v per stage, the last stage wraps v - 1 times
-            sends = v if i < rep.pp - 1 else v - 1
-            per_mb += 2 * st.tp * rep.stages[(i + 1) % rep.pp].tp * sends
-            total += int(per_mb) * rep.micro_batches
-    dp = len(plan.replicas)
-    big_l = math.lcm(*(st.tp for rep in plan.replicas for st in rep.stages))
-    buckets = math.ceil(plan.model.layers / max(1, c.dp_bucket_layers)) + len(boundaries)
-    steps = num_steps("all_reduce", dp, c.granularity, c.chunks)
-    # (ZeRO's all-gather rings as many again)
-    total += 2 * buckets * big_l * steps * chans * dp
-    return total + 4 * plan.num_ranks
-
-
-def _nvls_joins(plan: Plan, st: Any, chunks: int) -> int:
-    """Joins an NVLS all-reduce of the stage's TP group may add (upper): one per member and
-    piece where NVLS can run (NVLink SHARP on an NVSwitch server) and a join is worth it
-    (:func:`xsim_adapters.workload.algorithms.worth_a_join`)."""
-    from ..workload.comm.algorithms import worth_a_join
-
-    g = plan.group(st.group)
-    m = min(st.tp, g.gpus_per_node)
-    if not (plan.device_types[g.type].nvls and plan.server_spec(g).fabric == "nvswitch"
-            and worth_a_join(m - 1, m - 1)):
-        return 0
-    return st.tp * (1 if st.tp <= g.gpus_per_node else max(1, chunks))
-
-
-def _tp_ring_channels(plan: Plan, st: Any) -> int:
-    """``channels: auto`` for a stage's TP ring: 1 on one server, else its most members on a
-    server (one ring per NIC)."""
-    gpn = plan.group(st.group).gpus_per_node
-    d0, d1 = st.devices
-    first, last = d0 // gpn, (d1 - 1) // gpn
-    if first == last:
-        return 1
-    return max(min(d1, (s + 1) * gpn) - max(d0, s * gpn) for s in range(first, last + 1))
-
-
-def _replicas_per_server(plan: Plan) -> int:
-    """The most replicas that have a GPU on one server (DP-ring members a server holds)."""
-    from ..workload.comm.rings import RankInfo
-
-    server = RankInfo(plan).server
-    count: dict[int, int] = {}
-    for rep in plan.replicas:
-        for s in {int(x) for st in rep.stages for x in server[list(plan.stage_ranks(st))]}:
-            count[s] = count.get(s, 0) + 1
-    return max(count.values(), default=1)
-
-
-def _ep_cp_ops_per_rank(plan: Plan, st: Any) -> float:
-    """Ops one rank adds per micro-batch for the MoE all-to-alls and the CP ring (upper)."""
-    passes = 3 if plan.training.recompute == "full" else 2
-    ops = 0.0
-    if plan.model.moe is not None and st.ep > 1:
-        from .moe import moe_layers_in
-
-        # per MoE layer and pass: 2 extra compute units, 2 exchanges of ep - 1 flows (direct;
-        # hierarchical has fewer, plus a proxy's barrier)
-        ops += moe_layers_in(plan.model, st.layers) * passes * 2 * st.ep
-        if st.etp > 1:  # the ETP all-gather-v and reduce-scatter-v: etp - 1 flows each,
-            # a delay barrier each and two joins
-            ops += moe_layers_in(plan.model, st.layers) * passes * (2 * st.etp + 2)
-    if st.cp > 1:  # per layer and pass: cp - 1 steps of a flow and a core unit
-        ops += (st.layers[1] - st.layers[0]) * passes * 2 * (st.cp - 1)
-    return ops
-
-
 def check_size(plan: Plan) -> None:
     """Refuse a valid plan whose trace would be too large or overflow a column (PlanError)."""
     dp = len(plan.replicas)
@@ -201,6 +83,8 @@ def check_size(plan: Plan) -> None:
             f"column (got {dp})",
         )
     _check_magnitudes(plan)
+    from ..workload.estimate import estimate_ops
+
     ops = estimate_ops(plan)
     if ops > MAX_TRACE_OPS or ops * BYTES_PER_OP > memory_budget_bytes():
         # identical replicas and steady micro-batches may be coarsened (workload/coarsen.py):

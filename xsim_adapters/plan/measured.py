@@ -21,6 +21,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ..errors import PlanError
 from . import _fields as f
 from . import limits as lim
@@ -29,6 +31,9 @@ from .model import DeviceGroup, MeasuredSpec
 MEASURED_KEYS = ("groups", "gbps", "latency_us")
 CSV_COLUMNS = ("src", "dst", "gbps", "latency_us")
 MAX_MEASURED_CSV_BYTES = 1 << 20
+# Sites of one matrix: each is at least one device group, and the matrix is sites^2 cells (256
+# sites: 65,280 measured pairs, above the YAML form's 50,000-value limit).
+MAX_MEASURED_SITES = 256
 
 
 def parse_measured(
@@ -49,8 +54,9 @@ def parse_measured(
                 f"expected a device group name or a non-empty list of names (got {f.got(entry)})",
             )
         sites.append(tuple(names))
-    if len(sites) < 2:
-        raise PlanError(gpath, f"expected at least two sites (got {len(sites)})")
+    if not 2 <= len(sites) <= MAX_MEASURED_SITES:
+        raise PlanError(gpath, f"expected 2 to {MAX_MEASURED_SITES} sites (MAX_MEASURED_SITES) "
+                               f"(got {len(sites)})")
     n = len(sites)
     gbps = _matrix(m["gbps"], f.join(path, "gbps"), n, positive=True)
     if m.get("latency_us") is None:
@@ -66,7 +72,28 @@ def parse_measured(
                         f"expected a number exactly where gbps[{i}][{j}] has one (got "
                         f"{f.got(lat[i][j])} beside gbps {f.got(gbps[i][j])})",
                     )
+    gap = _missing_path(gbps)
+    if gap is not None:
+        i, j = gap
+        raise PlanError(f"{path}.gbps[{i}][{j}]", "expected a measured rate: "
+                        f"{_no_path(i, j, [' + '.join(x) for x in sites])} (got null)")
     return MeasuredSpec(sites=tuple(sites), gbps=gbps, latency_us=lat)
+
+
+def _missing_path(gbps: Sequence[Sequence[float | None]]) -> tuple[int, int] | None:
+    """The first pair (i, j) of sites such that site i cannot reach site j over the measured
+    links, directly or through other sites (a one-way or missing measurement), or None."""
+    n = len(gbps)
+    reach = np.array([[i == j or gbps[i][j] is not None for j in range(n)] for i in range(n)])
+    for k in range(n):  # transitive closure (Warshall), n <= MAX_MEASURED_SITES
+        reach |= reach[:, k:k + 1] & reach[k:k + 1, :]
+    missing = np.argwhere(~reach)
+    return (int(missing[0][0]), int(missing[0][1])) if len(missing) else None
+
+
+def _no_path(i: int, j: int, names: Sequence[str]) -> str:
+    return (f"site {i} ({f.text(names[i], 80)}) has no path to site {j} "
+            f"({f.text(names[j], 80)}), directly or through another site")
 
 
 def _matrix(
@@ -128,7 +155,8 @@ def _from_csv(
         where = f"{path} ({resolved}, line {reader.line_num})"
         src, dst = (str(row.get(k) or "").strip() for k in ("src", "dst"))
         if not src or not dst or src == dst:
-            raise PlanError(where, f"expected two different group names (got {src!r}, {dst!r})")
+            raise PlanError(where, f"expected two different group names (got {f.got(src)}, "
+                                   f"{f.got(dst)})")
         try:
             gbps = float(str(row.get("gbps") or "").strip())
             lat_text = str(row.get("latency_us") or "").strip()
@@ -143,21 +171,31 @@ def _from_csv(
                             f"(got {lat:g})")
         rows.append((src, dst, gbps, lat))
     names: list[str] = []
+    index: dict[str, int] = {}
     for src, dst, _, _ in rows:
         for x in (src, dst):
-            if x not in names:
+            if x not in index:
+                index[x] = len(names)
                 names.append(x)
+        if len(names) > MAX_MEASURED_SITES:
+            raise PlanError(path, f"{resolved}: expected rows between at most "
+                                  f"{MAX_MEASURED_SITES} groups (MAX_MEASURED_SITES) (got more)")
     if len(names) < 2:
         raise PlanError(path, f"{resolved}: expected rows between at least two groups")
-    idx = {x: i for i, x in enumerate(names)}
     n = len(names)
     g: list[list[float | None]] = [[None] * n for _ in range(n)]
     lt: list[list[float | None]] = [[None] * n for _ in range(n)]
     for src, dst, gbps, lat in rows:
-        i, j = idx[src], idx[dst]
+        i, j = index[src], index[dst]
         if g[i][j] is not None:
-            raise PlanError(path, f"{resolved}: the pair {src} -> {dst} is listed twice")
+            raise PlanError(path, f"{resolved}: the pair {f.text(src, 80)} -> "
+                                  f"{f.text(dst, 80)} is listed twice")
         g[i][j], lt[i][j] = gbps, lat
+    gap = _missing_path(g)
+    if gap is not None:
+        i, j = gap
+        raise PlanError(path, f"{resolved}: expected a row {f.text(names[i], 80)},"
+                        f"{f.text(names[j], 80)}: {_no_path(i, j, names)} (got no such row)")
     return MeasuredSpec(
         sites=tuple((x,) for x in names),
         gbps=tuple(tuple(r) for r in g),

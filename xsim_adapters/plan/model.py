@@ -260,6 +260,9 @@ class DeviceType:
     fp32_tflops: float = 0.0  # dense fp32 (non-tensor) peak; 0: unknown
     tf32_tflops: float = 0.0  # dense tf32 tensor peak; 0: none (tf32 runs at the fp32 rate)
     fp8_tflops: float = 0.0  # dense fp8 tensor peak; 0: none (precision fp8 is an error)
+    # dense fp4 tensor peak (Blackwell NVFP4/MXFP4); 0: none. Carried for the record and the
+    # reports: no training precision runs fp4 GEMMs (docs/compute.md "Precision").
+    fp4_tflops: float = 0.0
     # best-shape fp8 GEMM fraction of fp8_tflops (fp8 MAMF / spec); 0: unmeasured, `efficiency`
     fp8_efficiency: float = 0.0
     bf16: bool = True  # False: no bf16 tensor cores (V100, T4, RTX 20); bf16 runs as fp16
@@ -312,10 +315,29 @@ class DeviceGroup:
     gpus_per_node: int
     nic_gbps: float | None = None  # Gb/s of each NIC of this group (None: the device type's)
     server: ServerSpec | None = None  # this group's server wiring (None: the device type's)
+    # GPUs of one NVLink domain (NVL72 / NVL36 racks: several servers, the compute trays, share
+    # one NVLink switch fabric); consecutive servers of the group form the domains, the last
+    # may hold fewer (a partial rack). 0: one server per domain (docs/topology.md).
+    nvlink_domain_gpus: int = 0
 
     @property
     def num_devices(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def domain_gpus(self) -> int:
+        """GPUs of one full NVLink domain of this group (its server's, without racks)."""
+        return self.nvlink_domain_gpus or self.gpus_per_node
+
+    @property
+    def domain_nodes(self) -> int:
+        """Servers (compute trays) of one full NVLink domain of this group."""
+        return max(1, self.domain_gpus // self.gpus_per_node)
+
+    @property
+    def num_domains(self) -> int:
+        """NVLink domains of this group (the last may be partial)."""
+        return -(-self.nodes // self.domain_nodes)
 
 
 @dataclass(frozen=True)
@@ -506,6 +528,17 @@ class Plan:
     def server_spec(self, group: DeviceGroup) -> ServerSpec:
         """The server wiring of ``group``: its own, else its device type's."""
         return group.server if group.server is not None else self.device_types[group.type].server
+
+    def domain_of_node(self) -> list[int]:
+        """Global NVLink-domain index of every global server, in server order: groups in plan
+        order, each group's consecutive ``domain_nodes`` servers one domain (one per server
+        without racks, so then the domain index is the server index)."""
+        out: list[int] = []
+        base = 0
+        for g in self.device_groups:
+            out += [base + k // g.domain_nodes for k in range(g.nodes)]
+            base += g.num_domains
+        return out
 
     def rank_info(self, rank: int) -> tuple[DeviceGroup, int, int]:
         """(group, device index in group, global server index) of a global rank."""

@@ -18,10 +18,10 @@ from . import limits as lim
 from .layout import apportion, even_split, ranges_from_counts, stage_speed
 from .model import DeviceGroup, DeviceType, ModelSpec, Replica, ScaleUp, Stage, TrainingSpec
 from .parallel import check_cp_uniform, check_groups, check_stage_ep_cp
-from .server import check_server, parse_server
+from .server import check_nvlink_domain, check_server, parse_server
 
 GROUP_KEYS = ("type", "nodes", "gpus_per_node")
-GROUP_OPTIONAL_KEYS = ("nic_gbps", "server")
+GROUP_OPTIONAL_KEYS = ("nic_gbps", "server", "nvlink_domain_gpus")
 STAGE_KEYS = ("group", "devices", "tp", "layers", "ep", "cp", "etp")
 REPLICA_KEYS = ("stages", "auto_layers", "batch_share", "micro_batches")
 UNIFORM_KEYS = ("group", "tp", "pp", "dp", "devices", "batch_share", "micro_batches", "ep", "cp",
@@ -76,12 +76,18 @@ def parse_groups(
             nic_gbps=(f.get_number(g, "nic_gbps", gpath) if "nic_gbps" in g else None),
             server=(parse_server(g["server"], f.join(gpath, "server"))
                     if g.get("server") is not None else None),
+            nvlink_domain_gpus=(f.get_int(g, "nvlink_domain_gpus", gpath, maximum=lim.MAX_DEVICES,
+                                          limit=limit) if "nvlink_domain_gpus" in g else 0),
         )
+        spec = group.server if group.server is not None else known_types[typ].server
         if group.server is not None:
             check_server(group.server, group.gpus_per_node, f.join(gpath, "server"), name)
         else:
             check_server(known_types[typ].server, group.gpus_per_node,
                          f.join(f.join("device_types", typ), "server"), name)
+        if group.nvlink_domain_gpus:
+            check_nvlink_domain(group.nvlink_domain_gpus, group.gpus_per_node, spec,
+                                f.join(gpath, "nvlink_domain_gpus"))
         devices += group.num_devices
         if devices > lim.MAX_DEVICES:
             raise PlanError(
@@ -265,14 +271,21 @@ def _check_tp(st: _Stage, ctx: _Context) -> None:
     ):
         if n % st.tp:
             raise PlanError(st.fp("tp"), f"must divide the model's {n} {what} (got {st.tp})")
+    if ctx.model.vocab < st.tp:  # the output layer gives each TP rank vocab / tp logits
+        raise PlanError(st.fp("tp"), f"must be at most the model's vocabulary of "
+                                     f"{ctx.model.vocab} (each TP rank holds a slice of it) "
+                                     f"(got {st.tp})")
     check_stage_ep_cp(st, ctx.model, ctx.training)
     g = ctx.groups[st.group]
-    first, last = st.devices[0] // g.gpus_per_node, (st.devices[1] - 1) // g.gpus_per_node
+    # the NVLink domain: a server, or the trays of an NVL rack (nvlink_domain_gpus)
+    per = g.domain_gpus
+    first, last = st.devices[0] // per, (st.devices[1] - 1) // per
     if first != last and not ctx.scale_up.tp_across_nodes:
+        where = "servers" if per == g.gpus_per_node else "NVLink domains"
         raise PlanError(
             st.fp("devices"),
-            f"TP group spans servers {first}..{last} of group {g.name} ({g.gpus_per_node} GPUs "
-            f"per server) but network.scale_up.tp_across_nodes is false "
+            f"TP group spans {where} {first}..{last} of group {g.name} ({per} GPUs "
+            f"per {where[:-1]}) but network.scale_up.tp_across_nodes is false "
             f"(got [{st.devices[0]}, {st.devices[1]}])",
         )
 

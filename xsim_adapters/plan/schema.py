@@ -29,11 +29,13 @@ _INDEX = re.compile(r"\[\d+\]")
 
 _GROUPS = {
     "h100": {"type": "H100-80GB", "nodes": 1, "gpus_per_node": 8},
-    "a100": {"type": "my-a100", "nodes": 1, "gpus_per_node": 8, "nic_gbps": 200},
+    "a100": {"type": "my-a100", "nodes": 1, "gpus_per_node": 8, "nic_gbps": 200,
+             "nvlink_domain_gpus": 8},
 }
 _DEVICE_TYPE = {  # a full definition: every key but profile (a CSV file)
     "peak_tflops": 312, "hbm_GB": 80, "hbm_GBps": 2039, "scaleup_GBps": 300, "nic_gbps": 200,
-    "fp32_tflops": 19.5, "tf32_tflops": 156, "fp8_tflops": 0, "efficiency": 0.5,
+    "fp32_tflops": 19.5, "tf32_tflops": 156, "fp8_tflops": 0, "fp4_tflops": 0,
+    "efficiency": 0.5,
     "hbm_efficiency": 0.8, "fp8_efficiency": 0, "bf16": True, "sm_count": 108,
     "burst_clock_MHz": 1410, "sustained_clock_MHz": 1410, "source": "exemplar",
 }

@@ -57,7 +57,7 @@ MODEL_KEYS = ("preset", "name", *MODEL_SHAPE_KEYS, "dtype", "gated_mlp", "moe", 
               "mlp_bias")
 DEVICE_NUMBER_KEYS = ("peak_tflops", "hbm_GB", "hbm_GBps", "scaleup_GBps", "nic_gbps")
 # Optional per-precision peaks (TFLOP/s, 0 = the part has no such unit) and model constants.
-DEVICE_PEAK_KEYS = ("fp32_tflops", "tf32_tflops", "fp8_tflops")
+DEVICE_PEAK_KEYS = ("fp32_tflops", "tf32_tflops", "fp8_tflops", "fp4_tflops")
 DEVICE_KEYS = (
     *DEVICE_NUMBER_KEYS,
     *DEVICE_PEAK_KEYS,
@@ -302,28 +302,6 @@ def parse_device_type(
             f.get_str(m, "profile", path), f.join(path, "profile"), base_dir
         )
     return DeviceType(**values)
-
-
-def check_precision(training: TrainingSpec, used: Mapping[str, DeviceType]) -> None:
-    """Every device type the groups use must have a unit for ``training.precision``.
-
-    fp8 needs ``fp8_tflops``; fp32 needs ``fp32_tflops``; tf32 needs ``tf32_tflops`` or
-    ``fp32_tflops`` (parts without tf32 run it at the fp32 rate). bf16 on a part without bf16
-    tensor cores runs as fp16 mixed precision (what frameworks do on V100/T4), so it is accepted.
-    """
-    need = {
-        "fp8": ("fp8_tflops",),
-        "fp32": ("fp32_tflops",),
-        "tf32": ("tf32_tflops", "fp32_tflops"),
-    }
-    keys = need.get(training.precision, ())
-    for name, dt in sorted(used.items()):
-        if keys and not any(getattr(dt, k) > 0 for k in keys):
-            raise PlanError(
-                "training.precision",
-                f"{training.precision} needs device_types.{name}.{keys[0]} > 0 "
-                f"(device type {name} has none; got {training.precision!r})",
-            )
 
 
 MAX_PROFILE_BYTES = 1 << 20  # a profile CSV is a few hundred rows at most

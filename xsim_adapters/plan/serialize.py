@@ -97,6 +97,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "device_groups": {
             g.name: {"type": g.type, "nodes": g.nodes, "gpus_per_node": g.gpus_per_node,
                      **({} if g.nic_gbps is None else {"nic_gbps": g.nic_gbps}),
+                     **({} if not g.nvlink_domain_gpus
+                        else {"nvlink_domain_gpus": g.nvlink_domain_gpus}),
                      **({} if g.server is None else {"server": server_to_plain(g.server)})}
             for g in plan.device_groups
         },

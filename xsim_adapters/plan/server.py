@@ -241,6 +241,25 @@ def check_server(spec: ServerSpec, gpus_per_node: int, path: str, group: str) ->
         )
 
 
+# The largest NVLink domain announced (NVIDIA Rubin Ultra NVL576: 576 GPUs); also bounds the
+# domain star the topology builds and the pair table of its profile (topology/profile.py).
+MAX_NVLINK_DOMAIN_GPUS = MAX_PAIR_CEILING_GPUS
+
+
+def check_nvlink_domain(domain_gpus: int, gpus_per_node: int, spec: ServerSpec,
+                        path: str) -> None:
+    """``device_groups.<g>.nvlink_domain_gpus`` against the group's servers (PlanError)."""
+    if domain_gpus > MAX_NVLINK_DOMAIN_GPUS:
+        raise PlanError(path, f"expected at most {MAX_NVLINK_DOMAIN_GPUS} GPUs (the largest "
+                              f"NVLink domain announced, NVL576) (got {domain_gpus})")
+    if domain_gpus % gpus_per_node:
+        raise PlanError(path, f"must be a multiple of the group's {gpus_per_node} GPUs per "
+                              f"node (a domain is whole servers) (got {domain_gpus})")
+    if domain_gpus > gpus_per_node and spec.fabric != "nvswitch":
+        raise PlanError(path, f"a domain of several servers needs the nvswitch server fabric "
+                              f"(NVLink switch trays); the group's is {spec.fabric}")
+
+
 def server_to_plain(spec: ServerSpec) -> dict[str, Any]:
     """``spec`` as plan data (:func:`parse_server` of it equals ``spec``)."""
     out: dict[str, Any] = {"fabric": spec.fabric}

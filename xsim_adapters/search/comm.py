@@ -86,7 +86,7 @@ class Fabric:
         dst = links["dst"].to_numpy()
         bpns = links["gbps"].to_numpy(dtype=np.float64) / 8.0  # bytes per ns
         tier = links["tier"].astype(str).to_numpy()
-        server = nodes["server"].to_numpy()
+        server = nodes["domain"].to_numpy()  # NVLink domains: what RankInfo calls servers
         num_nodes = len(nodes)
         explicit = float(bpns[tier == "explicit"].sum())
 
@@ -104,7 +104,7 @@ class Fabric:
                             per_node(dst, inter)[gpu], per_node(dst, every)[gpu], strict=True)
         ]
         if not np.array_equal(server[gpu], self.info.server):
-            raise AssertionError("topology and rank info number servers differently")
+            raise AssertionError("topology and rank info number NVLink domains differently")
         num_servers = int(self.info.server.max()) + 1 if len(gpu) else 0
         crossing = (server[src] >= 0) & (server[src] != server[dst])
         entering = (server[dst] >= 0) & (server[src] != server[dst])
@@ -114,7 +114,7 @@ class Fabric:
                                   minlength=num_servers)[:num_servers] + explicit
         c = plan.collectives
         # channels a ring can open: the plan's count, or (auto) one per NIC of a server
-        self.max_channels = max(c.channels, max(gr.gpus_per_node for gr in plan.device_groups))
+        self.max_channels = max(c.channels, max(gr.domain_gpus for gr in plan.device_groups))
         self._tp: dict[tuple[int, int, int, tuple[str, ...]], int] = {}
         self._sent: dict[tuple[str, str, object, int, int, int], np.ndarray] = {}
         self._choice: dict[tuple[object, ...], Choice] = {}

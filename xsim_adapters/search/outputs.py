@@ -123,9 +123,15 @@ def write_pareto(path: Path, frame: pd.DataFrame, priced: bool) -> None:
 
 def write_outputs(out: Path, s: Searcher, entries: list[Entry], statuses: dict[int, str],
                   summary: dict[str, Any], top: list[Entry]) -> pd.DataFrame:
-    """Every search file into ``out`` (an existing directory the caller holds)."""
+    """Every search file into ``out`` (an existing directory the caller holds). The names are
+    added to OUT's stamp first: a search killed while writing them leaves nothing that blocks
+    the next run into OUT."""
+    from .._outdir import claim_files
     from .space import plan_dict
 
+    tops = [f"top/{k:02d}.yaml" for k in range(1, len(top) + 1)]
+    claim_files(out, ["candidates.csv", "candidates.parquet", "pareto.png", "summary.json",
+                      *(["best.yaml"] if top else []), *tops])
     frame = candidates_frame(s, entries, statuses)
     write_atomic(out / "candidates.csv", lambda tmp: frame.to_csv(tmp, index=False))
     write_atomic(out / "candidates.parquet", lambda tmp: frame.to_parquet(tmp, index=False))

@@ -13,8 +13,9 @@ A candidate is built in three levels (docs/search.md#space):
    model; ``even``: equal counts) and the micro-batch split over replicas (greedy on the
    estimated replica time), both in :mod:`.bound`.
 
-Replicas of a part occupy consecutive device blocks of their group, TP groups never cross a
-server (tp divides gpus_per_node), so the plans need no scale-up-across-nodes rule.
+Replicas of a part occupy consecutive device blocks of their group, TP groups never cross an
+NVLink domain (tp divides the domain's GPUs: a server's, or an NVL rack's with
+``nvlink_domain_gpus``), so the plans need no scale-up-across-nodes rule.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def candidate_key(choice_label: str, resharding: str, structure: str) -> str:
 
 
 def _tp_choices(spec: SearchSpec, g: DeviceGroup) -> list[int]:
-    return [t for t in spec.space.tp[g.type] if g.gpus_per_node % t == 0]
+    return [t for t in spec.space.tp[g.type] if g.domain_gpus % t == 0]
 
 
 def pure_shapes(spec: SearchSpec, g: DeviceGroup) -> list[tuple[int, int]]:
@@ -177,7 +178,7 @@ def fills(spec: SearchSpec, g: DeviceGroup, devices: int, start: int, kinds: int
     for chosen in found:
         base, parts = start, []
         for tp, pp, count in chosen:
-            if base % tp or g.gpus_per_node % tp:
+            if base % tp or g.domain_gpus % tp:
                 break
             parts.append(Part((g.name,), (tp,), (pp,), count, (base,)))
             base += tp * pp * count

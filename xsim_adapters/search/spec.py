@@ -20,6 +20,7 @@ from ..errors import PlanError
 from ..plan import _fields as f
 from ..plan import limits as lim
 from ..plan.bounded_yaml import parse_yaml
+from ..plan.kinds import SEARCH_SPEC, check_kind
 from ..plan.loader import _parse_device_types, read_plan_file
 from ..plan.model import (
     CollectivesSpec,
@@ -31,10 +32,10 @@ from ..plan.model import (
     Resharding,
     TrainingSpec,
 )
+from ..plan.precision import settle_precision
 from ..plan.presets import _device_presets, _model_presets
 from ..plan.replicas import parse_groups
 from ..plan.sections import (
-    check_precision,
     parse_collectives,
     parse_model,
     parse_network,
@@ -116,7 +117,7 @@ def load_search_spec(path_or_text: str | os.PathLike[str]) -> SearchSpec:
             or text_in.endswith((".yaml", ".yml")):
         p = Path(path_or_text)
         data = parse_yaml(read_plan_file(p), str(p))
-        return spec_from_dict(data, base_dir=str(p.resolve().parent))
+        return spec_from_dict(data, base_dir=str(p.resolve().parent), source=str(p))
     return spec_from_dict(parse_yaml(text_in))
 
 
@@ -273,11 +274,13 @@ def _check_micro_batches(mbs: tuple[int, ...], gbs: tuple[int, ...], path: str) 
                             f"({', '.join(map(str, mbs))}) divides it")
 
 
-def spec_from_dict(d: Any, base_dir: str | None = None) -> SearchSpec:
-    """A search spec as plain data -> SearchSpec (every error names its YAML path)."""
+def spec_from_dict(d: Any, base_dir: str | None = None, source: str | None = None) -> SearchSpec:
+    """A search spec as plain data -> SearchSpec (every error names its YAML path; ``source``:
+    the file, named when it is a plan or another kind of file)."""
     if d is None:
         raise PlanError("", "the search spec is empty: expected a mapping with keys "
                             f"{', '.join(REQUIRED_KEYS)} (got nothing)")
+    check_kind(d, SEARCH_SPEC, source)
     m = f.expect_mapping(d, "")
     f.check_keys(m, "", TOP_KEYS, REQUIRED_KEYS)
     m = {k: ({} if v is None and k in ("device_types", "network", "collectives", "space",
@@ -299,17 +302,19 @@ def spec_from_dict(d: Any, base_dir: str | None = None) -> SearchSpec:
     network = parse_network(m.get("network", {}), "network")
     collectives = parse_collectives(m.get("collectives", {}), "collectives")
     used = {g.type: known[g.type] for g in groups}
-    check_precision(training, used)
+    training = settle_precision(traw, training, model, used)
     space = _parse_space(m.get("space"), "space", traw, training, groups, model.layers)
     _check_micro_batches(space.micro_batch, gbs,
                          "space.micro_batch" if "micro_batch" in (m.get("space") or {})
                          else "training.micro_batch")
     for t, tps in space.tp.items():
-        gpn = max(g.gpus_per_node for g in groups if g.type == t)
+        gpn = max(g.domain_gpus for g in groups if g.type == t)  # a server or an NVL rack
+        unit = ("server" if all(g.domain_nodes == 1 for g in groups if g.type == t)
+                else "NVLink domain")
         if not any(gpn % x == 0 for x in tps):
             per_type = isinstance((m.get("space") or {}).get("tp"), Mapping)
             raise PlanError(f"space.tp.{t}" if per_type else "space.tp",
-                            f"expected a TP degree dividing the {gpn} GPUs of one {t} server "
+                            f"expected a TP degree dividing the {gpn} GPUs of one {t} {unit} "
                             f"(got {list(tps)})")
     prices = _parse_prices(m.get("prices_per_gpu_hour"), "prices_per_gpu_hour", groups)
     objective = f.get_enum(m, "objective", "", OBJECTIVES, "throughput")

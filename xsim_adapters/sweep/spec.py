@@ -226,14 +226,14 @@ def _schema_keys(node: Mapping[str, Any]) -> list[str]:
 
 def _unknown(path: str, parts: Sequence[PathPart], depth: int, keys: list[str]) -> None:
     """Raise the SweepError of an axis path whose part ``depth`` the plan has not."""
-    import difflib
+    from .._suggest import closest
 
     part, under = parts[depth], format_path(parts[:depth]) or "the plan's top level"
     if isinstance(part, int):
         raise SweepError(f"axis {path}: {under} is not a list in a plan, so [{part}] "
                          "cannot index it")
-    close = difflib.get_close_matches(str(part), keys, n=1)
-    hint = f"; did you mean {close[0]}?" if close else ""
+    close = closest(part, keys)
+    hint = f"; did you mean {close}?" if close else ""
     known = f" (known keys: {', '.join(keys)})" if keys and not close else ""
     raise SweepError(f"axis {path}: unknown key {part} under {under}{hint}{known}"[:600])
 

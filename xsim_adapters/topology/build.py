@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import PlanError
+from ..plan._fields import got
 from ..plan.model import NIC_EVENT_KINDS, Plan
 from .graph import Graph
 from .model import Topology
@@ -244,24 +245,39 @@ def _add_explicit_links(plan: Plan, g: Graph) -> None:
         g.cable(ends[0], ends[1], link.gbps, link.latency_us * 1e3, "explicit")
 
 
-def _nic_cable(g: Graph, gpus: list[Gpu], rank: int, where: str) -> list[int]:
+def _nic_cable(g: Graph, gpus: list[Gpu], rank: int, where: str,
+               nic_links: dict[int, list[int]]) -> list[int]:
     """Link ids of global ``rank``'s NIC cable to the fabric (tier ``nic``, both ways): the
-    GPU's own when it holds its NIC, else that of the ``nic<k>`` node serving it."""
+    GPU's own when it holds its NIC, else that of the ``nic<k>`` node serving it.
+    ``nic_links``: node -> ids of the ``nic``-tier links it is an end of (built once)."""
     if not 0 <= rank < len(gpus):
         raise PlanError(f"{where}.rank", f"expected a global rank in 0..{len(gpus) - 1} "
                                          f"(got {rank})")
     gpu = gpus[rank]
     node = gpu.node
-    nic_tier = [lid for lid, (s, t) in enumerate(zip(g.src, g.tier, strict=True))
-                if s == node and t == "nic"]
-    if not nic_tier and gpu.nic >= 0 and f"nic{gpu.nic}" in g.by_name:
+    if node not in nic_links and gpu.nic >= 0 and f"nic{gpu.nic}" in g.by_name:
         node = g.by_name[f"nic{gpu.nic}"]
-    lids = [lid for lid, (s, d, t) in enumerate(zip(g.src, g.dst, g.tier, strict=True))
-            if t == "nic" and node in (s, d)]
+    lids = nic_links.get(node, [])
     if not lids:
         raise PlanError(where, f"rank {rank} has no NIC cable to the fabric (a one-server "
                                f"plan has no scale-out network)")
     return lids
+
+
+def _node_names(g: Graph, most: int = 12) -> str:
+    """The topology's node names in short (``gpu0..gpu15, nvs0..nvs1, leaf0``), bounded."""
+    by_prefix: dict[str, list[int]] = {}
+    for name in g.name:
+        prefix = name.rstrip("0123456789")
+        digits = name[len(prefix):][:18]  # an explicit link's node may be named anything
+        prefix = prefix[:24]
+        by_prefix.setdefault(prefix, []).append(int(digits) if digits else -1)
+    parts = []
+    for prefix, ids in list(by_prefix.items())[:most]:
+        lo, hi = min(ids), max(ids)
+        parts.append(prefix if hi < 0 else f"{prefix}{lo}" if lo == hi
+                     else f"{prefix}{lo}..{prefix}{hi}")
+    return ", ".join(parts) + (", ..." if len(by_prefix) > most else "")
 
 
 def _resolve_events(plan: Plan, g: Graph, gpus: list[Gpu]) -> pd.DataFrame:
@@ -270,12 +286,16 @@ def _resolve_events(plan: Plan, g: Graph, gpus: list[Gpu]) -> pd.DataFrame:
     ids: list[int] = []
     factors: list[float] = []
     pair_links: dict[tuple[int, int], list[int]] = {}
-    for lid, (s, d) in enumerate(zip(g.src, g.dst, strict=True)):
+    nic_links: dict[int, list[int]] = {}  # one pass, not one per NIC event
+    for lid, (s, d, tier) in enumerate(zip(g.src, g.dst, g.tier, strict=True)):
         pair_links.setdefault((min(s, d), max(s, d)), []).append(lid)
+        if tier == "nic":
+            for end in (s, d):
+                nic_links.setdefault(end, []).append(lid)
     for i, ev in enumerate(plan.network.events):
         where = f"network.events[{i}]"
         if ev.kind in NIC_EVENT_KINDS:  # the NIC's cable to its leaf fails / comes back
-            for lid in _nic_cable(g, gpus, ev.rank, where):
+            for lid in _nic_cable(g, gpus, ev.rank, where, nic_links):
                 at.append(ev.at_us * 1e3)
                 ids.append(lid)
                 factors.append(float(ev.factor))
@@ -286,12 +306,13 @@ def _resolve_events(plan: Plan, g: Graph, gpus: list[Gpu]) -> pd.DataFrame:
             if nid is None:
                 raise PlanError(
                     f"{where}.{field_name}",
-                    f"unknown topology node '{name}' (names look like gpu0, nvs0, leaf0, spine0)",
+                    f"unknown topology node; expected one of {_node_names(g)} (got {got(name)})",
                 )
             ends.append(nid)
         lids = pair_links.get((min(ends), max(ends)), [])
         if not lids:
-            raise PlanError(where, f"no link between '{ev.src}' and '{ev.dst}'")
+            raise PlanError(where, f"expected two nodes joined by a link (got {got(ev.src)} "
+                                   f"and {got(ev.dst)}, which have none between them)")
         factor = _EVENT_FACTOR.get(ev.kind, ev.factor)
         if factor < 0:
             raise PlanError(f"{where}.factor", f"must be >= 0 (got {factor})")

@@ -5,9 +5,10 @@ Rules (the same for every backend, so "the same plan" means the same paths every
 - GPUs do not forward, with one exception: on NVLink (``scale_up`` links only) a path may cross
   one intermediate GPU, as NCCL's P2P does between GPUs of an NVLink mesh without a direct link
   (NVIDIA/nccl ``src/graph/paths.cc``: NVLink paths through one intermediate GPU).
-- Two GPUs of the same server talk over NVLink (``scale_up`` links: GPU -> NVSwitch -> GPU,
-  or a mesh) if they can, else over the server's NVLink and PCIe links; GPUs of different
-  servers over every link but NVLink (PCIe, NICs, fabric, measured and explicit links). If a
+- Two GPUs of the same NVLink domain (a server, or the trays of an NVL rack: the nodes'
+  ``domain``) talk over NVLink (``scale_up`` links: GPU -> NVSwitch -> GPU, or a mesh) if they
+  can, else over the server's NVLink and PCIe links; GPUs of different domains over every
+  link but NVLink (PCIe, NICs, fabric, measured and explicit links). If a
   plane has no route, the whole graph is tried before giving up.
 - Among equal-cost (fewest hops) paths, each hop picks one of its candidate next links (sorted by
   link id) by a stable hash of the flow key and the hop index. The key is first reduced to one
@@ -188,6 +189,10 @@ class Router:
         self.names = nodes["name"].astype(str).tolist()
         self.is_gpu = (nodes["kind"].astype(str) == "gpu").to_numpy()
         self.server = nodes["server"].to_numpy(dtype=np.int64)
+        # NVLink domain (a server, or the trays of an NVL rack); frames without the column
+        # (hand-made topologies) have one domain per server
+        self.domain = (nodes["domain"].to_numpy(dtype=np.int64) if "domain" in nodes.columns
+                       else self.server)
         src = links["src"].to_numpy(dtype=np.int64)
         dst = links["dst"].to_numpy(dtype=np.int64)
         tier = links["tier"].astype(str)
@@ -237,8 +242,8 @@ class Router:
         """(path, whether any hop had a choice) from node s to node t."""
         if s == t:
             return np.zeros(0, dtype=np.int32), False
-        same_server = self.server[s] >= 0 and self.server[s] == self.server[t]
-        order = ("scale_up", "server", "all") if same_server else ("scale_out", "all")
+        same_domain = self.domain[s] >= 0 and self.domain[s] == self.domain[t]
+        order = ("scale_up", "server", "all") if same_domain else ("scale_out", "all")
         out = None
         for name in order:
             out = self._walk(self._planes[name], s, t, bucket)

@@ -96,18 +96,46 @@ def add_servers(plan: Plan, g: Graph) -> tuple[list[Gpu], list[Nic]]:
         server += grp.nodes
     nics: list[Nic] = []
     up_ns = plan.network.scale_up.latency_us * 1e3
-    for grp, dev, rank0, s in servers:
-        members = gpus[rank0:rank0 + grp.gpus_per_node]
-        nics += add_server(g, plan.server_spec(grp), dev, members, s, up_ns, len(nics))
+    g.server_domain = plan.domain_of_node()
+    k = 0
+    while k < len(servers):  # one NVLink domain at a time: a server, or a rack's trays
+        grp, dev = servers[k][0], servers[k][1]
+        d = g.server_domain[servers[k][3]]
+        trays = [[gpus[r0 + i] for i in range(grp.gpus_per_node)]
+                 for x, _, r0, s in servers[k:k + grp.domain_nodes]
+                 if x is grp and g.server_domain[s] == d]
+        nics += add_domain(g, plan.server_spec(grp), dev, trays, d, grp.domain_nodes > 1,
+                           up_ns, len(nics))
+        k += len(trays)
     return gpus, nics
+
+
+def add_domain(
+    g: Graph, spec: ServerSpec, dev: DeviceType, trays: list[list[Gpu]], domain: int,
+    rack: bool, up_ns: float, nic_base: int,
+) -> list[Nic]:
+    """One NVLink domain: a server (``rack`` false: one tray), or the compute trays of an NVL
+    rack, each built as a server without its own NVSwitch, and one NVSwitch star ``nvl<domain>``
+    over all their GPUs at the type's NVLink rate: the rack's NVLink switch trays (NVL72: 9
+    trays of 2 NVSwitch chips, every GPU one NVLink to each chip, non-blocking). Returns the
+    NICs, tray by tray."""
+    nics: list[Nic] = []
+    for members in trays:
+        nics += add_server(g, spec, dev, members, members[0].server, up_ns, nic_base + len(nics),
+                           switch=not rack)
+    if rack and spec.fabric == "nvswitch":
+        _nvswitch(g, spec, [gpu for tray in trays for gpu in tray], -1, up_ns,
+                  name=f"nvl{domain}", domain=domain)
+    return nics
 
 
 def add_server(
     g: Graph, spec: ServerSpec, dev: DeviceType, members: list[Gpu], s: int, up_ns: float,
-    nic_base: int,
+    nic_base: int, switch: bool = True,
 ) -> list[Nic]:
-    """One server's inside (``members``: its GPUs, in local order); returns its NICs."""
-    if spec.fabric == "nvswitch":
+    """One server's inside (``members``: its GPUs, in local order); returns its NICs.
+    ``switch`` false: no NVSwitch of its own (a compute tray of a rack, :func:`add_domain`)."""
+    if spec.fabric == "nvswitch" and switch:
         _nvswitch(g, spec, members, s, up_ns)
     elif spec.fabric == "nvlink_mesh":
         per_link = _mesh_link_GBps(spec, dev, len(members))
@@ -122,14 +150,18 @@ def add_server(
     return _nics(g, spec, members, s, tree, nic_base)
 
 
-def _nvswitch(g: Graph, spec: ServerSpec, members: list[Gpu], s: int, up_ns: float) -> None:
+def _nvswitch(g: Graph, spec: ServerSpec, members: list[Gpu], s: int, up_ns: float,
+              name: str = "", domain: int = -1) -> None:
+    """An NVSwitch star over ``members`` (``nvs<s>``, or ``name`` for a rack's switch trays,
+    outside any server: ``s`` -1 and its ``domain``); with ``pair_GBps``, a port per GPU."""
     if spec.pair_GBps is None:
-        nvs = g.node("nvswitch", f"nvs{s}", server=s)
+        nvs = g.node("nvswitch", name or f"nvs{s}", server=s, domain=domain)
         for gpu in members:
             g.cable(gpu.node, nvs, gpu.scaleup_gbps, up_ns, "scale_up")
         return
     # Ports: GPU -> port -> port -> GPU carries the same total latency as GPU -> switch -> GPU.
-    ports = [g.node("nvlink_port", f"nvp{g.rank[gpu.node]}", server=s) for gpu in members]
+    ports = [g.node("nvlink_port", f"nvp{g.rank[gpu.node]}", server=s, domain=domain)
+             for gpu in members]
     for gpu, port in zip(members, ports, strict=True):
         g.cable(gpu.node, port, gpu.scaleup_gbps, up_ns / 2, "scale_up")
     pair = spec.pair_GBps * GBPS_PER_GBYTE_PER_S

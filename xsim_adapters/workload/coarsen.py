@@ -31,6 +31,7 @@ from typing import Any
 
 from ..errors import XsimError
 from ..plan.model import Plan
+from ..plan.parallel import group_replicas, uses_ep
 
 MODES = ("auto", "on", "off")
 
@@ -42,6 +43,15 @@ AUTO_MIN_OPS = 5_000_000
 # (measured on the 3,072-GPU plan), and the metrics compare two windows of one period each
 # (micro-batches p + 4 and p + 5, ending before the last one's cool-down).
 STEADY_EXTRA = 8
+# The measured bounds the two axes are used within automatically (docs/scale.md, "Measured
+# error"; summary.json's coarsening.approximations quotes them).
+REPLICA_BOUND = ("iteration time within 1% of the full run on a symmetric fabric (measured "
+                 "0 to +0.011%, docs/scale.md)")
+MICROBATCH_BOUND = ("exact to the ns rounding of the measured period (<= 2 ns per period added;"
+                    " refused after the run if the period does not repeat on every rank)")
+# Rank pairs of the EP all-to-alls and CP rings :func:`cross_replica_multipath` checks; beyond
+# it ``auto`` does not coarsen such a plan (it could not show the result exact).
+MAX_CHECKED_PAIRS = 200_000
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,9 @@ class Coarsening:
     # every micro-batch is simulated), and why (or why not)
     microbatches: int | None = None
     microbatch_reason: str = ""
+    # ``on`` where the replica axis is neither exact nor within its measured bound: why
+    # (summary.json and the CLI say it; ``auto`` refuses these plans instead)
+    warning: str | None = None
 
     @property
     def any_used(self) -> bool:
@@ -103,6 +116,12 @@ class Coarsening:
             "used": self.any_used,
             "reason": self.reason,
             "method": "+".join(methods) or "none",
+            "approximations": self.approximations(plan),
+            "refused": [] if self.mode == "off" else (
+                ([] if self.used else [{"method": "dp_replica_classes", "why": self.reason}])
+                + ([] if self.microbatches is not None else [
+                    {"method": "steady_state_microbatches", "why": self.microbatch_reason}])),
+            "warning": self.warning,
             "simulated_replicas": sorted(classes),
             "classes": [{"representative": q, "replicas": len(v)}
                         for q, v in sorted(classes.items())],
@@ -118,6 +137,27 @@ class Coarsening:
                 if self.microbatches is not None else None,
             },
         }
+
+
+    def approximations(self, plan: Plan) -> list[dict[str, Any]]:
+        """What was left out of the simulation and the bound it is used within (docs/scale.md):
+        one record per axis used, ``exact`` when it is exact by construction."""
+        out: list[dict[str, Any]] = []
+        if self.used:
+            cross = uses_ep(plan) or plan.replicas[0].stages[0].cp > 1
+            if self.warning is not None:
+                bound = f"none measured: {self.warning}"
+            elif cross:
+                bound = ("exact: whole expert blocks / CP groups mirrored, every pair they "
+                         "exchange over has one path")
+            else:
+                bound = REPLICA_BOUND
+            out.append({"method": "dp_replica_classes", "exact": cross and self.warning is None,
+                        "bound": bound})
+        if self.microbatches is not None:
+            out.append({"method": "steady_state_microbatches", "exact": False,
+                        "bound": MICROBATCH_BOUND})
+        return out
 
 
 def full(plan: Plan, mode: str = "off", reason: str = "coarsening off") -> Coarsening:
@@ -169,7 +209,8 @@ def replica_signature(plan: Plan, r: int) -> tuple:
     on a symmetric fabric."""
     so = plan.network.scale_out
     rep = plan.replicas[r]
-    first_node = None
+    domain_of = plan.domain_of_node()
+    first_node = first_domain = None
     stages = []
     for st in rep.stages:
         g = plan.group(st.group)
@@ -177,7 +218,11 @@ def replica_signature(plan: Plan, r: int) -> tuple:
         gpn = g.gpus_per_node
         _, _, node = plan.rank_info(plan.stage_ranks(st)[0])
         first_node = node if first_node is None else first_node
-        place: tuple = (st.devices[0] % gpn, st.devices[1] - st.devices[0])
+        first_domain = domain_of[node] if first_domain is None else first_domain
+        # the stage's place in its NVLink domain (a rack of trays: which PP hops stay on NVLink)
+        place: tuple = (st.devices[0] % g.domain_gpus, st.devices[1] - st.devices[0])
+        if g.domain_nodes > 1:
+            place += (domain_of[node] - first_domain,)
         if not so.rail_optimized:  # which stages share a leaf matters for PP routes
             npl = max(1, so.nodes_per_leaf)
             place += (node - first_node, node // npl - first_node // npl)
@@ -187,11 +232,32 @@ def replica_signature(plan: Plan, r: int) -> tuple:
 
 
 def replica_classes(plan: Plan) -> list[list[int]]:
-    """Replicas grouped by :func:`replica_signature`, in order of their first member."""
+    """Replicas grouped by :func:`replica_signature`, in order of their first member.
+
+    Under expert parallelism the replicas of one expert block are not alike: each holds other
+    experts and computes its own share of the routed tokens. What repeats is the whole block
+    (every block routes the same counts: :func:`.moe.routing_counts` depends on the layer and
+    the seed only). So a replica's signature there is also its position in its block of each
+    stage and the signatures of every replica of those blocks: replica ``h + k`` of a block
+    stands for replica ``h' + k`` of an identical block, the representative's block is simulated
+    whole, and every block's all-to-all flows are kept (like the DP rings), which is exact on
+    a symmetric fabric (docs/scale.md)."""
+    sigs = [replica_signature(plan, r) for r in range(plan.dp)]
+    if uses_ep(plan):
+        sigs = [sigs[r] + _ep_blocks(plan, r, sigs) for r in range(plan.dp)]
     by_sig: dict[tuple, list[int]] = {}
-    for r in range(plan.dp):
-        by_sig.setdefault(replica_signature(plan, r), []).append(r)
+    for r, sig in enumerate(sigs):
+        by_sig.setdefault(sig, []).append(r)
     return sorted(by_sig.values(), key=lambda v: v[0])
+
+
+def _ep_blocks(plan: Plan, r: int, sigs: list[tuple]) -> tuple:
+    """Per stage, replica ``r``'s position in its expert block and the block's signatures."""
+    out = []
+    for i in range(plan.replicas[r].pp):
+        block = group_replicas(plan, r, i, "ep")
+        out.append((block.index(r), tuple(sigs[x] for x in block)))
+    return tuple(out)
 
 
 def fabric_asymmetry(plan: Plan) -> str | None:
@@ -218,12 +284,23 @@ def ecmp_choice(plan: Plan, src: Any, dst: Any) -> str | None:
     sync after them, whose op ids depend on how many came before) meets its own collisions.
     With one shortest path for every pair, or under ``ecmp: connection`` (a flow's path
     follows its connection, the same in every micro-batch), no route depends on op ids."""
-    import numpy as np
 
-    from ..topology import build_topology
 
     if plan.network.ecmp == "connection":
         return None
+    pair = _multipath_pair(plan, src, dst)
+    if pair is None:
+        return None
+    return (f"ranks {pair[0]} -> {pair[1]} exchange traffic over several equal-cost paths (ECMP"
+            " hashes each flow's op id): merged micro-batches would meet other collisions than"
+            " the full run")
+
+
+def _multipath_pair(plan: Plan, src: Any, dst: Any) -> tuple[int, int] | None:
+    """The first pair ``src[i] -> dst[i]`` with several shortest paths, or None."""
+    import numpy as np
+
+    from ..topology import build_topology
 
     n = plan.num_ranks
     # by destination: the router computes one destination's distances once for all sources
@@ -232,10 +309,64 @@ def ecmp_choice(plan: Plan, src: Any, dst: Any) -> str | None:
     for k in key.tolist():
         b, a = divmod(k, n)
         if a != b and not topo.single_path(a, b):
-            return (f"ranks {a} -> {b} exchange traffic over several equal-cost paths (ECMP"
-                    " hashes each flow's op id): merged micro-batches would meet other"
-                    " collisions than the full run")
+            return a, b
     return None
+
+
+def cross_replica_multipath(plan: Plan) -> str | None:
+    """Why mirroring whole expert blocks or CP groups would not be exact (None: it is).
+
+    Their all-to-all and K/V ring flows, and the DP and expert-DP rings, cross replicas and are
+    all kept; a mirrored replica's flows then run when its representative's do. Where such a
+    pair has several equal-cost paths, ECMP gives each pair (and each flow's op id) its own
+    path, so in the full run the replicas meet different collisions and do not run alike:
+    measured +0.48% on moe-mixtral-8x7b-64xh100-ep8 (its DP rings cross two leaves; up to 150
+    ms on single ranks), +0.65% on long-context-128k-cp4 with a leaf per server
+    (docs/scale.md). With one path per pair every replica of a class runs alike and the
+    coarsened run is the full run's (0 ns difference on every rank and metric). Conservative:
+    checks every all-to-all pair, every CP ring edge and each rank against the same rank of
+    replica 0."""
+    import numpy as np
+
+    from ..plan.parallel import ep_ranks
+
+    src: list[Any] = []
+    dst: list[Any] = []
+    count = 0
+    cp = plan.replicas[0].stages[0].cp
+    rep0_pp = plan.replicas[0].pp
+    for r, rep in enumerate(plan.replicas):
+        for i in range(rep.pp):
+            if uses_ep(plan) and r == group_replicas(plan, r, i, "ep")[0]:
+                m = np.asarray(ep_ranks(plan, r, i), dtype=np.int64)
+                src.append(np.repeat(m, len(m)))
+                dst.append(np.tile(m, len(m)))
+                count += len(m) ** 2
+            if cp > 1 and r % cp == 0:
+                ring = np.array([plan.stage_ranks(plan.replicas[x].stages[i])
+                                 for x in range(r, r + cp)], dtype=np.int64)
+                src.append(ring.reshape(-1))
+                dst.append(np.roll(ring, -1, axis=0).reshape(-1))
+                count += ring.size
+            if r > 0:  # the DP (and expert-DP) rings pair the same rank of every replica
+                a = np.asarray(plan.stage_ranks(plan.replicas[0].stages[min(i, rep0_pp - 1)]))
+                b = np.asarray(plan.stage_ranks(rep.stages[i]))
+                k = min(len(a), len(b))
+                src.append(a[:k])
+                dst.append(b[:k])
+                count += k
+            if count > MAX_CHECKED_PAIRS:
+                return (f"over {MAX_CHECKED_PAIRS:,} rank pairs exchange all-to-all or CP ring"
+                        " traffic: too many to check that each has one path")
+    if not src:
+        return None
+    pair = _multipath_pair(plan, np.concatenate(src), np.concatenate(dst))
+    if pair is None:
+        return None
+    return (f"ranks {pair[0]} -> {pair[1]} have several equal-cost paths: under "
+            f"{'expert' if uses_ep(plan) else 'context'} parallelism mirrored replicas would "
+            "meet other ECMP collisions than in the full run (measured +0.48% to +0.65%, up "
+            "to 150 ms on single ranks, docs/scale.md)")
 
 
 def decide(plan: Plan, mode: str = "auto", full_ops: int | None = None) -> Coarsening:
@@ -261,7 +392,7 @@ def decide(plan: Plan, mode: str = "auto", full_ops: int | None = None) -> Coars
     reps = _replica_axis(plan, mode, full_ops)
     mb, mb_why = microbatch_plan_reason(plan, mode)
     if mb is not None and mode == "auto":
-        from ..plan.limits import estimate_ops
+        from .estimate import estimate_ops
 
         left = estimate_ops(plan, set(reps.representative))
         if left <= AUTO_MIN_OPS:
@@ -277,21 +408,29 @@ def _replica_axis(plan: Plan, mode: str, full_ops: int | None) -> Coarsening:
     classes = replica_classes(plan)
     if all(len(c) == 1 for c in classes):
         return full(plan, mode, "no two replicas are identical")
+    # not exact, and no bound measured: ``auto`` refuses, ``on`` warns (the cheap checks
+    # first: the path check builds the topology)
+    cross = uses_ep(plan) or plan.replicas[0].stages[0].cp > 1
+    why = fabric_asymmetry(plan)
     if mode == "auto":
-        why = fabric_asymmetry(plan)
         if why is not None:
             return full(plan, mode, why)
         if full_ops is None:
-            from ..plan.limits import estimate_ops
+            from .estimate import estimate_ops
 
             full_ops = estimate_ops(plan)
         if full_ops <= AUTO_MIN_OPS:
             return full(plan, mode, f"the full trace is small ({full_ops:,} <= "
                                     f"{AUTO_MIN_OPS:,} ops estimated)")
+    if why is None and cross:
+        why = cross_replica_multipath(plan)
+        if why is not None and mode == "auto":
+            return full(plan, mode, why)
     rep = [0] * plan.dp
     for c in classes:
         for r in c:
             rep[r] = c[0]
     sizes = ", ".join(f"{len(c)} x replica {c[0]}" for c in classes)
     return Coarsening(mode, True, f"{len(classes)} classes of identical replicas: {sizes}",
-                      tuple(rep))
+                      tuple(rep), warning=None if why is None else (
+                          f"coarsen: on is not exact here and has no measured bound: {why}"))

@@ -25,7 +25,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..plan.attention import tp_gather_width
-from ..plan.limits import check_ops, estimate_ops
+from ..plan.limits import check_ops
 from ..plan.model import Plan, Stage
 from ..plan.sizes import activation_bytes
 from ..trace.schema import KIND_BARRIER, KIND_FLOW, PHASE_INDEX, Trace
@@ -39,6 +39,7 @@ from .comm.rings import ring_delay_ns
 from .comm.selection import Choice, choose_algorithm
 from .compute.moe_units import StageMoE
 from .dp import add_dp_and_optimizer
+from .estimate import estimate_ops
 from .manifest import manifest, plan_digest
 from .perturb import apply_perturbations, interval_slowdowns
 

@@ -49,8 +49,8 @@ void FluidGroup::doNextEvent() {
     done.clear();
     for (size_t i = 0; i < _active.size(); i++) {
         Flow& f = _active[i];
-        // Done if the rest would take under half a picosecond (the clock's resolution).
-        if (f.rem <= f.rate * 0.5 + 1e-9) {
+        // Done if the rest would take under half a picosecond (htsim's clock tick).
+        if (fluid_done(f.rem, f.rate)) {
             simtime_picosec lat = 0;
             for (uint32_t l : _in.routes[f.route]) lat += _in.links[l].latency_ps;
             done.emplace_back(f.op, lat);  // the last byte still crosses the path
@@ -65,11 +65,9 @@ void FluidGroup::doNextEvent() {
     for (const auto& d : done) _owner->finish_after(d.first, d.second);
 }
 
-// Progressive filling (max-min fairness) over the links this group's active flows use, then
-// one timer at the earliest last byte. The same algorithm as the ns-3 engine's FluidResolve
-// (plugins/ns3/xsim_ns3/engine.cpp) and the flow backend's reference
-// (xsim_adapters/backends/flow/maxmin.py); the copies are cross-tested on the same traces in
-// tests/test_fluid_engines.py (within one clock tick per rate change).
+// Progressive filling (max-min fairness) over the links this group's active flows use, by the
+// solver every compiled engine shares (xsim/maxmin.hpp: the flow backend's compiled core and
+// the ns-3 engine use the same one), then one timer at the earliest last byte.
 void FluidGroup::resolve() {
     _recomputes++;
     if (_armed) {
@@ -77,70 +75,18 @@ void FluidGroup::resolve() {
         _armed = false;
     }
     if (_active.empty()) return;
-    std::vector<double>& resid = _s->resid;
-    std::vector<uint32_t>& cnt = _s->count;
-    std::vector<uint32_t>& used = _s->used;
-    used.clear();
-    for (const Flow& f : _active)
-        for (uint32_t l : _in.routes[f.route]) {
-            if (cnt[l] == 0) {
-                resid[l] = _s->cap[l];
-                used.push_back(l);
-            }
-            cnt[l]++;
-        }
-    // each link's flows, in _active order (the order the freezing below visits them)
-    std::vector<uint32_t>& start = _s->start;
-    std::vector<uint32_t>& fill = _s->fill;
-    std::vector<uint32_t>& on_link = _s->flows;
-    uint32_t total = 0;
-    for (uint32_t l : used) {
-        start[l] = total;
-        fill[l] = 0;
-        total += cnt[l];
-    }
-    on_link.resize(total);
-    for (size_t i = 0; i < _active.size(); i++)
-        for (uint32_t l : _in.routes[_active[i].route]) on_link[start[l] + fill[l]++] = (uint32_t)i;
-    std::vector<char>& frozen = _s->frozen;
-    frozen.assign(_active.size(), 0);
-    size_t left = _active.size();
-    while (left > 0) {
-        // The bottleneck: the link with the smallest equal share for its unfrozen flows.
-        int64_t best = -1;
-        double share = 0;
-        for (uint32_t l : used)
-            if (cnt[l] > 0) {
-                double s = std::max(0.0, resid[l]) / (double)cnt[l];
-                if (best < 0 || s < share) {
-                    best = l;
-                    share = s;
-                }
-            }
-        if (best < 0) break;
-        // the unfrozen flows crossing the bottleneck, in _active order (as a scan of every
-        // flow would find them: the same rates to the last bit)
-        const uint32_t* hit = on_link.data() + start[best];
-        const uint32_t* hit_end = hit + fill[best];
-        for (; hit != hit_end; ++hit) {
-            const size_t i = *hit;
-            if (frozen[i]) continue;
-            const std::vector<uint32_t>& hops = _in.routes[_active[i].route];
-            frozen[i] = 1;
-            left--;
-            _active[i].rate = share;
-            for (uint32_t l : hops) {
-                resid[l] -= share;
-                cnt[l]--;
-            }
-        }
-    }
-    for (uint32_t l : used) cnt[l] = 0;  // leave the scratch clean for the next group
+    std::vector<double>& rate = _s->rate;
+    rate.resize(_active.size());
+    _s->solver.solve(
+        _active.size(),
+        [this](size_t i) -> const std::vector<uint32_t>& { return _in.routes[_active[i].route]; },
+        _s->cap.data(), rate.data());
+    for (size_t i = 0; i < _active.size(); i++) _active[i].rate = rate[i];
     double next = INFINITY;
     for (const Flow& f : _active)
         if (f.rate > 0) next = std::min(next, std::max(0.0, f.rem) / f.rate);
     if (std::isfinite(next)) {
-        simtime_picosec dt = std::max<simtime_picosec>(1, (simtime_picosec)std::ceil(next - 1e-6));
+        simtime_picosec dt = (simtime_picosec)fluid_wait_ticks(next);
         _handle = eventlist().sourceIsPendingGetHandle(*this, eventlist().now() + dt);
         _armed = true;
     }

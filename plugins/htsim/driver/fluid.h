@@ -11,24 +11,18 @@
 
 #include "eventlist.h"
 #include "input.h"
+#include "xsim/maxmin.hpp"
 
 namespace xsim {
 
 class Replayer;
 
-// Scratch space shared by all groups (indexed by link id) so a re-solve touches only the links
-// its own flows use.
+// State shared by all groups (indexed by link id): one solver, so a re-solve touches only the
+// links its own flows use.
 struct FluidScratch {
-    std::vector<double> resid;    // bytes/ps left on a link during progressive filling
-    std::vector<uint32_t> count;  // unfrozen flows crossing a link
-    std::vector<uint32_t> used;   // links touched by this re-solve
+    MaxMinSolver solver;          // over every link id of the input (xsim/maxmin.hpp)
     std::vector<double> cap;      // bytes/ps each link serves now (timed link events change it)
-    // per link, the positions (in _active order) of the flows crossing it, as a CSR rebuilt by
-    // each re-solve: freezing the flows of a bottleneck visits only them
-    std::vector<uint32_t> start;  // by link id: offset of its first entry (valid for used links)
-    std::vector<uint32_t> fill;   // by link id: entries written so far
-    std::vector<uint32_t> flows;  // the CSR's entries
-    std::vector<char> frozen;     // by position in _active
+    std::vector<double> rate;     // the solver's output, by position in a group's _active
 };
 
 class FluidGroup : public EventSource {

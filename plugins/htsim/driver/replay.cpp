@@ -231,10 +231,7 @@ void Replayer::build_fluid_groups() {
         }
         _route_group[r] = it->second;
     }
-    _scratch.resid.assign(_in.links.size(), 0.0);
-    _scratch.count.assign(_in.links.size(), 0);
-    _scratch.start.assign(_in.links.size(), 0);
-    _scratch.fill.assign(_in.links.size(), 0);
+    _scratch.solver.resize(_in.links.size());
     _scratch.cap.resize(_in.links.size());
     for (size_t l = 0; l < _in.links.size(); l++) _scratch.cap[l] = (double)_in.links[l].bps / 8e12;
     _link_groups.assign(_in.links.size(), {});

@@ -7,18 +7,22 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from xsim_adapters._proc import owned_tempdir
-from xsim_adapters.backends.base import (
+from xsim_adapters.backend_api import (
+    PROGRESS,
     PROGRESS_INTERVAL_S,
+    SEED,
     Backend,
+    BackendError,
+    BackendUnavailable,
+    Option,
     ReplayProgress,
+    Timeline,
+    Topology,
+    Trace,
+    check_options,
     flow_totals,
+    owned_tempdir,
 )
-from xsim_adapters.errors import BackendError, BackendUnavailable
-from xsim_adapters.options import PROGRESS, SEED, Option, check_options
-from xsim_adapters.topology.model import Topology
-from xsim_adapters.trace.schema import Trace
-from xsim_adapters.trace.timeline import Timeline
 
 from ._driver import find_driver, run_driver
 from ._input import write_input

@@ -12,8 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from xsim_adapters._proc import child_preexec
-from xsim_adapters.errors import BackendError
+from xsim_adapters.backend_api import BackendError, child_preexec
 
 ENV_VAR = "XSIM_HTSIM_DRIVER"
 BINARY = "xsim-htsim"

@@ -64,11 +64,19 @@ from pathlib import Path
 
 import numpy as np
 
-from xsim_adapters.errors import BackendError
-from xsim_adapters.topology.model import Topology, is_scale_up_path
-from xsim_adapters.topology.reroute import detours, epochs
-from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, Trace
-from xsim_adapters.trace.slowdowns import schedule, slowed_compute
+from xsim_adapters.backend_api import (
+    KIND_BARRIER,
+    KIND_COMPUTE,
+    KIND_FLOW,
+    BackendError,
+    Topology,
+    Trace,
+    detours,
+    epochs,
+    is_scale_up_path,
+    slowdown_schedule,
+    slowed_compute,
+)
 
 FORMAT_VERSION = 5
 NUM_COUNTS = 12
@@ -175,7 +183,7 @@ def _whatif_sections(trace: Trace, topology: Topology, flow_idx: np.ndarray,
     module docstring), adding the detours' routes to ``table``."""
     parts: list[np.ndarray] = []
     sr = s = k = p = d = 0
-    sched = schedule(trace.manifest, topology.num_ranks)
+    sched = slowdown_schedule(trace.manifest, topology.num_ranks)
     if sched is not None:
         sr, s = sched.num_ranks, len(sched.lo_ns)
         hi = np.where(np.isfinite(sched.hi_ns), sched.hi_ns * 1000.0, -1.0)
@@ -325,7 +333,7 @@ def write_input(trace: Trace, topology: Topology, path: str | os.PathLike) -> In
     size = 0
     with open(tmp, "wb") as f:
         for part in parts:
-            buf = part if isinstance(part, bytes) else memoryview(np.ascontiguousarray(part))
+            buf = part if isinstance(part, bytes) else np.ascontiguousarray(part).data
             f.write(buf)
             size += len(part) if isinstance(part, bytes) else part.nbytes
     os.replace(tmp, path)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from xsim_adapters.errors import BackendError
+from xsim_adapters.backend_api import BackendError
 
 TIMES_MAGIC = b"XSIMHTO\0"
 TIMES_VERSION = 1

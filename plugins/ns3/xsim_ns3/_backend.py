@@ -17,12 +17,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from xsim_adapters._proc import child_preexec, owned_tempdir
-from xsim_adapters.backends.base import Backend, ReplayProgress, flow_totals
-from xsim_adapters.errors import BackendError, BackendUnavailable
-from xsim_adapters.topology.model import Topology
-from xsim_adapters.trace.schema import KINDS, PHASES, Trace
-from xsim_adapters.trace.timeline import Timeline
+from xsim_adapters.backend_api import (
+    KINDS,
+    PHASES,
+    Backend,
+    BackendError,
+    BackendUnavailable,
+    ReplayProgress,
+    Timeline,
+    Topology,
+    Trace,
+    child_preexec,
+    flow_totals,
+    owned_tempdir,
+)
 
 from ._options import OPTIONS, parse_options
 from ._prepare import prepare
@@ -126,7 +134,7 @@ class Ns3Backend(Backend):
             (work / "in").mkdir()
             (work / "out").mkdir()
             (work / "cwd").mkdir()  # clean directory for the wheel's *.so glob
-            np.savez(work / "in" / "input.npz", **rin.arrays)
+            np.savez(work / "in" / "input.npz", allow_pickle=True, **rin.arrays)  # numpy's default
             (work / "in" / "meta.json").write_text(json.dumps(rin.meta))
             rp = ReplayProgress((options or {}).get("progress"), trace.num_ops)
             stats, replay_started = self._spawn(work, opts.wall_limit_s, rp)

@@ -6,8 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from xsim_adapters.errors import OptionError
-from xsim_adapters.options import PROGRESS, SEED, Option, check_options
+from xsim_adapters.backend_api import PROGRESS, SEED, Option, OptionError, check_options
 
 TRANSPORTS = ("dctcp", "tcp", "udp")
 SCALE_UP_MODES = ("fluid", "packet")

@@ -23,10 +23,16 @@ from typing import Any
 
 import numpy as np
 
-from xsim_adapters.errors import BackendError
-from xsim_adapters.topology.model import Topology, is_scale_up_path
-from xsim_adapters.topology.reroute import epochs
-from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, Trace
+from xsim_adapters.backend_api import (
+    KIND_BARRIER,
+    KIND_COMPUTE,
+    KIND_FLOW,
+    BackendError,
+    Topology,
+    Trace,
+    epochs,
+    is_scale_up_path,
+)
 
 from ._options import Ns3Options
 from ._whatif import path_moves, reroute_arrays, slowdown_arrays
@@ -266,8 +272,8 @@ def prepare(trace: Trace, topology: Topology, opts: Ns3Options) -> ReplayInput:
         # ACKs go to the source's egress-interface address (TCP picks it from the route): the
         # first pair to need a hop wins. Loop-free, as every path is a shortest path to that
         # address, so any node's next hop is one hop closer.
-        first = int(pr["path"][0])
-        saddr = CABLE_NET_BASE + 4 * cmap[int(cable_of[first])] + 1 + int(side_of[first])
+        egress = int(pr["path"][0])
+        saddr = CABLE_NET_BASE + 4 * cmap[int(cable_of[egress])] + 1 + int(side_of[egress])
         src_addr.append(saddr)
         for lid in pr["back"]:
             key = (int(lsrc[lid]), saddr)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from xsim_adapters.trace.timeline import QUEUE_COLUMNS
+from xsim_adapters.backend_api import QUEUE_COLUMNS
 
 
 def queue_frame(arrays: Mapping[str, np.ndarray], queues: Mapping[str, np.ndarray]
@@ -29,7 +29,7 @@ def queue_frame(arrays: Mapping[str, np.ndarray], queues: Mapping[str, np.ndarra
     keep = link >= 0
     cols = dict(zip(QUEUE_COLUMNS, ("peak_bytes", "mean_bytes", "drops", "drop_bytes", "marks",
                                     None), strict=True))
-    out = {"link_id": link[keep]}
+    out: dict[str, np.ndarray] = {"link_id": link[keep]}
     for col, key in cols.items():
         out[col] = (np.asarray(queues[key], np.float64)[keep] if key is not None
                     else np.zeros(int(keep.sum())))

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from xsim_adapters.backends.base import PROGRESS_INTERVAL_S
+from xsim_adapters.backend_api import NATIVE_INCLUDE_DIR, PROGRESS_INTERVAL_S
 
 TRANSPORT_CODE = {"dctcp": 0, "tcp": 1, "udp": 2}
 #: Environment variable naming the file descriptor the worker writes progress lines to.
@@ -77,6 +77,7 @@ def load_ns() -> Any:
         if not _load_engine_modules():
             from ns import ns  # noqa: F401  (the wheel's loader: every module)
         cppyy.add_include_path(str(_ENGINE_SOURCE.parent))  # engine_whatif.h beside it
+        cppyy.add_include_path(str(NATIVE_INCLUDE_DIR))  # xsim/maxmin.hpp, shared with the core
         cppyy.cppdef(_ENGINE_SOURCE.read_text())
     return cppyy.gbl.xsim
 

@@ -28,15 +28,19 @@ from typing import Any
 
 import numpy as np
 
-from xsim_adapters.topology.model import Topology
-from xsim_adapters.topology.reroute import Epochs, detours
-from xsim_adapters.trace.schema import Trace
-from xsim_adapters.trace.slowdowns import schedule, slowed_compute
+from xsim_adapters.backend_api import (
+    Epochs,
+    Topology,
+    Trace,
+    detours,
+    slowdown_schedule,
+    slowed_compute,
+)
 
 
 def slowdown_arrays(trace: Trace, num_ranks: int) -> dict[str, np.ndarray]:
     """The engine's slowdown inputs (all empty without interval slowdowns)."""
-    sched = schedule(trace.manifest, num_ranks)
+    sched = slowdown_schedule(trace.manifest, num_ranks)
     ops = trace.ops
     rank = slowed_compute(ops["kind"].to_numpy(), ops["rank"].to_numpy(), sched)
     if sched is None:

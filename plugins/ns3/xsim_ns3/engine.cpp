@@ -14,6 +14,7 @@
 #include "ns3/traffic-control-module.h"
 
 #include "engine_whatif.h"
+#include "xsim/maxmin.hpp"  // the shared max-min solver and fluid completion rule
 
 #include <unistd.h>
 
@@ -92,6 +93,8 @@ class Engine {
     std::vector<double> flat;          // per op: path latency (ns) added after the last byte
     std::vector<int64_t> active;
     std::vector<double> rem, rate;
+    MaxMinSolver fsolver;        // over the fluid links
+    std::vector<double> frate;   // its output, per position in `active`
     double lastNs = 0;
     EventId fluidEv;
     uint64_t fluidRecomputes = 0;
@@ -144,6 +147,7 @@ class Engine {
     void LoadFluid(int64_t nlinks, const double* capBytesPerNs, int64_t nentries,
                    const int64_t* ptr, const int64_t* links, const double* latNs) {
         fcap.assign(capBytesPerNs, capBytesPerNs + nlinks);
+        fsolver.resize(size_t(nlinks));
         fptr.assign(ptr, ptr + n + 1);
         flink.assign(links, links + nentries);
         flat.assign(latNs, latNs + n);
@@ -330,8 +334,8 @@ class Engine {
         FluidAdvance();
         std::vector<int64_t> still;
         for (int64_t op : active) {
-            // Done if it would finish within half a nanosecond (ns-3 time resolution).
-            if (rem[op] <= rate[op] * 0.5 + 1e-6) {
+            // Done if it would finish within half a nanosecond (ns-3's clock tick).
+            if (fluid_done(rem[op], rate[op])) {
                 int64_t lat = int64_t(std::llround(FLat(op)));
                 Simulator::Schedule(NanoSeconds(lat), &Engine::Finish, this, op);
             } else {
@@ -346,58 +350,20 @@ class Engine {
         ++fluidRecomputes;
         if (fluidEv.IsPending()) fluidEv.Cancel();
         if (active.empty()) return;
-        // Progressive filling over the links the active flows use. The same algorithm as the
-        // htsim driver's FluidGroup::resolve (plugins/htsim/driver/fluid.cpp) and the flow
-        // backend's reference (xsim_adapters/backends/flow/maxmin.py); not one shared header,
-        // since cppyy compiles this file from the installed package at run time. Both C++ copies
-        // are cross-tested against the reference on the same traces in
-        // tests/test_fluid_engines.py (within one clock tick per rate change).
-        std::vector<int64_t> used;
-        std::vector<double> resid(fcap.size(), -1.0);
-        std::vector<int64_t> cnt(fcap.size(), 0);
-        for (int64_t op : active)
-            for (const int64_t* e = FB(op); e < FE(op); ++e) {
-                int64_t l = *e;
-                if (resid[l] < 0) {
-                    resid[l] = fcap[l];
-                    used.push_back(l);
-                }
-                ++cnt[l];
-            }
-        std::vector<char> frozen(active.size(), 0);
-        size_t left = active.size();
-        while (left > 0) {
-            int64_t best = -1;
-            double share = 0;
-            for (int64_t l : used)
-                if (cnt[l] > 0) {
-                    double s = resid[l] / double(cnt[l]);
-                    if (best < 0 || s < share) { best = l; share = s; }
-                }
-            if (best < 0) break;
-            for (size_t i = 0; i < active.size(); ++i) {
-                if (frozen[i]) continue;
-                int64_t op = active[i];
-                bool crosses = false;
-                for (const int64_t* e = FB(op); e < FE(op); ++e)
-                    if (*e == best) { crosses = true; break; }
-                if (!crosses) continue;
-                frozen[i] = 1;
-                --left;
-                rate[op] = share;
-                for (const int64_t* e = FB(op); e < FE(op); ++e) {
-                    resid[*e] -= share;
-                    --cnt[*e];
-                }
-            }
-        }
+        // Progressive filling over the links the active flows use: the one solver every
+        // compiled engine shares (xsim/maxmin.hpp, from the core package's include directory).
+        frate.resize(active.size());
+        fsolver.solve(
+            active.size(),
+            [this](std::size_t i) { return LinkSpan<int64_t>{FB(active[i]), FE(active[i])}; },
+            fcap.data(), frate.data());
+        for (size_t i = 0; i < active.size(); ++i) rate[active[i]] = frate[i];
         double next = INFINITY;
         for (int64_t op : active)
-            if (rate[op] > 0) next = std::min(next, rem[op] / rate[op]);
-        if (std::isfinite(next)) {
-            int64_t dt = std::max<int64_t>(1, int64_t(std::ceil(next - 1e-9)));
-            fluidEv = Simulator::Schedule(NanoSeconds(dt), &Engine::FluidTick, this);
-        }
+            if (rate[op] > 0) next = std::min(next, std::max(0.0, rem[op]) / rate[op]);
+        if (std::isfinite(next))
+            fluidEv = Simulator::Schedule(NanoSeconds(fluid_wait_ticks(next)), &Engine::FluidTick,
+                                          this);
     }
 
     // ---------- timed link events (degrade / fail / restore) ----------

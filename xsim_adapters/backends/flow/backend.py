@@ -9,14 +9,24 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ...errors import BackendError
-from ...options import COMMON_OPTIONS, Option, check_options
-from ...topology.model import Topology
-from ...topology.reroute import detours, epochs, no_detours
-from ...trace.schema import KIND_FLOW, Trace, is_dense_ids
-from ...trace.slowdowns import schedule
-from ...trace.timeline import Timeline
-from ..base import Backend, ReplayProgress, flow_totals
+from ...backend_api import (
+    COMMON_OPTIONS,
+    KIND_FLOW,
+    Backend,
+    BackendError,
+    Option,
+    ReplayProgress,
+    Timeline,
+    Topology,
+    Trace,
+    check_options,
+    detours,
+    epochs,
+    flow_totals,
+    is_dense_ids,
+    no_detours,
+    slowdown_schedule,
+)
 from .executor import FlowProblem, run_flows
 from .native import native_status, run_flows_native
 
@@ -148,7 +158,7 @@ def build_problem(trace: Trace, topology: Topology) -> tuple[FlowProblem, float]
     ]
     ev = topology.events
     has_events = len(ev) > 0
-    sched = schedule(trace.manifest, nr)
+    sched = slowdown_schedule(trace.manifest, nr)
     ep = epochs(topology)
     det = (detours(topology, rank, dst, topology.ecmp_keys(ops, np.arange(n)), offsets, links,
                    ep)

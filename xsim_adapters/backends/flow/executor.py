@@ -34,9 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...errors import BackendError
-from ...trace.schema import KIND_COMPUTE, KIND_FLOW, KINDS, PHASES
-from ...trace.slowdowns import stretched_end
+from ...backend_api import KIND_COMPUTE, KIND_FLOW, KINDS, PHASES, BackendError, stretched_end
 from .maxmin import maxmin_rates
 
 Progress = Callable[[int, float], None]  # (ops done, simulated time reached in ns)

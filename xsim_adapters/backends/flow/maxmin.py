@@ -10,8 +10,10 @@ tests/test_flow_backend.py): plain Python for the small systems that make up alm
 recomputation (a ring step on NVSwitch links touches a handful of links: 8 flows on 7 links
 take ~67 us in Python and ~820 us through numpy's fixed per-call costs, measured on the CI
 machine), and numpy for big systems (thousands of flows on a shared fabric), where per-entry
-Python costs more. This module is the reference the C++ fluid engines of the ns-3 and htsim
-backends are cross-tested against (tests/test_fluid_engines.py).
+Python costs more. This module is the reference of the one C++ solver,
+``xsim_adapters/include/xsim/maxmin.hpp``, which the flow core, the ns-3 engine and the htsim
+driver compile: it repeats both forms operation for operation (tests/test_maxmin_header.py: bit
+for bit; tests/test_fluid_engines.py: the engines on the same traces).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 
 # Links whose fair share is within this relative distance of the minimum saturate together;
 # without it float noise splits one level into many and can leave a link overfull by 1 ulp.
+# The C++ header's kMaxMinRelTol / kMaxMinSmallEntries are these (tests/test_backend_api.py).
 _REL_TOL = 1e-12
 SMALL_ENTRIES = 300  # up to this many (flow, link) entries the Python version is faster
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import BackendError
+from ...backend_api import BackendError
 from .executor import FlowProblem, FlowResult, Progress, check_deps, stuck_message
 
 #: The ``xsim_flowcore.INTERFACE_VERSION`` this adapter speaks.

@@ -34,7 +34,11 @@ from .nccl import ring_cost
 class RankInfo:
     """Per-rank facts of a plan, indexed by global rank, and per-pair bandwidth queries.
 
-    Arrays: ``server``, ``group``, ``local`` (index in its server), ``site`` (of
+    ``server`` is the rank's NVLink domain, what NCCL calls a node: a server, or the compute
+    trays of an NVL rack (``nvlink_domain_gpus``), which NCCL's multi-node NVLink fuses into
+    one node (NVIDIA/nccl ``src/graph/topo.cc``: the topologies of an MNNVL clique are fused;
+    ``src/init.cc``: nNodes counts ring graphs). ``tray`` is the physical server.
+    Arrays: ``server``, ``tray``, ``group``, ``local`` (index in its domain), ``site`` (of
     ``network.measured``; 0 without), ``nic_gbps`` (line rate of the rank's NIC, Gb/s),
     ``scaleup_GBps`` (the type's NVLink GB/s), ``nic`` (global NIC index, numbered server by
     server), ``nic_local`` (NIC index inside the server: the rail), ``scaleout_GBps`` (the rank's
@@ -45,6 +49,7 @@ class RankInfo:
     def __init__(self, plan: Plan) -> None:
         n = plan.num_ranks
         self.server = np.zeros(n, dtype=np.int64)
+        self.tray = np.zeros(n, dtype=np.int64)
         self.nic_gbps = np.zeros(n, dtype=np.float64)
         self.scaleup_GBps = np.zeros(n, dtype=np.float64)
         self.group = np.zeros(n, dtype=np.int64)
@@ -56,33 +61,36 @@ class RankInfo:
         self._profiles: list[ServerProfile] = []
         ms = plan.network.measured
         site_of = {} if ms is None else {x: i for i, st in enumerate(ms.sites) for x in st}
-        off = node_off = nic_off = 0
+        off = node_off = dom_off = nic_off = 0
         for gi, g in enumerate(plan.device_groups):
             dt = plan.device_types[g.type]
-            prof = server_profile(plan, g)
+            prof = server_profile(plan, g)  # one NVLink domain of the group
             self._profiles.append(prof)
             d = np.arange(g.num_devices)
             sl = slice(off, off + g.num_devices)
-            local = d % g.gpus_per_node
+            local = d % g.domain_gpus
             node = d // g.gpus_per_node
-            nics_per_server = int(prof.nic.max()) + 1 if len(prof.nic) else 0
-            self.server[sl] = node_off + node
+            nics_per_domain = int(prof.nic.max()) + 1 if len(prof.nic) else 0
+            nics_per_tray = nics_per_domain // g.domain_nodes
+            self.server[sl] = dom_off + d // g.domain_gpus
+            self.tray[sl] = node_off + node
             self.nic_gbps[sl] = g.nic_gbps if g.nic_gbps is not None else dt.nic_gbps
             self.scaleup_GBps[sl] = dt.scaleup_GBps
             self.group[sl] = gi
             self.local[sl] = local
             self.site[sl] = site_of.get(g.name, 0)
-            self.nic_local[sl] = prof.nic[local]
-            self.nic[sl] = nic_off + node * nics_per_server + prof.nic[local]
+            self.nic_local[sl] = prof.nic[local] - (local // g.gpus_per_node) * nics_per_tray
+            self.nic[sl] = nic_off + (d // g.domain_gpus) * nics_per_domain + prof.nic[local]
             self.scaleout_GBps[sl] = prof.scaleout_GBps[local]
             off += g.num_devices
             node_off += g.nodes
-            nic_off += g.nodes * nics_per_server
+            dom_off += g.num_domains
+            nic_off += g.nodes * nics_per_tray
         self._site_GBps = site_GBps(plan)
 
     def link_GBps(self, a: int, b: int) -> float:
-        """Bandwidth from rank ``a`` to rank ``b``, GB/s: inside a server, the bottleneck of
-        their route in the server fabric; across servers, the smaller of the two ranks' NIC
+        """Bandwidth from rank ``a`` to rank ``b``, GB/s: inside a server (NVLink domain), the
+        bottleneck of their route in its fabric; across domains, the smaller of the two ranks' NIC
         shares (and of the measured path between their sites)."""
         if self.server[a] == self.server[b]:
             prof = self._profiles[int(self.group[a])]

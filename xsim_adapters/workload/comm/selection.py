@@ -97,6 +97,8 @@ def choose_algorithm(plan: Plan, info: RankInfo, ranks: Sequence[int], kind: str
         ok.discard("nvls")
     if not layout.uniform:
         ok -= {"nvls", "hierarchical"}
+    if fab.ppn < 2:  # one member per server: the hierarchy is the ring itself (and the staged
+        ok.discard("hierarchical")  # lowering's one-member server rings made dangling edges)
     cost = choose(kind, nbytes, fab, want if want in ok else ("auto" if want == "auto"
                                                               else "ring"))
     if cost.algorithm not in ok:  # auto chose what this layout cannot lower

@@ -64,24 +64,41 @@ def _largest_remainder(total: int, p: np.ndarray, rotate: int) -> np.ndarray:
 
 
 def popularity(moe: MoESpec, layer: int, seed: int) -> np.ndarray:
-    """(E,) the share of assignments each expert receives in ``layer`` (sums to 1)."""
+    """(E,) the share of assignments each expert receives in ``layer`` (sums to 1, each share in
+    [0, 1/k])."""
     e = moe.num_experts
     if moe.routing == "balanced":
         return np.full(e, 1.0 / e)
     rng = np.random.default_rng([seed, layer])
     rank = rng.permutation(e) + 1
-    p = 1.0 / rank.astype(float) ** moe.zipf_exponent
-    p /= p.sum()
-    cap = 1.0 / moe.top_k  # water-filling: no expert above 1/k, the excess to the others
-    for _ in range(e):
-        over = p > cap + 1e-15
-        if not over.any():
+    # In logs: 1 / rank^s overflows for large s (2^-1075 is 0, and the water-filling below then
+    # divided 0 by 0); -s ln(rank) is finite for every exponent the plan accepts.
+    return capped_shares(-moe.zipf_exponent * np.log(rank.astype(float)), 1.0 / moe.top_k)
+
+
+def capped_shares(log_weights: np.ndarray, cap: float) -> np.ndarray:
+    """Shares proportional to ``exp(log_weights)``, none above ``cap`` (water-filling: the
+    heaviest are held at ``cap`` and the rest keep their proportions). Each free share is
+    ``exp(w - logsumexp(free w))``, at most 1, so no weight over- or underflows into NaN."""
+    n = len(log_weights)
+    order = np.argsort(-log_weights, kind="stable")  # heaviest first
+    w = np.maximum(log_weights[order], -np.finfo(float).max)  # -inf ties as the least weight
+    out = np.zeros(n)
+    for held in range(n + 1):  # the `held` heaviest at cap: the first count where the rest fit
+        left = 1.0 - held * cap
+        if left <= 0 or held == n:
+            out[:held] = cap
             break
-        excess = float((p[over] - cap).sum())
-        p[over] = cap
-        free = ~over & (p < cap)
-        p[free] += excess * p[free] / p[free].sum()
-    return p
+        rest = w[held:]
+        top = rest[0]
+        share = left * np.exp(rest - top) / np.exp(rest - top).sum()
+        if share[0] <= cap * (1 + 1e-12):
+            out[:held] = cap
+            out[held:] = np.minimum(share, cap)  # rounding never lifts one above a token's one pick
+            break
+    shares = np.empty(n)
+    shares[order] = out
+    return shares
 
 
 def routing_counts(moe: MoESpec, layer: int, tokens: int, members: int, seed: int) -> np.ndarray:
@@ -91,7 +108,9 @@ def routing_counts(moe: MoESpec, layer: int, tokens: int, members: int, seed: in
     counts = np.array(rows, dtype=np.int64)
     if moe.capacity_factor is not None:
         cap = math.ceil(moe.capacity_factor * tokens * moe.top_k / moe.num_experts)
-        counts = np.minimum(counts, cap)
+        # no member routes more than its tokens to one expert, so a cap above them drops
+        # nothing (and a huge factor's cap would not fit the int64 counts)
+        counts = np.minimum(counts, min(cap, tokens))
     return counts
 
 

@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "calendar.hpp"
-#include "maxmin.hpp"
+#include "xsim/maxmin.hpp"
 
 namespace flowcore {
 namespace {
@@ -91,7 +91,7 @@ class Executor {
   std::vector<const int32_t*> group_paths_;
   std::vector<int32_t> group_lens_;
   std::vector<double> group_rates_;
-  MaxMinSolver solver_;
+  xsim::MaxMinSolver solver_;
   // the run
   Calendar calendar_;
   std::vector<int32_t> due_;  // the entries of the instant being taken

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "executor.hpp"
-#include "maxmin.hpp"
 #include "order.hpp"
+#include "xsim/maxmin.hpp"
 
 namespace nb = nanobind;
 
@@ -207,7 +207,7 @@ Out<double> maxmin(In<int64_t> flow_offsets, In<int32_t> flow_links, In<double> 
       }
     }
   }
-  flowcore::MaxMinSolver solver(capacity.shape(0));
+  xsim::MaxMinSolver solver(capacity.shape(0));
   auto* rate = new double[k];
   solver.solve(k, paths.data(), lens.data(), capacity.data(), rate);
   return owned(rate, k);
