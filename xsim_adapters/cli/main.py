@@ -44,10 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     def add(name: str, help_: str, fn: Command,
-            arguments: Callable[[argparse.ArgumentParser], None]) -> None:
+            arguments: Callable[[argparse.ArgumentParser], None] | None = None
+            ) -> argparse.ArgumentParser:
+        """One subcommand: its help, the function it runs, its options (``arguments``, or
+        added by the caller to the returned parser)."""
         sp = sub.add_parser(name, help=help_, description=help_)
         sp.set_defaults(func=fn)
-        arguments(sp)
+        if arguments is not None:
+            arguments(sp)
+        return sp
 
     add("validate", "Check a plan and print its ranks, replicas and memory per stage.",
         cmd_validate, add_validate_arguments)
