@@ -217,6 +217,13 @@ class PcieSpec:
     uplink_lanes: int = 16  # lanes of each switch's link to the host bridge
     host_bridge_GBps: float | None = None  # peer-to-peer limit through the root complex; None: none
     latency_us: float = 0.105  # per PCIe link (one switch traversal), see topology/servers.py
+    # GPU peer-to-peer over PCIe: None: the device type's ``pcie_p2p``; False: the switches and
+    # the root complex do not forward GPU to GPU, every GPU transfer goes through host memory
+    # (NCCL's SHM transport, and no GPUDirect RDMA to the NICs), see topology/servers.py
+    p2p: bool | None = None
+    # host DRAM GB/s the host-memory path may use (each byte written once and read once, so
+    # the path carries half of it); None: DRAM not a bound (only the PCIe links are)
+    host_memory_GBps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -273,6 +280,10 @@ class DeviceType:
     compute_capability: int = 0
     # NVLink SHARP (NVLS): the server's NVSwitches (gen3+) reduce and multicast in the switch.
     nvls: bool = False
+    # GPU peer-to-peer over PCIe (CUDA P2P, which NCCL's P2P transport needs); False on parts
+    # whose driver refuses it (GeForce RTX 40: presets/devices.yaml), so their PCIe servers
+    # move GPU-to-GPU data through host memory. A server's ``pcie.p2p`` overrides it.
+    pcie_p2p: bool = True
     # SM clocks of the power-capped part (docs/compute.md "Sustained clock"): the clock at which
     # `efficiency` / `fp8_efficiency` were measured (short benchmarks run at the boost clock)
     # and the clock the part holds under back-to-back tensor-core work at its board power cap,

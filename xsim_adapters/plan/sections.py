@@ -68,6 +68,7 @@ DEVICE_KEYS = (
     "sm_count",
     "compute_capability",
     "nvls",
+    "pcie_p2p",
     "burst_clock_MHz",
     "sustained_clock_MHz",
     "profile",
@@ -286,8 +287,9 @@ def parse_device_type(
     if "compute_capability" in m:
         values["compute_capability"] = f.get_int(m, "compute_capability", path, minimum=0,
                                                  maximum=1000, limit="CUDA compute capability x 10")
-    if "nvls" in m:
-        values["nvls"] = f.get_bool(m, "nvls", path)
+    for key in ("nvls", "pcie_p2p"):
+        if key in m:
+            values[key] = f.get_bool(m, key, path)
     for key in ("burst_clock_MHz", "sustained_clock_MHz"):  # 0: unmeasured
         if key in m:
             values[key] = f.get_number(m, key, path, positive=False, at_most=lim.MAX_CLOCK_MHZ)

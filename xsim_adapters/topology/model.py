@@ -2,9 +2,9 @@
 
 Nodes (``nodes`` frame, ``node_id`` dense 0..N-1 equal to the row index):
 ``node_id`` int32, ``kind`` str (``gpu``, ``nvswitch``, ``nvlink_port``, ``pcie_switch``,
-``host_bridge``, ``nic``, ``leaf``, ``spine``, ``core``, ``gateway``, or a kind named by an
+``pcie_switch_down``, ``host_bridge``, ``host_memory``, ``nic``, ``leaf``, ``spine``, ``core``, ``gateway``, or a kind named by an
 explicit link), ``name`` str (unique, e.g. ``gpu12``, ``nvs3``, ``nvp5``, ``psw2``, ``hb1``,
-``hbx1``, ``nic7``, ``leaf0``, ``spine1``, ``gw0``, ``nvl0``), ``rank`` int32 (global rank for
+``hbx1``, ``hm1``, ``pswd2``, ``nic7``, ``leaf0``, ``spine1``, ``gw0``, ``nvl0``), ``rank`` int32 (global rank for
 a GPU, else -1), ``server`` int32 (global server index for GPUs and every node inside a server,
 else -1), ``domain`` int32 (NVLink domain: the server's, or a rack's over several servers with
 ``nvlink_domain_gpus``, its switch ``nvl<d>`` included; -1 outside; frames without the column
