@@ -33,6 +33,7 @@ Granularity = Literal["step", "chunked"]
 RingOrder = Literal["hetero_aware", "natural"]
 Algorithm = Literal["auto", "ring", "tree", "nvls", "hierarchical"]
 EcmpMode = Literal["flow", "connection"]
+NcclNet = Literal["ib", "socket"]  # NCCL's network plugin between servers (docs/topology.md)
 ScaleOutTopology = Literal["leaf_spine", "fat_tree"]
 LinkEventKind = Literal["degrade", "fail", "restore", "nic_down", "nic_up"]
 #: Event kinds that name a GPU (its NIC's cable to the fabric) instead of two nodes.
@@ -422,6 +423,16 @@ class NetworkSpec:
     # What picks a flow's path among equal-cost ones (topology/routing.py, ECMP_MODES): "flow"
     # hashes each flow (op), "connection" each NCCL connection (src, dst, phase, channel).
     ecmp: EcmpMode = "flow"
+    # NCCL's network transport between servers: "ib" (IB verbs, RoCE: one queue pair per
+    # connection) or "socket" (NCCL's TCP socket transport: each connection stripes a message
+    # over socket_nthreads x nsocks_per_thread TCP sockets); see topology/connections.py.
+    nccl_net: NcclNet = "ib"
+    socket_nthreads: int = 1  # NCCL_SOCKET_NTHREADS (NCCL default 1; AWS ENA: 2)
+    nsocks_per_thread: int = 1  # NCCL_NSOCKS_PERTHREAD (NCCL default 1; AWS ENA: 8)
+    # Gb/s one transport flow (a TCP socket, or an IB queue pair) may reach between servers,
+    # whatever the links allow: a cloud's per-flow limit (e.g. AWS EC2: 5 Gb/s per flow outside
+    # a cluster placement group). None: no such limit.
+    per_flow_gbps: float | None = None
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,8 @@ EXEMPLARS: tuple[dict[str, Any], ...] = (
                 {"at_us": 50, "kind": "nic_up", "rank": 1},
             ],
             "ecmp": "connection",
+            "nccl_net": "socket", "socket_nthreads": 2, "nsocks_per_thread": 8,
+            "per_flow_gbps": 10,
         },
         "replicas": [
             {"stages": [{"group": "h100", "devices": [0, 2], "tp": 2, "layers": [0, 2]},
