@@ -89,6 +89,9 @@ def test_without_p2p_gpu_to_nic_goes_through_host_memory() -> None:
     ({"p2p": 1}, r"^device_groups\.g\.server\.pcie\.p2p: expected true or false \(got 1\)$"),
     ({"host_memory_GBps": -3},
      r"^device_groups\.g\.server\.pcie\.host_memory_GBps: "),
+    ({"p2p": True, "host_memory_GBps": 40},
+     r"^device_groups\.g\.server\.pcie\.host_memory_GBps: only without peer-to-peer "
+     r"\(p2p: false\): with p2p: true no GPU transfer goes through host memory \(got 40\)$"),
 ])
 def test_plan_errors(pcie: dict, message: str) -> None:
     with pytest.raises(PlanError, match=message):

@@ -129,6 +129,11 @@ def _parse_pcie(value: Any, path: str) -> PcieSpec:
         if key in m else None
         for key in ("host_bridge_GBps", "host_memory_GBps")
     )
+    p2p = f.get_bool(m, "p2p", path) if "p2p" in m else None
+    if p2p and hm is not None:
+        raise PlanError(f.join(path, "host_memory_GBps"),
+                        "only without peer-to-peer (p2p: false): with p2p: true no GPU "
+                        f"transfer goes through host memory (got {hm:g})")
     return PcieSpec(
         gen=f.get_int_in(m, "gen", path, PCIE_GENS, d.gen),
         lanes=f.get_int(m, "lanes", path, d.lanes),
@@ -138,7 +143,7 @@ def _parse_pcie(value: Any, path: str) -> PcieSpec:
         host_bridge_GBps=hb,
         latency_us=f.get_number(m, "latency_us", path, d.latency_us, positive=False,
                                 at_most=lim.MAX_TIME_US),
-        p2p=f.get_bool(m, "p2p", path) if "p2p" in m else None,
+        p2p=p2p,
         host_memory_GBps=hm,
     )
 
