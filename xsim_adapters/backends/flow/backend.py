@@ -19,6 +19,7 @@ from ...backend_api import (
     Timeline,
     Topology,
     Trace,
+    cap_paths,
     check_options,
     detours,
     epochs,
@@ -27,7 +28,6 @@ from ...backend_api import (
     no_detours,
     slowdown_schedule,
 )
-from ...topology.connections import cap_paths
 from .executor import FlowProblem, run_flows
 from .native import native_status, run_flows_native
 
