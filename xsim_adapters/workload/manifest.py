@@ -23,7 +23,8 @@ def plan_digest(plan: Plan) -> str:
 
     Fields added later are left out at their defaults (no ``perturb`` section, no ``moe``,
     ``ep`` = ``cp`` = 1, ``grad_reduce_dtype: auto``, ``grad_accumulation_fusion: true``,
-    ``network.ecmp: flow``, no ``nvlink_domain_gpus``, no ``fp4_tflops``), so plans without them
+    ``network.ecmp: flow``, no ``nvlink_domain_gpus``, ``fp4_tflops``, ``pcie_p2p``,
+    ``nccl_net`` and socket keys), so plans without them
     keep the digest they had before.
     """
     data = _digest_form(asdict(plan))
@@ -39,20 +40,40 @@ def _digest_form(d: dict[str, Any]) -> dict[str, Any]:
     for key, default in (("grad_reduce_dtype", "auto"), ("grad_accumulation_fusion", True)):
         if d["training"].get(key) == default:
             d["training"].pop(key)
-    if d["network"].get("ecmp") == "flow":
-        d["network"].pop("ecmp")
+    # network keys added later, at their defaults: ECMP per flow, NCCL over IB/RoCE verbs (not
+    # sockets) with NCCL's 1 x 1 socket defaults, no per-flow cap
+    for key, default in (("ecmp", "flow"), ("nccl_net", "ib"), ("socket_nthreads", 1),
+                         ("nsocks_per_thread", 1), ("per_flow_gbps", None)):
+        if key in d["network"] and d["network"][key] == default:
+            d["network"].pop(key)
     for g in d["device_groups"]:  # 0: the group's scale-up domain is its server (no NVL rack)
         if g.get("nvlink_domain_gpus") == 0:
             g.pop("nvlink_domain_gpus")
-    for dt in d["device_types"].values():  # 0.0: no FP4 peak given
+    for dt in d["device_types"].values():  # no FP4 peak given; GPU peer-to-peer available
         if dt.get("fp4_tflops") == 0.0:
             dt.pop("fp4_tflops")
+        if dt.get("pcie_p2p") is True:
+            dt.pop("pcie_p2p")
+    _drop_none(d, ("p2p", "host_memory_GBps"))  # server.pcie keys added later, unset
     for rep in d["replicas"]:
         for st in rep["stages"]:
             for key in ("ep", "cp"):
                 if st.get(key) == 1:
                     st.pop(key)
     return d
+
+
+def _drop_none(d: Any, keys: tuple[str, ...]) -> None:
+    """Remove ``keys`` whose value is None from every mapping nested in ``d`` (in place)."""
+    if isinstance(d, dict):
+        for k in keys:
+            if k in d and d[k] is None:
+                d.pop(k)
+        for v in d.values():
+            _drop_none(v, keys)
+    elif isinstance(d, (list, tuple)):
+        for v in d:
+            _drop_none(v, keys)
 
 
 def manifest(plan: Plan, coarsening: Coarsening, chunks: list[list[list[tuple[int, int]]]],
