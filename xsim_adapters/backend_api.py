@@ -38,6 +38,7 @@ from .backends.base import (
     RUN_INFO_KEYS,
     Backend,
     ReplayProgress,
+    compute_bound_ns,
     flow_totals,
 )
 from .errors import BackendError, BackendUnavailable, OptionError
@@ -80,6 +81,7 @@ __all__ = [
     "Trace",
     "check_options",
     "child_preexec",
+    "compute_bound_ns",
     "detours",
     "epochs",
     "flow_totals",
