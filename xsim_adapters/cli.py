@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ._units import fmt_ns
 from .cli_args import FORCE_HELP, common_args, progress_args
 from .errors import PlanWarning, XsimError
 from .options import parse_option_items, split_backend_options
@@ -51,16 +52,7 @@ def check_input(path: str, trace_ok: bool) -> None:
         raise XsimError(f"{path}: not {want}: plan file names end in .yaml or .yml")
 
 
-def _fmt_ns(ns: float | None) -> str:
-    if ns is None:
-        return "n/a"
-    if abs(ns) >= 1e9:
-        return f"{ns / 1e9:.3f} s"
-    if abs(ns) >= 1e6:
-        return f"{ns / 1e6:.3f} ms"
-    if abs(ns) >= 1e3:
-        return f"{ns / 1e3:.3f} us"
-    return f"{ns:.0f} ns"
+_fmt_ns = fmt_ns  # one home with the pictures: _units.py
 
 
 def _pct(x: float | None) -> str:
