@@ -149,10 +149,12 @@ def test_validate_groups_identical_replicas(capsys) -> None:
 
 
 def test_span_and_runs_helpers() -> None:
-    assert cli._span("replica", [3]) == "replica 3"
-    assert cli._span("replica", [0, 1, 2]) == "replicas 0-2"
-    assert cli._span("replica", [0, 2]) == "replicas 0,2"
-    assert cli._runs(["a", "a", "b", "a"]) == [([0, 1], "a"), ([2], "b"), ([3], "a")]
+    from xsim_adapters.cli.fmt import runs, span
+
+    assert span("replica", [3]) == "replica 3"
+    assert span("replica", [0, 1, 2]) == "replicas 0-2"
+    assert span("replica", [0, 2]) == "replicas 0,2"
+    assert runs(["a", "a", "b", "a"]) == [([0, 1], "a"), ([2], "b"), ([3], "a")]
 
 
 def test_export_goal_and_chakra(tmp_path: Path, capsys) -> None:

@@ -247,7 +247,7 @@ def test_compare_prints_a_hint_for_flows_on_other_links(capsys):
     run info's ``off_route_flows``) and how to make them route alike."""
     import pandas as pd
 
-    from xsim_adapters.cli import _print_run_info
+    from xsim_adapters.cli.run import print_run_info
     from xsim_adapters.metrics.compare import RUN_INFO_COLUMNS
 
     row = dict(packet_flows=1536, fluid_flows=100, packet_bytes=10, fluid_bytes=10,
@@ -255,7 +255,7 @@ def test_compare_prints_a_hint_for_flows_on_other_links(capsys):
     info = pd.DataFrame([{"backend": "flow", **row, "off_route_flows": 0},
                          {"backend": "ns3", **row, "off_route_flows": 1008}],
                         columns=list(RUN_INFO_COLUMNS))
-    _print_run_info(info)
+    print_run_info(info)
     lines = [x for x in capsys.readouterr().out.splitlines() if "other links" in x]
     assert lines == ["  ns3: 1,008 packet flows ran on other links than the other backends"
                      " route them (one path per GPU pair); add `ecmp: connection` under"

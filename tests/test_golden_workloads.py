@@ -93,7 +93,10 @@ HAND = {
                                   "reshard_bytes": 2 * 8 * (1 * 2048 * 4096 * BF16_BYTES)},
     # the server-fabric and measured-matrix examples cut Llama-2-7B to 8 layers as well
     "dgx1-v100-cube-mesh": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 2},
-    "pcie-rtx4090": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 4},
+    # TP 4 on the four RTX 4090s of one PCIe Gen4 switch, no peer-to-peer (the preset):
+    # every TP byte goes up the switch's x16 uplink to host memory and back down
+    "pcie-rtx4090": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 4,
+                     "tp_via_host_uplink_GBps": 16.0 * 128 / 130 / 8 * 16, "tp": 4},
     "two-site-measured": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 2},
     # two GB200 NVL72 racks: Llama 3 70B, TP 8 x PP 2 x DP 9, stage s of every replica in rack s
     "gb200-nvl72-llama3-70b": {"params": LLAMA3_70B_PARAMS, "dp": 9, "rack_gpus": 72},
@@ -174,10 +177,27 @@ def _independent_checks(name: str, golden: dict, trace, plan) -> None:
     assert bd["breakdown_compute_ns"] <= sum(golden["phases"].get(p, 0) for p in COMPUTE_PHASES)
     if "rack_gpus" in hand:
         _rack_checks(hand["rack_gpus"], golden, flows, plan)
+    if "tp_via_host_uplink_GBps" in hand:
+        _host_memory_checks(hand, golden, flows, plan)
     # tokens/s is global_batch x seq_len tokens per iteration, by definition
     tokens = plan.training.global_batch * plan.model.seq_len
     assert golden["tokens_per_s"] * golden["iteration_time_ns"] / 1e9 == pytest.approx(
         tokens, rel=1e-12)
+
+
+def _host_memory_checks(hand: dict, golden: dict, flows, plan) -> None:
+    """A PCIe server without peer-to-peer: every TP flow's route goes through its server's
+    host memory node, and a ring step's ``tp`` flows (one per member, equal bytes, started
+    together) share their switch's uplink, so each takes tp x bytes / uplink: the TP phase's
+    rank-ns are at least tp x (all TP bytes) / uplink (PCIe Gen4 x16: 31.5 GB/s)."""
+    topo = xs.build_topology(plan)
+    names = topo.nodes["name"].to_numpy()
+    tp = flows[flows["phase"] == PHASE_INDEX["tp"]]
+    for src, dst in {(int(a), int(b)) for a, b in zip(tp["rank"], tp["dst"], strict=True)}:
+        hops = {str(names[x]) for x in topo.links["dst"].to_numpy()[topo.path(src, dst, 0)]}
+        assert any(h.startswith("hm") for h in hops), (src, dst, hops)
+    bound_ns = hand["tp"] * float(tp["bytes"].sum()) / hand["tp_via_host_uplink_GBps"]
+    assert golden["phases"]["tp"] >= bound_ns
 
 
 def _rack_checks(rack: int, golden: dict, flows, plan) -> None:

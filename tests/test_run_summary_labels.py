@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xsim_adapters import cli
+from xsim_adapters.cli.run import print_summary
 
 
 def _summary() -> dict:
@@ -18,7 +18,7 @@ def _summary() -> dict:
 
 
 def test_each_figure_says_whether_it_includes_communication(capsys) -> None:
-    cli._print_summary(_summary())
+    print_summary(_summary())
     lines = capsys.readouterr().out.splitlines()
     per_rank = next(line for line in lines if "per rank (mean" in line)
     breakdown = next(line for line in lines if "time breakdown" in line)

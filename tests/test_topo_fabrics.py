@@ -52,8 +52,10 @@ def _path_latency(topo, src: int, dst: int, key: int) -> float:
 
 
 def _pcie_group(**pcie) -> dict:
+    """RTX 4090s on a PCIe tree with peer-to-peer on (the RTX 4090 preset has it off:
+    tests/test_commodity.py), so these tests see the P2P tree."""
     return {"type": "RTX-4090", "nodes": 1, "gpus_per_node": 8,
-            "server": {"fabric": "pcie", "pcie": {"gen": 4, **pcie}}}
+            "server": {"fabric": "pcie", "pcie": {"gen": 4, "p2p": True, **pcie}}}
 
 
 def test_pcie_link_rates_come_from_the_pcie_spec() -> None:

@@ -1,6 +1,7 @@
 """xsim-adapters: heterogeneity-aware simulation of distributed LLM training over pluggable
 network simulators. The public API (see :mod:`xsim_adapters.api`)."""
 
+from ._version import __version__
 from .api import (
     BackendComparison,
     build_topology,
@@ -17,8 +18,6 @@ from .backends.registry import get_backend, list_backends
 from .metrics.bundle import Metrics
 from .metrics.compare import Comparison, compare
 from .trace.timeline import Timeline
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BackendComparison",

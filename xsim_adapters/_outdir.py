@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from ._proc import _LIBC, TOOL, pid_alive
+from ._version import __version__
 from .errors import OutputError
 
 STAMP = ".xsim-output"
@@ -55,15 +56,6 @@ _NAME_IN_TMP = 64  # characters of the target's name kept in a temporary's name 
 SWEEP_STAMP_FILES = ("sweep.csv", "sweep.parquet", "sweep.rows.jsonl", "sweep.yaml")
 # mkdtemp's suffix is 8 characters of [a-z0-9_]; a pid has at most 7 digits (PID_MAX_LIMIT)
 _TMP_RE = re.compile(re.escape(TMP_PREFIX) + r".*-(\d{1,7})-[a-z0-9_]{8}")
-
-
-def _version() -> str:
-    """The package's ``__version__``, read from the loaded package (it is always loaded when
-    this module is) rather than imported: importing the package root would pull in the API
-    and make this base module import upwards (tests/test_layering.py)."""
-    import sys
-
-    return str(getattr(sys.modules.get(__package__ or ""), "__version__", "unknown"))
 
 
 # ---------------------------------------------------------------- bounded reading
@@ -252,7 +244,7 @@ def _write_new(path: Path, data: bytes) -> None:
 
 
 def _stamp_bytes(kind: str, files: Iterable[str]) -> bytes:
-    stamp = {"tool": TOOL, "version": _version(), "kind": kind, "pid": os.getpid(),
+    stamp = {"tool": TOOL, "version": __version__, "kind": kind, "pid": os.getpid(),
              "files": sorted(set(files) - {STAMP})}
     return (json.dumps(stamp, indent=1) + "\n").encode("utf-8")
 

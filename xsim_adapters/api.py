@@ -406,17 +406,3 @@ def add_perturbation_cost(met: Metrics, plan: Plan, backend: str = "flow",
     )
     return block
 
-
-def search(spec: str | Path, jobs: int = 1, executor: str = "local",
-           ray_address: str | None = None, **kwargs: Any) -> Any:
-    """Search the plans a search spec (YAML path or text) allows for the best one on its
-    cluster; returns a :class:`xsim_adapters.search.SearchResult` (``.best``, ``.summary``).
-    ``jobs``/``executor``: where simulations run, as for sweeps. See docs/search.md; other
-    keyword arguments go to :func:`xsim_adapters.search.search`."""
-    from .search import search as _search
-    from .sweep.runner import make_executor
-
-    check_arg("search", "spec", spec, PATH_TYPES, f"{_PATH} of a search spec, or YAML text")
-    check_arg("search", "jobs", jobs, int, "a number of simulations at once (int >= 1)")
-
-    return _search(spec, make_executor(executor, jobs, ray_address), **kwargs)

@@ -19,7 +19,9 @@ re-exported here is the backend contract's stable surface; the modules behind it
 - what-if inputs every engine applies the same way (docs/whatif.md): interval compute
   slowdowns (:func:`slowdown_schedule`, :func:`slowed_compute`, :func:`stretched_end`,
   :class:`SlowSchedule`) and reroutes around failed links (:func:`epochs`, :class:`Epochs`,
-  :func:`detours`, :func:`no_detours`, :class:`Detours`);
+  :func:`detours`, :func:`no_detours`, :class:`Detours`); :func:`refuse_connection_limit`
+  (a backend that does not cap NCCL connections refuses a plan with ``per_flow_gbps``) and
+  :func:`cap_paths` (one that does: a virtual link per connection appended to the paths);
 - processes and files: :func:`owned_tempdir` (a temporary directory removed on exit, Ctrl-C,
   SIGTERM, and after a SIGKILL by the next run) and :func:`child_preexec` (a ``preexec_fn``
   that makes a simulator child process die with xsim);
@@ -43,6 +45,7 @@ from .backends.base import (
 )
 from .errors import BackendError, BackendUnavailable, OptionError
 from .options import COMMON_OPTIONS, PROGRESS, SEED, Option, check_options
+from .topology.connections import cap_paths, refuse_connection_limit
 from .topology.model import Topology, is_scale_up_path
 from .topology.reroute import Detours, Epochs, detours, epochs, no_detours
 from .trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, KINDS, PHASES, Trace, is_dense_ids
@@ -55,6 +58,8 @@ from .trace.timeline import QUEUE_COLUMNS, Timeline
 NATIVE_INCLUDE_DIR: Path = Path(__file__).resolve().parent / "include"
 
 __all__ = [
+    "cap_paths",
+    "refuse_connection_limit",
     "COMMON_OPTIONS",
     "KINDS",
     "KIND_BARRIER",

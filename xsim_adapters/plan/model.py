@@ -33,6 +33,7 @@ Granularity = Literal["step", "chunked"]
 RingOrder = Literal["hetero_aware", "natural"]
 Algorithm = Literal["auto", "ring", "tree", "nvls", "hierarchical"]
 EcmpMode = Literal["flow", "connection"]
+NcclNet = Literal["ib", "socket"]  # NCCL's network plugin between servers (docs/topology.md)
 ScaleOutTopology = Literal["leaf_spine", "fat_tree"]
 LinkEventKind = Literal["degrade", "fail", "restore", "nic_down", "nic_up"]
 #: Event kinds that name a GPU (its NIC's cable to the fabric) instead of two nodes.
@@ -217,6 +218,13 @@ class PcieSpec:
     uplink_lanes: int = 16  # lanes of each switch's link to the host bridge
     host_bridge_GBps: float | None = None  # peer-to-peer limit through the root complex; None: none
     latency_us: float = 0.105  # per PCIe link (one switch traversal), see topology/servers.py
+    # GPU peer-to-peer over PCIe: None: the device type's ``pcie_p2p``; False: the switches and
+    # the root complex do not forward GPU to GPU, every GPU transfer goes through host memory
+    # (NCCL's SHM transport, and no GPUDirect RDMA to the NICs), see topology/servers.py
+    p2p: bool | None = None
+    # host DRAM GB/s the host-memory path may use (each byte written once and read once, so
+    # the path carries half of it); None: DRAM not a bound (only the PCIe links are)
+    host_memory_GBps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -273,6 +281,10 @@ class DeviceType:
     compute_capability: int = 0
     # NVLink SHARP (NVLS): the server's NVSwitches (gen3+) reduce and multicast in the switch.
     nvls: bool = False
+    # GPU peer-to-peer over PCIe (CUDA P2P, which NCCL's P2P transport needs); False on parts
+    # whose driver refuses it (GeForce RTX 40: presets/devices.yaml), so their PCIe servers
+    # move GPU-to-GPU data through host memory. A server's ``pcie.p2p`` overrides it.
+    pcie_p2p: bool = True
     # SM clocks of the power-capped part (docs/compute.md "Sustained clock"): the clock at which
     # `efficiency` / `fp8_efficiency` were measured (short benchmarks run at the boost clock)
     # and the clock the part holds under back-to-back tensor-core work at its board power cap,
@@ -411,6 +423,16 @@ class NetworkSpec:
     # What picks a flow's path among equal-cost ones (topology/routing.py, ECMP_MODES): "flow"
     # hashes each flow (op), "connection" each NCCL connection (src, dst, phase, channel).
     ecmp: EcmpMode = "flow"
+    # NCCL's network transport between servers: "ib" (IB verbs, RoCE: one queue pair per
+    # connection) or "socket" (NCCL's TCP socket transport: each connection stripes a message
+    # over socket_nthreads x nsocks_per_thread TCP sockets); see topology/connections.py.
+    nccl_net: NcclNet = "ib"
+    socket_nthreads: int = 1  # NCCL_SOCKET_NTHREADS (NCCL default 1; AWS ENA: 2)
+    nsocks_per_thread: int = 1  # NCCL_NSOCKS_PERTHREAD (NCCL default 1; AWS ENA: 8)
+    # Gb/s one transport flow (a TCP socket, or an IB queue pair) may reach between servers,
+    # whatever the links allow: a cloud's per-flow limit (e.g. AWS EC2: 5 Gb/s per flow outside
+    # a cluster placement group). None: no such limit.
+    per_flow_gbps: float | None = None
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ _DEVICE_TYPE = {  # a full definition: every key but profile (a CSV file)
     "peak_tflops": 312, "hbm_GB": 80, "hbm_GBps": 2039, "scaleup_GBps": 300, "nic_gbps": 200,
     "fp32_tflops": 19.5, "tf32_tflops": 156, "fp8_tflops": 0, "fp4_tflops": 0,
     "efficiency": 0.5,
-    "hbm_efficiency": 0.8, "fp8_efficiency": 0, "bf16": True, "sm_count": 108,
+    "hbm_efficiency": 0.8, "fp8_efficiency": 0, "bf16": True, "sm_count": 108, "pcie_p2p": True,
     "burst_clock_MHz": 1410, "sustained_clock_MHz": 1410, "source": "exemplar",
 }
 # Exemplar plans: between them every section, optional key and alternative form (preset or
@@ -67,6 +67,8 @@ EXEMPLARS: tuple[dict[str, Any], ...] = (
                 {"at_us": 50, "kind": "nic_up", "rank": 1},
             ],
             "ecmp": "connection",
+            "nccl_net": "socket", "socket_nthreads": 2, "nsocks_per_thread": 8,
+            "per_flow_gbps": 10,
         },
         "replicas": [
             {"stages": [{"group": "h100", "devices": [0, 2], "tp": 2, "layers": [0, 2]},

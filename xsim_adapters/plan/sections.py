@@ -50,6 +50,7 @@ from .model import (
     TrainingSpec,
 )
 from .moe import parse_moe
+from .nccl_net import parse_nccl_net
 from .server import parse_server
 
 MODEL_SHAPE_KEYS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "seq_len", "vocab")
@@ -68,6 +69,7 @@ DEVICE_KEYS = (
     "sm_count",
     "compute_capability",
     "nvls",
+    "pcie_p2p",
     "burst_clock_MHz",
     "sustained_clock_MHz",
     "profile",
@@ -286,8 +288,9 @@ def parse_device_type(
     if "compute_capability" in m:
         values["compute_capability"] = f.get_int(m, "compute_capability", path, minimum=0,
                                                  maximum=1000, limit="CUDA compute capability x 10")
-    if "nvls" in m:
-        values["nvls"] = f.get_bool(m, "nvls", path)
+    for key in ("nvls", "pcie_p2p"):
+        if key in m:
+            values[key] = f.get_bool(m, key, path)
     for key in ("burst_clock_MHz", "sustained_clock_MHz"):  # 0: unmeasured
         if key in m:
             values[key] = f.get_number(m, key, path, positive=False, at_most=lim.MAX_CLOCK_MHZ)
@@ -416,7 +419,8 @@ def parse_network(value: Any, path: str, base_dir: str | None = None) -> Network
     ``base_dir`` resolves a relative ``measured`` CSV path (default: the working directory).
     """
     m = f.expect_mapping(value, path)
-    f.check_keys(m, path, ("scale_out", "scale_up", "links", "events", "measured", "ecmp"))
+    f.check_keys(m, path, ("scale_out", "scale_up", "links", "events", "measured", "ecmp",
+                           "nccl_net", "socket_nthreads", "nsocks_per_thread", "per_flow_gbps"))
     so = _parse_scale_out(m.get("scale_out", {}), f.join(path, "scale_out"))
     su = _parse_scale_up(m.get("scale_up", {}), f.join(path, "scale_up"))
     links = tuple(
@@ -433,7 +437,8 @@ def parse_network(value: Any, path: str, base_dir: str | None = None) -> Network
     )
     ecmp = f.get_enum(m, "ecmp", path, get_args(EcmpMode), NetworkSpec.ecmp)
     return NetworkSpec(scale_out=so, scale_up=su, links=links, events=events, measured=measured,
-                       ecmp=ecmp)  # type: ignore[arg-type]
+                       ecmp=ecmp, **parse_nccl_net(m, path))  # type: ignore[arg-type]
+
 
 
 def _parse_scale_out(value: Any, path: str) -> ScaleOut:

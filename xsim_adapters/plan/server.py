@@ -21,7 +21,8 @@ from . import limits as lim
 from .model import NicLayout, PcieSpec, ServerFabric, ServerSpec
 
 SERVER_KEYS = ("fabric", "pcie", "nvlink", "nvlink_GBps", "pair_GBps", "nics")
-PCIE_KEYS = ("gen", "lanes", "gpus_per_switch", "uplink_lanes", "host_bridge_GBps", "latency_us")
+PCIE_KEYS = ("gen", "lanes", "gpus_per_switch", "uplink_lanes", "host_bridge_GBps", "latency_us",
+             "p2p", "host_memory_GBps")
 PCIE_GENS = range(1, 7)
 PCIE_LANE_WIDTHS = (1, 2, 4, 8, 16, 32)
 # pair_GBps builds a cable per GPU pair (n(n-1)/2 per server); bounded by the largest NVLink
@@ -123,10 +124,16 @@ def _parse_pcie(value: Any, path: str) -> PcieSpec:
                 f"expected a PCIe link width, one of {', '.join(map(str, PCIE_LANE_WIDTHS))} "
                 f"(got {f.got(m[key])})",
             )
-    hb = (
-        f.get_number(m, "host_bridge_GBps", path, at_least=lim.MIN_RATE, at_most=lim.MAX_RATE)
-        if "host_bridge_GBps" in m else None
+    hb, hm = (
+        f.get_number(m, key, path, at_least=lim.MIN_RATE, at_most=lim.MAX_RATE)
+        if key in m else None
+        for key in ("host_bridge_GBps", "host_memory_GBps")
     )
+    p2p = f.get_bool(m, "p2p", path) if "p2p" in m else None
+    if p2p and hm is not None:
+        raise PlanError(f.join(path, "host_memory_GBps"),
+                        "only without peer-to-peer (p2p: false): with p2p: true no GPU "
+                        f"transfer goes through host memory (got {hm:g})")
     return PcieSpec(
         gen=f.get_int_in(m, "gen", path, PCIE_GENS, d.gen),
         lanes=f.get_int(m, "lanes", path, d.lanes),
@@ -136,6 +143,8 @@ def _parse_pcie(value: Any, path: str) -> PcieSpec:
         host_bridge_GBps=hb,
         latency_us=f.get_number(m, "latency_us", path, d.latency_us, positive=False,
                                 at_most=lim.MAX_TIME_US),
+        p2p=p2p,
+        host_memory_GBps=hm,
     )
 
 

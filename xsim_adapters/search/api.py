@@ -16,7 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from ..sweep.runner import Executor, LocalExecutor
+from .._argcheck import PATH_TYPES, check_arg
+from ..sweep.runner import Executor, LocalExecutor, make_executor
 from .bnb import (
     STATUS_BUDGET,
     Entry,
@@ -59,15 +60,19 @@ def _speedup(best: Entry | None, base: Outcome) -> float | None:
     return float(best.row["tokens_per_s"]) / float(base.best.row["tokens_per_s"])
 
 
-def search(spec: SearchSpec | str | os.PathLike[str], executor: Executor | None = None,
-           *, evaluator: Evaluator | None = None, exhaustive: bool = False,
+def search(spec: SearchSpec | str | os.PathLike[str], executor: Executor | str | None = None,
+           *, jobs: int = 1, ray_address: str | None = None,
+           evaluator: Evaluator | None = None, exhaustive: bool = False,
            baselines: bool = True, top: int = 5, confirm: str | None = None,
            confirm_options: dict[str, Any] | None = None,
            progress: Progress | None = None, entries: list[Entry] | None = None,
            analyzer: Analyzer | None = None, coarsen: str = "auto",
            started: float | None = None) -> SearchResult:
-    """Search ``spec`` (a SearchSpec, or a spec YAML path or text) and return the result.
+    """Search ``spec`` (a SearchSpec, or a spec YAML path or text) for the best plan on its
+    cluster and return the result (``.best``, ``.summary``; docs/search.md).
 
+    ``executor``: where simulations run, as for sweeps: ``"local"`` (``jobs`` worker
+    processes, the default), ``"ray"`` (at ``ray_address``) or an :class:`Executor` object.
     ``exhaustive``: simulate every feasible candidate (no cut by the bound; for checking the
     bound). ``baselines``: also search each single-device-type subset of the cluster at the
     best plan's global batch and at any batch of the spec. ``confirm``: re-run the ``top``
@@ -78,6 +83,11 @@ def search(spec: SearchSpec | str | os.PathLike[str], executor: Executor | None 
     which the seconds budget and the reported wall time count (search/budget.py).
     """
     t0 = time.monotonic() if started is None else started
+    check_arg("search", "spec", spec, (SearchSpec, *PATH_TYPES),
+              "a SearchSpec, a path (str or os.PathLike) of a search spec, or YAML text")
+    check_arg("search", "jobs", jobs, int, "a number of simulations at once (int >= 1)")
+    if isinstance(executor, str):
+        executor = make_executor(executor, jobs, ray_address)
     if not isinstance(spec, SearchSpec):
         spec = load_search_spec(spec)
     deadline = Deadline(spec.budget.seconds, t0)
@@ -88,7 +98,7 @@ def search(spec: SearchSpec | str | os.PathLike[str], executor: Executor | None 
     kept = None
     if evaluator is None and (executor is None or type(executor) is LocalExecutor):
         # the search simulates in rounds: keep the worker processes between them
-        kept = KeptPoolExecutor(executor.jobs if executor is not None else 1)
+        kept = KeptPoolExecutor(executor.jobs if executor is not None else jobs)
         executor = kept
     ev = evaluator or Evaluator(executor, base_dir=spec.base_dir, coarsen=coarsen)
     try:

@@ -33,6 +33,7 @@ import pandas as pd
 from ..errors import PlanError
 from ..plan._fields import got
 from ..plan.model import NIC_EVENT_KINDS, Plan
+from .connections import ConnectionLimit
 from .graph import Graph
 from .model import Topology
 from .routing import Router
@@ -88,6 +89,10 @@ def build_topology(plan: Plan) -> Topology:
         meta=meta,
         _router=Router(nodes, links),
         ecmp=plan.network.ecmp,
+        connection_limit=ConnectionLimit(
+            nccl_net=plan.network.nccl_net,
+            sockets=plan.network.socket_nthreads * plan.network.nsocks_per_thread,
+            per_flow_gbps=plan.network.per_flow_gbps),
         rank_device_types=tuple(g.type for g in plan.device_groups
                                 for _ in range(g.num_devices)),
     )

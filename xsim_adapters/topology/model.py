@@ -2,9 +2,10 @@
 
 Nodes (``nodes`` frame, ``node_id`` dense 0..N-1 equal to the row index):
 ``node_id`` int32, ``kind`` str (``gpu``, ``nvswitch``, ``nvlink_port``, ``pcie_switch``,
-``host_bridge``, ``nic``, ``leaf``, ``spine``, ``core``, ``gateway``, or a kind named by an
-explicit link), ``name`` str (unique, e.g. ``gpu12``, ``nvs3``, ``nvp5``, ``psw2``, ``hb1``,
-``hbx1``, ``nic7``, ``leaf0``, ``spine1``, ``gw0``, ``nvl0``), ``rank`` int32 (global rank for
+``pcie_switch_down``, ``host_bridge``, ``host_memory``, ``nic``, ``leaf``, ``spine``, ``core``,
+``gateway``, or a kind named by an explicit link), ``name`` str (unique, e.g. ``gpu12``,
+``nvs3``, ``nvp5``, ``psw2``, ``pswd2``, ``hb1``, ``hbx1``, ``hm1``, ``nic7``, ``leaf0``,
+``spine1``, ``gw0``, ``nvl0``), ``rank`` int32 (global rank for
 a GPU, else -1), ``server`` int32 (global server index for GPUs and every node inside a server,
 else -1), ``domain`` int32 (NVLink domain: the server's, or a rack's over several servers with
 ``nvlink_domain_gpus``, its switch ``nvl<d>`` included; -1 outside; frames without the column
@@ -33,6 +34,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .connections import ConnectionLimit
+
 #: The ``tier`` of scale-up links (NVLink / NVSwitch inside one server).
 TIER_SCALE_UP = "scale_up"
 #: The tiers of links inside one server: NVLink/NVSwitch and PCIe.
@@ -59,6 +62,9 @@ class Topology:
     meta: dict[str, Any] = field(default_factory=dict)
     _router: Any = None  # set by the builder: an object with path(src_node, dst_node, key)
     ecmp: str = "flow"  # network.ecmp: what keys a flow's path (routing.ECMP_MODES)
+    # network.nccl_net / per_flow_gbps: the rate cap of one NCCL connection between servers
+    # (topology/connections.py); the default caps nothing
+    connection_limit: ConnectionLimit = field(default_factory=ConnectionLimit)
     # The device type of each rank's GPU (as the plan names it), or None when the builder did
     # not record it (a hand-built topology); checked against a trace's manifest before a run.
     rank_device_types: tuple[str, ...] | None = None

@@ -12,7 +12,11 @@ Per server, from its :class:`~xsim_adapters.plan.model.ServerSpec` (docs/topolog
   ``gpus_per_switch`` consecutive GPUs under one host bridge ``hb<server>`` (with
   ``host_bridge_GBps``, a second node ``hbx<server>`` and one link ``hb -> hbx`` at that rate
   carry everything that crosses the root complex); NVLink bridges of a pcie server are cables
-  between the two GPUs;
+  between the two GPUs; without GPU peer-to-peer (``pcie.p2p`` false, or the device type's
+  ``pcie_p2p`` false: GeForce RTX 40) every switch is split into an up half ``psw<k>`` and a
+  down half ``pswd<k>`` and the root complex into ``hb -> hm<server> -> hbx`` through host
+  memory, so GPU-to-GPU and GPU-to-NIC transfers all cross the switch uplinks to host memory
+  and back, as NCCL's SHM transport (and the absence of GPUDirect RDMA) moves them;
 - NICs: with one NIC per GPU and no PCIe tree the GPU itself holds the NIC cable to its leaf (as
   before); otherwise a node ``nic<k>`` per NIC, on the PCIe switch of its GPUs (the host bridge
   if they sit under several), or, without a PCIe tree, cabled to each of its GPUs at the NIC's
@@ -142,12 +146,24 @@ def add_server(
         for a, b, n in spec.nvlink:
             g.cable(members[a].node, members[b].node, n * per_link * GBPS_PER_GBYTE_PER_S,
                     up_ns, "scale_up")
-    tree = _pcie_tree(g, spec.pcie, members, s) if spec.pcie is not None else None
+    tree = (_pcie_tree(g, spec.pcie, members, s, pcie_p2p(spec, dev))
+            if spec.pcie is not None else None)
     if spec.fabric == "pcie" and spec.nvlink_GBps is not None:
         for a, b, n in spec.nvlink:  # NVLink bridges
             g.cable(members[a].node, members[b].node,
                     n * spec.nvlink_GBps * GBPS_PER_GBYTE_PER_S, up_ns, "scale_up")
-    return _nics(g, spec, members, s, tree, nic_base)
+    nics = _nics(g, spec, members, s, tree, nic_base)
+    if tree is not None:
+        tree.hb.finish()
+    return nics
+
+
+def pcie_p2p(spec: ServerSpec, dev: DeviceType) -> bool:
+    """Whether GPUs of a server with ``spec`` reach each other (and their NICs) peer to peer
+    over PCIe: the server's ``pcie.p2p`` if given, else the device type's ``pcie_p2p``."""
+    if spec.pcie is not None and spec.pcie.p2p is not None:
+        return spec.pcie.p2p
+    return dev.pcie_p2p
 
 
 def _nvswitch(g: Graph, spec: ServerSpec, members: list[Gpu], s: int, up_ns: float,
@@ -183,20 +199,48 @@ def _mesh_link_GBps(spec: ServerSpec, dev: DeviceType, n: int) -> float:
 
 
 class _HostBridge:
-    """The root complex: one node, or an in/out pair joined by its peer-to-peer limit."""
+    """The root complex: one node, or an in/out pair joined by its peer-to-peer limit; without
+    peer-to-peer (``p2p`` false) always an in/out pair ``hb -> hm -> hbx`` through host memory
+    ``hm<s>``, so every transfer that reaches the root complex is staged in host DRAM."""
 
-    def __init__(self, g: Graph, pcie: PcieSpec, s: int) -> None:
+    def __init__(self, g: Graph, pcie: PcieSpec, s: int, p2p: bool) -> None:
         self.g = g
         self.lat = pcie.latency_us * 1e3
         self.up = g.node("host_bridge", f"hb{s}", server=s)
         self.down = self.up
-        if pcie.host_bridge_GBps is not None:
+        self._dram: list[int] = []  # link ids whose rate is the staged-bytes sum (finish())
+        if not p2p:
+            hm = g.node("host_memory", f"hm{s}", server=s)
+            self.down = g.node("host_bridge", f"hbx{s}", server=s)
+            # Each staged byte is written to DRAM once and read once: the path carries half
+            # the DRAM bandwidth given (NCCL SHM transport, docs/topology.md).
+            dram = (pcie.host_memory_GBps * GBPS_PER_GBYTE_PER_S / 2
+                    if pcie.host_memory_GBps is not None else 0.0)
+            if dram == 0.0:
+                self._dram.append(len(g.src))
+            g.link(self.up, hm, dram, 0.0, "pcie")
+            bridge = pcie.host_bridge_GBps
+            g.link(hm, self.down, bridge * GBPS_PER_GBYTE_PER_S if bridge is not None else dram,
+                   0.0, "pcie")
+            if bridge is None and dram == 0.0:
+                self._dram.append(len(g.src) - 1)
+        elif pcie.host_bridge_GBps is not None:
             self.down = g.node("host_bridge", f"hbx{s}", server=s)
             g.link(self.up, self.down, pcie.host_bridge_GBps * GBPS_PER_GBYTE_PER_S, 0.0, "pcie")
+        self._attached = 0.0
 
-    def attach(self, child: int, gbps: float) -> None:
+    def attach(self, child: int, gbps: float, down: int = -1) -> None:
+        """``child`` on a root port: a link up into the bridge and one down to ``child`` (to
+        ``down`` instead, the down half of a split switch, when given)."""
         self.g.link(child, self.up, gbps, self.lat, "pcie")
-        self.g.link(self.down, child, gbps, self.lat, "pcie")
+        self.g.link(self.down, child if down < 0 else down, gbps, self.lat, "pcie")
+        self._attached += gbps
+
+    def finish(self) -> None:
+        """Host-memory links without a DRAM rate get the sum of the links into the root
+        complex: DRAM then never binds, only the PCIe links do."""
+        for link in self._dram:
+            self.g.gbps[link] = self._attached
 
 
 @dataclass
@@ -206,12 +250,25 @@ class _Tree:
     pcie: PcieSpec
     hb: _HostBridge
     switch: dict[int, int | None]
+    down: dict[int, int]  # p2p off: each switch's down half (pswd<k>)
+    p2p: bool
+
+    def port(self, g: Graph, child: int, sw: int, gbps: float) -> None:
+        """``child`` on a port of switch ``sw``: a cable, or without peer-to-peer a link up
+        into ``sw`` and one down from its down half."""
+        lat = self.pcie.latency_us * 1e3
+        if self.p2p:
+            g.cable(child, sw, gbps, lat, "pcie")
+        else:
+            g.link(child, sw, gbps, lat, "pcie")
+            g.link(self.down[sw], child, gbps, lat, "pcie")
 
 
-def _pcie_tree(g: Graph, pcie: PcieSpec, members: list[Gpu], s: int) -> _Tree:
-    """PCIe switches ``psw<k>`` (numbered over the whole topology) and the host bridge."""
-    tree = _Tree(pcie, _HostBridge(g, pcie, s), {})
-    lat = pcie.latency_us * 1e3
+def _pcie_tree(g: Graph, pcie: PcieSpec, members: list[Gpu], s: int, p2p: bool) -> _Tree:
+    """PCIe switches ``psw<k>`` (numbered over the whole topology) and the host bridge. Without
+    peer-to-peer each switch is split: ``psw<k>`` takes its ports' traffic up to the host
+    bridge only and ``pswd<k>`` brings it down, so no transfer turns inside a switch."""
+    tree = _Tree(pcie, _HostBridge(g, pcie, s, p2p), {}, {}, p2p)
     gpu_gbps = pcie_gbps(pcie.gen, pcie.lanes)
     k = pcie.gpus_per_switch
     switch_of: dict[int, int] = {}
@@ -222,10 +279,16 @@ def _pcie_tree(g: Graph, pcie: PcieSpec, members: list[Gpu], s: int) -> _Tree:
             continue
         idx = gpu.local // k
         if idx not in switch_of:
-            sw = g.node("pcie_switch", f"psw{g.count('pcie_switch')}", server=s)
+            n = g.count("pcie_switch")
+            sw = g.node("pcie_switch", f"psw{n}", server=s)
             switch_of[idx] = sw
-            tree.hb.attach(sw, pcie_gbps(pcie.gen, pcie.uplink_lanes))
-        g.cable(gpu.node, switch_of[idx], gpu_gbps, lat, "pcie")
+            up = pcie_gbps(pcie.gen, pcie.uplink_lanes)
+            if p2p:
+                tree.hb.attach(sw, up)
+            else:
+                tree.down[sw] = g.node("pcie_switch_down", f"pswd{n}", server=s)
+                tree.hb.attach(sw, up, down=tree.down[sw])
+        tree.port(g, gpu.node, switch_of[idx], gpu_gbps)
         tree.switch[gpu.local] = switch_of[idx]
     return tree
 
@@ -256,5 +319,5 @@ def _nics(
         if place is None:  # GPUs under several switches (or on root ports): on the bridge
             tree.hb.attach(nic, rate)
         else:
-            g.cable(nic, place, rate, tree.pcie.latency_us * 1e3, "pcie")
+            tree.port(g, nic, place, rate)
     return out

@@ -23,7 +23,8 @@ def plan_digest(plan: Plan) -> str:
 
     Fields added later are left out at their defaults (no ``perturb`` section, no ``moe``,
     ``ep`` = ``cp`` = 1, ``grad_reduce_dtype: auto``, ``grad_accumulation_fusion: true``,
-    ``network.ecmp: flow``), so plans without them keep the digest they had before.
+    ``network.ecmp: flow``, no ``nvlink_domain_gpus``, no ``fp4_tflops``), so plans without them
+    keep the digest they had before.
     """
     data = _digest_form(asdict(plan))
     if not plan.perturb.active:  # plans without a perturb section keep their earlier digests
@@ -40,6 +41,12 @@ def _digest_form(d: dict[str, Any]) -> dict[str, Any]:
             d["training"].pop(key)
     if d["network"].get("ecmp") == "flow":
         d["network"].pop("ecmp")
+    for g in d["device_groups"]:  # 0: the group's scale-up domain is its server (no NVL rack)
+        if g.get("nvlink_domain_gpus") == 0:
+            g.pop("nvlink_domain_gpus")
+    for dt in d["device_types"].values():  # 0.0: no FP4 peak given
+        if dt.get("fp4_tflops") == 0.0:
+            dt.pop("fp4_tflops")
     for rep in d["replicas"]:
         for st in rep["stages"]:
             for key in ("ep", "cp"):

@@ -23,6 +23,7 @@ from xsim_adapters.backend_api import (
     compute_bound_ns,
     flow_totals,
     owned_tempdir,
+    refuse_connection_limit,
 )
 
 from ._driver import find_driver, run_driver
@@ -80,6 +81,7 @@ class HtsimBackend(Backend):
     def run(self, trace: Trace, topology: Topology, options: Mapping[str, Any]) -> Timeline:
         """Replay ``trace`` on ``topology``; times in the Timeline are nanoseconds."""
         opts = check_options(self.name, self.options, options)
+        refuse_connection_limit(self.name, topology.connection_limit)
         driver, reason = find_driver(opts["driver"])
         if driver is None:
             raise BackendUnavailable(reason)

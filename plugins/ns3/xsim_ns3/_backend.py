@@ -31,6 +31,7 @@ from xsim_adapters.backend_api import (
     compute_bound_ns,
     flow_totals,
     owned_tempdir,
+    refuse_connection_limit,
 )
 
 from ._options import OPTIONS, parse_options
@@ -124,6 +125,7 @@ class Ns3Backend(Backend):
     def run(self, trace: Trace, topology: Topology, options: Mapping[str, Any]) -> Timeline:
         """Replay ``trace`` on ``topology`` in ns-3; times in ns; raise BackendError on failure."""
         opts = parse_options(options)
+        refuse_connection_limit(self.name, topology.connection_limit)
         ok, why = self.available()
         if not ok:
             raise BackendUnavailable(why)

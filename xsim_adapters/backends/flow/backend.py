@@ -19,6 +19,7 @@ from ...backend_api import (
     Timeline,
     Topology,
     Trace,
+    cap_paths,
     check_options,
     detours,
     epochs,
@@ -146,22 +147,26 @@ def build_problem(trace: Trace, topology: Topology) -> tuple[FlowProblem, float]
             )
     t0 = time.perf_counter()
     offsets, links = topology.paths_of_rows(ops, flow_ids)
+    lk = topology.links
+    # network.per_flow_gbps: one virtual link per NCCL connection between servers
+    phys = (offsets, links)  # detours look at physical links only
+    offsets, links, conn_gbps = cap_paths(
+        topology.connection_limit, ops, flow_ids, offsets, links,
+        lk["tier"].astype(str).to_numpy(), len(lk))
     del flow_ids
     routing_s = time.perf_counter() - t0
-    lk = topology.links
     names = topology.nodes["name"].astype(str).to_numpy()
     link_names = [
         f"{a}->{b}"
         for a, b in zip(
             names[lk["src"].to_numpy()], names[lk["dst"].to_numpy()], strict=True
         )
-    ]
+    ] + [f"connection{k} (per_flow_gbps)" for k in range(len(conn_gbps))]
     ev = topology.events
     has_events = len(ev) > 0
     sched = slowdown_schedule(trace.manifest, nr)
     ep = epochs(topology)
-    det = (detours(topology, rank, dst, topology.ecmp_keys(ops, np.arange(n)), offsets, links,
-                   ep)
+    det = (detours(topology, rank, dst, topology.ecmp_keys(ops, np.arange(n)), *phys, ep)
            if ep.any_down else no_detours(n))
     problem = FlowProblem(
         kind=kind,
@@ -173,8 +178,9 @@ def build_problem(trace: Trace, topology: Topology) -> tuple[FlowProblem, float]
         succ=trace.deps["succ"].to_numpy(),
         path_offsets=offsets,
         path_links=links,
-        link_gbps=lk["gbps"].to_numpy(dtype=np.float64),
-        link_latency_ns=lk["latency_ns"].to_numpy(dtype=np.float64),
+        link_gbps=np.concatenate([lk["gbps"].to_numpy(dtype=np.float64), conn_gbps]),
+        link_latency_ns=np.concatenate([lk["latency_ns"].to_numpy(dtype=np.float64),
+                                        np.zeros(len(conn_gbps))]),
         link_names=link_names,
         events_at_ns=ev["at_ns"].to_numpy(dtype=np.float64) if has_events else np.zeros(0),
         events_link=ev["link_id"].to_numpy(dtype=np.int64) if has_events else np.zeros(0, int),

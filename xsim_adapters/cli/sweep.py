@@ -17,9 +17,9 @@ import pandas as pd
 import yaml
 
 from ..options import parse_option_items
-from .expand import Variant
-from .results import ROWS_FILE, RowLog, variant_digest
-from .spec import (
+from ..sweep.expand import Variant
+from ..sweep.results import ROWS_FILE, RowLog, variant_digest
+from ..sweep.spec import (
     SweepError,
     SweepSpec,
     check_axes,
@@ -27,13 +27,14 @@ from .spec import (
     load_sweep_file,
     parse_set,
 )
+from .args import check_input, common_args, default_output, job_args
 
 MAX_ERRORS_PRINTED = 10
 
 
 def add_sweep_arguments(sp: argparse.ArgumentParser) -> None:
     """The options of ``xsim sweep``."""
-    from .runner import EXECUTORS
+    from ..sweep.runner import EXECUTORS
 
     sp.add_argument("plan", metavar="PLAN", nargs="?",
                     help="The base plan YAML file (optional with --sweep, whose base it "
@@ -71,17 +72,23 @@ def add_sweep_arguments(sp: argparse.ArgumentParser) -> None:
                          "skipped.")
     sp.add_argument("--allow-failures", action="store_true",
                     help="Exit 0 even if some variants failed (their rows carry the error).")
-    from ..cli import job_args
-    from ..cli_args import common_args
-
     job_args(sp, "each variant of PLAN runs beside them: sweep.csv gets its slowdown_pct "
                  "and each other job's job<k>_* columns")
     common_args(sp, force=True, progress=True)
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """``xsim sweep``: see docs/sweep.md."""
+    if args.plan:
+        check_input(args.plan, trace_ok=False)
+    if args.output is None:
+        args.output = default_output(args.plan or args.sweep, "sweep")
+    return run_sweep_command(args)
+
+
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     """The sweep the command line describes (sweep file, then PLAN, then --set axes)."""
-    from .api import spec_for
+    from ..sweep.api import spec_for
 
     if args.sweep:
         spec = load_sweep_file(args.sweep)
@@ -108,7 +115,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         spec.backend = args.backend
     spec.options.update(parse_option_items(args.option or []))
     if args.job:
-        from .spec import read_job
+        from ..sweep.spec import read_job
 
         spec.jobs = [*spec.jobs, *(read_job(j) for j in args.job)]
     if args.job or not spec.jobs:
@@ -119,17 +126,17 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
 def run_sweep_command(args: argparse.Namespace) -> int:
     """Run the sweep, write OUT/, print a short report; returns the exit status."""
     from ..report.progress import ProgressBar
-    from .api import run_spec
-    from .expand import product
-    from .results import write_sweep
-    from .runner import make_executor
+    from ..sweep.api import run_spec
+    from ..sweep.expand import product
+    from ..sweep.results import write_sweep
+    from ..sweep.runner import make_executor
 
     spec = spec_from_args(args)
     executor = make_executor(args.executor, args.jobs, args.ray_address)
     total = len(product(spec.axes))
     with open_sweep_dir(Path(args.output), args.resume, args.force) as (out, done):
         if args.resume:
-            from .rowsfile import warn_dropped
+            from ..sweep.rowsfile import warn_dropped
 
             warn_dropped(done, "row")
             print(f"resuming in {args.output}: {len(done)} finished variants on record in "
@@ -163,14 +170,14 @@ def open_sweep_dir(out: Path, resume: bool, force: bool
     a kill keeps the rows; an earlier output is replaced whole at the end, and survives any
     failure before."""
     from .._outdir import SWEEP_STAMP_FILES, fill_output
-    from .results import read_rows
+    from ..sweep.results import read_rows
 
     with fill_output(out, "sweep", force, resume, SWEEP_STAMP_FILES) as (target, kept):
         yield target, (read_rows(target / ROWS_FILE) if kept else {})
 
 
 def _tasks(spec: SweepSpec, variants: list[Variant]) -> list[dict[str, Any]]:
-    from .api import task_for
+    from ..sweep.api import task_for
 
     return [task_for(spec, v.plan) for v in variants if v.plan is not None]
 

@@ -1,6 +1,6 @@
 """``xsim run`` and ``xsim compare`` with ``--job``: several jobs on one fabric (docs/whatif.md).
 
-Kept apart from :mod:`.cli` (one module per idea): the placement, the shared replay and what
+Kept apart from :mod:`.run` (one module per idea): the placement, the shared replay and what
 is written are :mod:`.jobs`'; this module parses, runs and prints.
 """
 
@@ -9,19 +9,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .cli import _fmt_ns, check_input, default_output
-from .errors import XsimError
-from .options import parse_option_items, split_backend_options
+from ..errors import XsimError
+from ..options import parse_option_items, split_backend_options
+from .args import check_input, default_output
+from .fmt import fmt_ns
 
 
 def run_jobs_command(args: argparse.Namespace) -> int:
     """``xsim run PLAN --job PLAN2 ...``: several jobs on one fabric (docs/whatif.md)."""
-    from ._outdir import check_output, output_dir
-    from .backends.registry import check_backend_options, get_backend
-    from .jobs import run_jobs
-    from .report.outputs import write_csv, write_json, write_links, write_run
-    from .report.progress import ProgressBar
-    from .traffic import load_job
+    from .._outdir import check_output, output_dir
+    from ..backends.registry import check_backend_options, get_backend
+    from ..jobs import run_jobs
+    from ..report.outputs import write_csv, write_json, write_links, write_run
+    from ..report.progress import ProgressBar
+    from ..traffic import load_job
 
     paths = [args.plan, *args.job]
     for p in paths:
@@ -65,25 +66,23 @@ def run_jobs_command(args: argparse.Namespace) -> int:
                   f"{row['offered_load']:.0%} of each NIC, achieved {row['achieved_load']:.0%}")
             continue
         print(f"job {row['job']}: {row['ranks']} GPUs, iteration "
-              f"{_fmt_ns(row['iteration_time_ns'])} ({row['slowdown_pct']:+.2f}% against "
+              f"{fmt_ns(row['iteration_time_ns'])} ({row['slowdown_pct']:+.2f}% against "
               f"running alone in its place)")
     print(f"wrote {out}/: summary.json, jobs.csv, links.csv"
           + ("" if args.no_plots else ", links.png") + ", jobs/<name>/")
     return 0
 
 
-
-
 def compare_jobs_command(args: argparse.Namespace, backends: list[str]) -> int:
     """``xsim compare PLAN --job PLAN2 ... --backends A,B``: the same placed jobs on each
     backend; writes OUT/compare_jobs.csv, OUT/summary.json and per backend OUT/<b>/ (jobs.csv,
     links.csv, jobs/<name>/)."""
-    from ._outdir import check_output, output_dir
-    from .backends.registry import backend_options, check_backend_options, get_backend
-    from .jobs import compare_jobs
-    from .report.outputs import write_csv, write_json, write_links, write_run
-    from .report.progress import ProgressBar
-    from .traffic import load_job
+    from .._outdir import check_output, output_dir
+    from ..backends.registry import backend_options, check_backend_options, get_backend
+    from ..jobs import compare_jobs
+    from ..report.outputs import write_csv, write_json, write_links, write_run
+    from ..report.progress import ProgressBar
+    from ..traffic import load_job
 
     paths = [args.plan, *args.job]
     for p in paths:
@@ -124,7 +123,7 @@ def compare_jobs_command(args: argparse.Namespace, backends: list[str]) -> int:
             loads = ", ".join(f"{b} {row[f'achieved_load_{b}']:.0%}" for b in backends)
             print(f"traffic {row['job']}: achieved load {loads}")
             continue
-        times = ", ".join(f"{b} {_fmt_ns(row[f'iteration_time_ns_{b}'])} "
+        times = ", ".join(f"{b} {fmt_ns(row[f'iteration_time_ns_{b}'])} "
                           f"({row[f'slowdown_pct_{b}']:+.2f}% against alone)" for b in backends)
         diffs = ", ".join(f"{b} {100 * row[f'rel_diff_{b}']:+.2f}%" for b in backends[1:])
         print(f"job {row['job']}: {times}; vs {ref}: {diffs}")

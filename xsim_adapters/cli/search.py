@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .evaluate import ROWS_FILE
+from ..search.evaluate import ROWS_FILE
+from .args import common_args, default_output
 
 
 def add_search_arguments(sp: argparse.ArgumentParser) -> None:
@@ -55,9 +56,14 @@ def add_search_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--resume", action="store_true",
                     help="Keep OUT and the simulations recorded in OUT/search.rows.jsonl; "
                          "the search replays its decisions and simulates only what is new.")
-    from ..cli_args import common_args
-
     common_args(sp, force=True, progress=True)
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    """``xsim search``: see docs/search.md."""
+    if args.output is None:
+        args.output = default_output(args.spec, "search")
+    return run_search_command(args)
 
 
 @contextlib.contextmanager
@@ -80,10 +86,10 @@ def run_search_command(args: argparse.Namespace) -> int:
 
     started = time.monotonic()  # the seconds budget and the reported time count from here
 
+    from ..search.budget import parse_count, parse_seconds
+    from ..search.evaluate import KeptPoolExecutor
+    from ..search.spec import load_search_spec
     from ..sweep.runner import make_executor
-    from .budget import parse_count, parse_seconds
-    from .evaluate import KeptPoolExecutor
-    from .spec import load_search_spec
 
     evaluations = parse_count(args.max_evaluations, "--max-evaluations")
     seconds = parse_seconds(args.max_seconds, "--max-seconds")
@@ -117,13 +123,13 @@ def _search_into(out: Path, done: dict[str, Any], spec: Any, executor: Any,
     returns (result, evaluator)."""
     from ..options import parse_option_items
     from ..report.progress import ProgressBar
+    from ..search.api import search, write_result
+    from ..search.bnb import enumerate_space
+    from ..search.bound import Analyzer
+    from ..search.budget import Deadline
+    from ..search.evaluate import Evaluator, KeptPoolExecutor
     from ..sweep.results import RowLog
     from ..sweep.rowsfile import warn_dropped
-    from .api import search, write_result
-    from .bnb import enumerate_space
-    from .bound import Analyzer
-    from .budget import Deadline
-    from .evaluate import Evaluator, KeptPoolExecutor
 
     budget = spec.budget
     if args.resume:
