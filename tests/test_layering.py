@@ -75,6 +75,8 @@ MODULE_LAYER = {
     "xsim_adapters._argcheck": "base",
     # "did you mean": difflib over a list of names, for plan keys, options and sweep axes.
     "xsim_adapters._suggest": "base",
+    # stdlib only: times as the terminal prints them (summary lines and pictures).
+    "xsim_adapters._units": "base",
     # the published front door for backend authors (docs/backends.md): re-exports the trace,
     # topology, timeline, options and process helpers a backend needs.
     "xsim_adapters.backend_api": "backends",

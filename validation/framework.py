@@ -200,38 +200,63 @@ def read_csv(path: Path) -> list[Result]:
         ]
 
 
-def write_plot(results: Sequence[Result], path: Path) -> None:
-    """Scatter of predicted vs measured (log-log), one colour per source, with the y = x line."""
-    import matplotlib
+#: Axis label of each compared metric (its quantity and unit): one panel per metric, so
+#: seconds, GB/s and TFLOP/s never share an axis.
+METRIC_LABELS = {
+    "iteration_time_s": "iteration time (s)",
+    "busbw_GBps": "all-reduce bus bandwidth (GB/s)",
+    "tflops_per_gpu": "achieved TFLOP/s per GPU",
+    "tokens_per_s_per_gpu": "tokens/s per GPU",
+}
 
-    matplotlib.use("Agg")
+
+def write_plot(results: Sequence[Result], path: Path) -> None:
+    """:func:`plot_figure` of ``results`` to PNG ``path`` (temporary sibling, then rename)."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 5))
-    by_source: dict[str, list[Result]] = {}
-    for r in results:
-        by_source.setdefault(f"{r.source} ({r.metric})", []).append(r)
-    lo = min(min(r.measured, r.predicted) for r in results)
-    hi = max(max(r.measured, r.predicted) for r in results)
-    xs = [lo / 1.2, hi * 1.2]
-    ax.plot(xs, xs, color="grey", lw=1, ls="--", label="y = x")
-    for f in (0.85, 1.15):
-        ax.plot(xs, [x * f for x in xs], color="grey", lw=0.6, ls=":")
-    ax.plot([], [], color="grey", lw=0.6, ls=":", label="±15%")
-    for name, rs in by_source.items():
-        ax.scatter([r.measured for r in rs], [r.predicted for r in rs], label=name, s=28)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("measured (published)")
-    ax.set_ylabel("predicted (xsim, flow backend)")
-    ax.set_title("xsim-adapters validation: predicted vs measured")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    fig = plot_figure(results)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.stem + ".tmp" + path.suffix)
     fig.savefig(tmp, dpi=120)
     plt.close(fig)
     tmp.replace(path)
+
+
+def plot_figure(results: Sequence[Result]) -> Any:
+    """Scatter of predicted vs measured (log-log over several decades), one panel per metric
+    (so one unit per axis), one colour per source, with the y = x line and +-15% lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = sorted({r.metric for r in results}, key=lambda m: (m != "iteration_time_s", m))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 5), squeeze=False)
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        rows = [r for r in results if r.metric == metric]
+        by_source: dict[str, list[Result]] = {}
+        for r in rows:
+            by_source.setdefault(r.source, []).append(r)
+        lo = min(min(r.measured, r.predicted) for r in rows)
+        hi = max(max(r.measured, r.predicted) for r in rows)
+        xs = [lo / 1.2, hi * 1.2]
+        ax.plot(xs, xs, color="grey", lw=1, ls="--", label="y = x")
+        for f in (0.85, 1.15):
+            ax.plot(xs, [x * f for x in xs], color="grey", lw=0.6, ls=":")
+        ax.plot([], [], color="grey", lw=0.6, ls=":", label="±15%")
+        for name, rs in by_source.items():
+            ax.scatter([r.measured for r in rs], [r.predicted for r in rs], label=name, s=28)
+        if hi / lo > 10:  # several decades: log-log; a narrow range keeps linear ticks
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+        label = METRIC_LABELS.get(metric, metric)
+        ax.set_xlabel(f"measured (published): {label}")
+        ax.set_ylabel(f"predicted (xsim, flow backend): {label}")
+        ax.set_title(label, fontsize=10)
+        ax.legend(fontsize=8)
+    fig.suptitle("xsim-adapters validation: predicted vs measured")
+    fig.tight_layout()
+    return fig
 
 
 def markdown_table(results: Sequence[Result]) -> str:

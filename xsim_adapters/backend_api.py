@@ -40,6 +40,7 @@ from .backends.base import (
     RUN_INFO_KEYS,
     Backend,
     ReplayProgress,
+    compute_bound_ns,
     flow_totals,
 )
 from .errors import BackendError, BackendUnavailable, OptionError
@@ -85,6 +86,7 @@ __all__ = [
     "Trace",
     "check_options",
     "child_preexec",
+    "compute_bound_ns",
     "detours",
     "epochs",
     "flow_totals",

@@ -49,11 +49,11 @@ import numpy as np
 from ..errors import BackendContractError, TraceError
 from ..options import COMMON_OPTIONS, Option
 from ..topology.model import Topology
-from ..trace.schema import KIND_FLOW, Trace
+from ..trace.schema import KIND_COMPUTE, KIND_FLOW, Trace
 from ..trace.timeline import Timeline
 
 __all__ = ["RUN_INFO_KEYS", "Backend", "ReplayProgress", "Timeline", "check_inputs",
-           "check_run_info", "flow_totals"]
+           "check_run_info", "compute_bound_ns", "flow_totals"]
 
 #: Keys every backend puts in ``Timeline.stats`` (see the module docstring).
 RUN_INFO_KEYS = ("wall_s", "startup_s", "replay_s", "packet_flows", "packet_bytes",
@@ -70,20 +70,28 @@ class ReplayProgress:
 
     Calls the hook at most every ``interval_s`` seconds of wall time, except the first call
     (``start``) and the last (``finish``, or an update reaching ``total_ops``), which are
-    always made. ``done_ops`` is clamped to ``[previous, total_ops]`` so it never decreases.
+    always made. ``done_ops`` and ``sim_ns`` are clamped so they never decrease.
+    ``tick()`` repeats the last values (a heartbeat, so a bar's elapsed clock moves while a
+    simulator completes nothing for a while). ``expected_sim_ns`` (e.g. :func:`compute_bound_ns`)
+    is passed to hooks that take it, so a bar can count simulated time, which advances while a
+    packet-level replay's last few large flows hold the op count still.
     A None hook makes every method a no-op.
     """
 
     def __init__(self, hook: Callable[..., Any] | None, total_ops: int,
-                 interval_s: float = PROGRESS_INTERVAL_S) -> None:
+                 interval_s: float = PROGRESS_INTERVAL_S,
+                 expected_sim_ns: float | None = None) -> None:
         self.hook = hook
         self.total_ops = int(total_ops)
         self.interval_s = interval_s
+        self.expected_sim_ns = expected_sim_ns
         self.done_ops = 0
+        self.sim_ns: float | None = None
         self.calls = 0
         self._last = -float("inf")
         self._ended = False
-        self._with_sim = hook is not None and _accepts_sim_ns(hook)
+        self._with_sim = hook is not None and _accepts(hook, "sim_ns")
+        self._with_expected = hook is not None and _accepts(hook, "expected_sim_ns")
 
     def start(self) -> None:
         """The replay starts: ``hook(0, total_ops)``."""
@@ -98,30 +106,52 @@ class ReplayProgress:
         """The replay ended with every op done: ``hook(total_ops, total_ops)`` (once)."""
         self._call(self.total_ops, sim_ns, force=True)
 
+    def tick(self) -> None:
+        """Nothing new: call the hook again with the last values if ``interval_s`` has passed
+        (backends call this while they wait on a simulator that reports nothing). Before the
+        first report it does nothing: the first call stays the simulator's own."""
+        if self.calls:
+            self._call(self.done_ops, self.sim_ns, force=False)
+
     def _call(self, done: int, sim_ns: float | None, force: bool) -> None:
         if self.hook is None or self._ended:
             return
+        if sim_ns is not None and self.sim_ns is not None:
+            sim_ns = max(sim_ns, self.sim_ns)
+        self.done_ops, self.sim_ns = done, sim_ns if sim_ns is not None else self.sim_ns
         now = time.monotonic()
         if not force and now - self._last < self.interval_s:
-            self.done_ops = done
             return
         self._last = now
-        self.done_ops = done
         self.calls += 1
         if done >= self.total_ops:
             self._ended = True
+        kw: dict[str, Any] = {}
         if self._with_sim:
-            self.hook(done, self.total_ops, sim_ns=sim_ns)
-        else:
-            self.hook(done, self.total_ops)
+            kw["sim_ns"] = self.sim_ns
+        if self._with_expected:
+            kw["expected_sim_ns"] = self.expected_sim_ns
+        self.hook(done, self.total_ops, **kw)
 
 
-def _accepts_sim_ns(hook: Callable[..., Any]) -> bool:
+def _accepts(hook: Callable[..., Any], name: str) -> bool:
     try:
         params = inspect.signature(hook).parameters.values()
     except (TypeError, ValueError):
         return False
-    return any(p.name == "sim_ns" or p.kind == p.VAR_KEYWORD for p in params)
+    return any(p.name == name or p.kind == p.VAR_KEYWORD for p in params)
+
+
+def compute_bound_ns(trace: Trace) -> float:
+    """The busiest rank's compute time in ns (sum of its compute ops' ``duration_ns``): a lower
+    bound of the iteration, since a rank runs its compute ops one after another. Progress bars
+    measure a packet-level replay's simulated time against it."""
+    ops = trace.ops
+    comp = (ops["kind"] == KIND_COMPUTE).to_numpy()
+    if not comp.any():
+        return 0.0
+    rank = ops["rank"].to_numpy()[comp].astype(np.int64)
+    return float(np.bincount(rank, weights=ops["duration_ns"].to_numpy()[comp]).max())
 
 
 def flow_totals(trace: Trace) -> tuple[int, int]:

@@ -4,18 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .._units import fmt_ns  # one home with the pictures (report/plot.py)
 
-def fmt_ns(ns: float | None) -> str:
-    """Nanoseconds in the largest unit that keeps them >= 1: ``1.234 ms``, ``n/a`` for None."""
-    if ns is None:
-        return "n/a"
-    if abs(ns) >= 1e9:
-        return f"{ns / 1e9:.3f} s"
-    if abs(ns) >= 1e6:
-        return f"{ns / 1e6:.3f} ms"
-    if abs(ns) >= 1e3:
-        return f"{ns / 1e3:.3f} us"
-    return f"{ns:.0f} ns"
+__all__ = ["fmt_bytes", "fmt_ns", "fmt_pct", "runs", "span"]
 
 
 def fmt_pct(x: float | None) -> str:

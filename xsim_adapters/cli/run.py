@@ -84,12 +84,18 @@ def print_summary(s: dict[str, Any]) -> None:
         print(f"  {name}: {d['ranks']} GPUs, {d['achieved_tflops_per_gpu']:.1f} TFLOP/s per GPU, "
               f"MFU {fmt_pct(d.get('mfu'))}")
     m = s["means"]
-    print(f"  per rank (mean): compute {fmt_ns(m['compute_ns'])}, comm {fmt_ns(m['comm_ns'])} "
-          f"(exposed {fmt_ns(m['exposed_comm_ns'])}), bubble {fmt_ns(m['bubble_ns'])}, "
-          f"straggler wait {fmt_ns(m['straggler_wait_ns'])}, idle {fmt_ns(m['idle_ns'])}")
-    print(f"  time breakdown (mean per rank): compute {fmt_ns(m['breakdown_compute_ns'])}, "
-          f"exposed comm {fmt_ns(m['breakdown_exposed_comm_ns'])}, straggler wait "
-          f"{fmt_ns(m['breakdown_straggler_wait_ns'])}, bubble "
+    # Two views of one rank's time (docs/metrics.md): the first line's figures may overlap
+    # (its bubble and straggler wait include time spent communicating); the breakdown's five
+    # parts do not and add up to the iteration. The labels say which is which, since the
+    # same words appear on both lines with different numbers.
+    print(f"  per rank (mean, parts overlap): compute {fmt_ns(m['compute_ns'])}, comm "
+          f"{fmt_ns(m['comm_ns'])} (exposed {fmt_ns(m['exposed_comm_ns'])}), bubble incl. comm "
+          f"{fmt_ns(m['bubble_ns'])}, straggler wait incl. comm "
+          f"{fmt_ns(m['straggler_wait_ns'])}, idle {fmt_ns(m['idle_ns'])}")
+    print(f"  time breakdown (mean per rank, parts add up to the iteration): compute "
+          f"{fmt_ns(m['breakdown_compute_ns'])}, exposed comm "
+          f"{fmt_ns(m['breakdown_exposed_comm_ns'])}, straggler wait excl. comm "
+          f"{fmt_ns(m['breakdown_straggler_wait_ns'])}, bubble excl. comm "
           f"{fmt_ns(m['breakdown_bubble_ns'])}, other {fmt_ns(m['breakdown_other_ns'])}")
     worst = s.get("max_straggler")
     if worst:

@@ -14,7 +14,10 @@ as straggler waits (peers in lockstep), not as pipeline waits:
   join barrier over all owners would otherwise make every participant "ready" at the same
   time as the last one. The collective can proceed when the last participant is ready; each
   participant waits ``last_ready - own_ready``; the whole of it is attributed to the last one
-  (ties: the lowest rank).
+  (ties: the lowest rank). Flows of earlier DP collectives before the first op (a rank's chain
+  of ZeRO parameter all-gathers, which starts the iteration) do not count: the parameters exist
+  from t = 0, so a member of such a gather is ready at 0 and a later start is its own queued
+  communication, not a slow peer.
 - **PP / reshard receives** (phases ``pp``, ``reshard``), grouped per (collective, receiver)
   so a receive cut into several flows counts once. Senders are ready when their first flow's
   predecessors have ended; the receiver is ready when its previous compute ended (the latest
@@ -97,6 +100,7 @@ def _dp_waits(trace: Trace, tf: pd.DataFrame) -> pd.DataFrame:
     rank = tf["rank"].to_numpy(dtype=np.int64)
     dst = tf["dst"].to_numpy(dtype=np.int64)
     end = tf["end_ns"].to_numpy()
+    phase = tf["phase"].to_numpy()
     is_dp = (tf["kind"] == KIND_FLOW) & (tf["phase"] == PHASE_INDEX["dp"])
     dp = tf[is_dp & (tf["collective"] >= 0)]
     if len(dp) == 0:
@@ -112,6 +116,10 @@ def _dp_waits(trace: Trace, tf: pd.DataFrame) -> pd.DataFrame:
     e = first.merge(edges, left_on="op_id", right_on="op", how="left")
     has = e["pred"].notna().to_numpy()
     pred = np.where(has, e["pred"].fillna(0).to_numpy(), 0).astype(np.int64)
+    # A DP flow before a DP collective's first op is a rank's chain of earlier syncs (the ZeRO
+    # parameter all-gathers issued one bucket after another from t = 0): communication queued
+    # on that rank, not the progress a peer waits for; it does not delay readiness.
+    has = has & ~((kind[pred] == KIND_FLOW) & (phase[pred] == PHASE_INDEX["dp"]))
     p = e["p"].to_numpy(dtype=np.int64)
     own = has & ((rank[pred] == p) | ((kind[pred] == KIND_FLOW) & (dst[pred] == p)))
     e = e.assign(

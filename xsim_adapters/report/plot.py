@@ -17,12 +17,22 @@ from matplotlib.collections import PolyCollection
 # Figure (not pyplot): no global backend or window state; savefig renders with Agg.
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
 
 from .._atomic import write_atomic
+from .._units import axis_unit, fmt_ns
 from ..metrics.intervals import union_blocks
 from ..trace.schema import COMM_PHASES, COMPUTE_PHASES, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
 
 MAX_RANK_ROWS = 64
+#: What a row of the timeline is, per :func:`timeline_rows` kind (the y-axis label).
+ROW_HELP = {
+    "rank": "one row per GPU: r<rank> R<replica> s<stage> <GPU type>\n"
+            "top half: its compute ops; bottom half: flows it sends or receives",
+    "(replica, stage): union over its ranks":
+        "one row per pipeline stage: R<replica> s<stage> <GPU type> x<GPUs>\n"
+        "(union over its GPUs) top half: compute; bottom half: flows",
+}
 PHASE_COLORS = {
     "fwd": "#4C72B0", "bwd": "#DD8452", "recompute": "#8172B3", "optim": "#937860",
     "wgrad": "#E5AE38",
@@ -137,14 +147,16 @@ def timeline_figure(tf: pd.DataFrame, ranks: pd.DataFrame, title: str = "",
         ax.add_collection(PolyCollection(verts, linewidths=0.3,  # type: ignore[arg-type]
                                          facecolors=PHASE_COLORS[phase], edgecolors=edge))
         handles.append(Patch(color=PHASE_COLORS[phase], label=phase))
-    end_ms = float(tf["end_ns"].max()) / 1e6 if len(tf) else 1.0
-    ax.set_xlim(0, max(end_ms, 1e-9) * 1.01)
+    end_ns = float(tf["end_ns"].max()) if len(tf) else 1e6
+    scale, unit = axis_unit(end_ns)  # the unit the terminal prints the iteration in
+    ax.set_xlim(0, max(end_ns, 1.0) / 1e6 * 1.01)  # data in ms; ticks in the chosen unit
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x * 1e6 / scale:g}"))
     ax.set_ylim(nrows, 0)
     step = max(1, int(np.ceil(nrows / 64)))
     ax.set_yticks(np.arange(0, nrows, step) + 0.5)
     ticks = ax.set_yticklabels(labels[::step], fontsize=7 if nrows > 24 else 8)
-    ax.set_xlabel("time (ms)")
-    ax.set_ylabel(f"row = {what}")
+    ax.set_xlabel(f"time ({unit}); iteration {fmt_ns(end_ns)}")
+    ax.set_ylabel(ROW_HELP[what] if what in ROW_HELP else f"row = {what}", fontsize=8)
     ax.set_title(title or "timeline", fontsize=10, loc="left")
     ax.grid(axis="x", alpha=0.3)
     caused = ranks["caused_wait_ns"].to_numpy(dtype=np.float64) if "caused_wait_ns" in ranks \
@@ -157,7 +169,7 @@ def timeline_figure(tf: pd.DataFrame, ranks: pd.DataFrame, title: str = "",
             ticks[row // step].set_fontweight("bold")
         rank = int(ranks["rank"].iloc[worst])
         # above the plot's top right corner, clear of the title and the legend
-        ax.text(1.0, 1.01, f"culprit: rank {rank} made others wait {caused[worst] / 1e6:.3g} ms"
+        ax.text(1.0, 1.01, f"culprit: rank {rank} made others wait {fmt_ns(caused[worst])}"
                 " (red row)", transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
                 color=CULPRIT_COLOR, fontweight="bold", gid="culprit")
         ax.axhspan(row, row + 1, color=CULPRIT_COLOR, alpha=0.12, zorder=0, gid="culprit-row")
@@ -168,6 +180,9 @@ def timeline_figure(tf: pd.DataFrame, ranks: pd.DataFrame, title: str = "",
     fig.tight_layout()
     return fig
 
+
+#: Least half-width of the comparison picture's axis, in %: differences below it stay short.
+MIN_SPAN_PCT = 1.0
 
 COMPARE_METRICS = (
     ("iteration_time_ns", "iteration time (ms)", 1e-6),
@@ -216,7 +231,8 @@ def compare_figure(summaries: dict[str, dict[str, Any]], title: str = "") -> Fig
     colors = mpl.rcParams["axes.prop_cycle"].by_key()["color"]
     h = 0.8 / max(1, len(others))
     finite = rel.to_numpy()[np.isfinite(rel.to_numpy())]
-    span = max(float(np.abs(finite).max()) if len(finite) else 0.0, 1e-3)
+    # the axis spans at least +-MIN_SPAN_PCT: a 0.04% difference must look small, not fill it
+    span = max(float(np.abs(finite).max()) if len(finite) else 0.0, MIN_SPAN_PCT)
     for j, b in enumerate(others):
         y = np.arange(nmet) + (j - (len(others) - 1) / 2) * h
         vals = rel[b].to_numpy()
@@ -234,7 +250,8 @@ def compare_figure(summaries: dict[str, dict[str, Any]], title: str = "") -> Fig
     ax.set_yticklabels([m.split(" (")[0] for m in rel.index], fontsize=8)  # no units: in %
     ax.invert_yaxis()
     ax.set_xlabel(f"difference relative to {names[0]} (%): (backend - {names[0]}) / "
-                  f"|{names[0]}|")
+                  f"|{names[0]}|; axis at least ±{MIN_SPAN_PCT:g}%, largest "
+                  f"{float(np.abs(finite).max()) if len(finite) else 0.0:.3g}%")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title(title or "backend comparison", fontsize=10)

@@ -8,7 +8,10 @@ Silent unless the stream is a terminal, so logs and CI output stay clean; ``forc
 The bar counts steps (load, build, replay per backend, metrics, write). A step's label is shown
 the moment it changes, never throttled away; a running backend moves the bar inside its replay
 step through the backend progress hook (:meth:`ProgressBar.replay_hook`), and those numeric
-updates are throttled by time (tqdm's ``mininterval``).
+updates are throttled by time (tqdm's ``mininterval``). Packet-level backends measure the step
+in simulated time (against the busiest GPU's compute) and call the hook at least every second
+(:meth:`~xsim_adapters.backends.base.ReplayProgress.tick`), so the bar and its elapsed clock
+keep moving while a replay completes no op for minutes.
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ class _Tqdm(tqdm):
 
 #: Least wall time between two redraws for numbers only, in s (a new label is drawn at once).
 MIN_INTERVAL_S = 0.1
+
+#: Highest fraction of a replay step shown from simulated time before the replay ends: the
+#: estimate it is measured against is a lower bound, so the bar waits at 99% rather than
+#: claiming the end.
+SIM_FRACTION_CAP = 0.99
 
 
 def progress_enabled(stream: TextIO, force: bool | None = None) -> bool:
@@ -108,33 +116,52 @@ class ProgressBar:
         self._bar.refresh()
 
     def replay_hook(self, backend: str) -> Callable[..., None]:
-        """A backend progress hook (``hook(done_ops, total_ops, sim_ns=None)``) that moves the
-        bar through the replay's step as it advances and labels it ``running BACKEND:
-        done/total ops, sim T``. Starts that step (:meth:`step`) labelled ``running BACKEND``."""
+        """A backend progress hook (``hook(done_ops, total_ops, sim_ns=None,
+        expected_sim_ns=None)``) that moves the bar through the replay's step as it advances
+        and labels it ``running BACKEND: done/total ops, sim T``. Starts that step
+        (:meth:`step`) labelled ``running BACKEND``.
+
+        The step's fraction is the op count's, or, given ``expected_sim_ns`` (an estimate of
+        the iteration, e.g. the busiest GPU's compute), the simulated time's against it, kept
+        below :data:`SIM_FRACTION_CAP` until the replay ends (an estimate can be short). A
+        packet-level replay completes most ops early and then spends minutes on a few large
+        flows: simulated time keeps moving there, the op count does not. The fraction never
+        goes back. A call with nothing new still redraws, so the elapsed clock moves."""
         self.step(f"running {backend}")
         base = self.started - 1.0
+        shown = [0.0]  # the step's fraction drawn so far (monotonic)
 
-        def hook(done_ops: int, total_ops: int, sim_ns: float | None = None) -> None:
-            frac = done_ops / total_ops if total_ops > 0 else 1.0
+        def hook(done_ops: int, total_ops: int, sim_ns: float | None = None,
+                 expected_sim_ns: float | None = None) -> None:
+            finished = done_ops >= total_ops
+            if finished:
+                frac = 1.0
+            elif expected_sim_ns and sim_ns is not None:
+                frac = min(sim_ns / expected_sim_ns, SIM_FRACTION_CAP)
+            else:
+                frac = done_ops / total_ops if total_ops > 0 else 1.0
+            shown[0] = max(shown[0], frac)
             text = f"running {backend}: {done_ops:,}/{total_ops:,} ops"
             if sim_ns is not None:
                 text += f", sim {_fmt_sim(sim_ns)}"
+                if expected_sim_ns:
+                    text += f" (busiest GPU computes {_fmt_sim(expected_sim_ns)})"
             self.note = text
             # numbers only: throttled by tqdm's mininterval (the label itself was drawn above)
             self._bar.set_postfix_str(text, refresh=False)
-            self._move(min(base + frac, self.total))
-            if done_ops >= total_ops:
+            self._move(min(base + shown[0], self.total))
+            if finished:
                 self._bar.refresh()  # the replay's end is always shown
             else:
-                self._bar.update(0)
+                self._bar.update(0)  # redraws (elapsed clock) when mininterval has passed
 
         return hook
 
     def _move(self, done: float) -> None:
-        delta = done - self.done
-        self.done = done
-        if delta > 0:
-            self._bar.update(delta)
+        # forward only: a lower value (a source that went back) leaves the bar where it is
+        if done > self.done:
+            self._bar.update(done - self.done)
+            self.done = done
 
     def render(self) -> str:
         """The bar as tqdm draws it (``xsim run  40%|#####...| 2.0/5 steps [00:01], running

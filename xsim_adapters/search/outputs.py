@@ -90,13 +90,16 @@ def pareto_front(cost: np.ndarray, rate: np.ndarray) -> np.ndarray:
     return np.asarray(front, dtype=np.int64)
 
 
-def write_pareto(path: Path, frame: pd.DataFrame, priced: bool) -> None:
+def write_pareto(path: Path, frame: pd.DataFrame, priced: bool,
+                 summary: dict[str, Any] | None = None) -> None:
     """Throughput (tokens/s) against cost ($ per million tokens, or GPU-hours per million
-    tokens without prices) of the simulated candidates, the Pareto front joined."""
+    tokens without prices) of the simulated candidates, the Pareto front joined; with the
+    search's ``summary``, its best and each homogeneous baseline's best (``summary.json``'s
+    ``search`` and ``homogeneous``) marked and labelled."""
     from matplotlib.figure import Figure
 
     ok = frame[frame["status"] == "evaluated"]
-    fig = Figure(figsize=(7, 4.5))
+    fig = Figure(figsize=(8, 5))
     ax = fig.add_subplot()
     if priced:
         cost = ok["cost_per_million_tokens"].to_numpy(float)
@@ -113,12 +116,37 @@ def write_pareto(path: Path, frame: pd.DataFrame, priced: bool) -> None:
         f = pareto_front(cost, rate)
         f = f[np.argsort(cost[f])]
         ax.plot(cost[f], rate[f], "k-", lw=1, label="Pareto front")
+    for label, key, marker in pareto_marks(summary or {}):
+        at = np.flatnonzero(ok["key"].to_numpy() == key)
+        if len(at):
+            i = int(at[0])
+            ax.scatter([cost[i]], [rate[i]], s=90, marker=marker, facecolors="none",
+                       edgecolors="black", linewidths=1.2, zorder=3, label=label)
+            ax.annotate(label, (cost[i], rate[i]), xytext=(6, -10), textcoords="offset points",
+                        fontsize=7, gid="baseline")
     ax.set_ylabel("throughput (tokens/s)")
     ax.set_title("xsim search: simulated candidates")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+
+
+def pareto_marks(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(label, candidate key, marker) of the search's best and of each homogeneous baseline's
+    best (at the search's batch, and at its own best batch when that is another one)."""
+    marks = []
+    best = (summary.get("search") or {}).get("best")
+    if best:
+        marks.append(("best (search)", best, "*"))
+    for t, o in sorted((summary.get("homogeneous") or {}).items()):
+        same = (o.get("same_batch") or {}).get("best")
+        own = (o.get("own_batch") or {}).get("best")
+        if same:
+            marks.append((f"baseline: {t} only", same, "s"))
+        if own and own != same:
+            marks.append((f"baseline: {t} only, own batch", own, "D"))
+    return marks
 
 
 def write_outputs(out: Path, s: Searcher, entries: list[Entry], statuses: dict[int, str],
@@ -146,6 +174,6 @@ def write_outputs(out: Path, s: Searcher, entries: list[Entry], statuses: dict[i
         if k == 1:
             write_text_atomic(out / "best.yaml", text.replace(f"{s.spec.name}-top1",
                                                               f"{s.spec.name}-best"))
-    write_pareto(out / "pareto.png", frame, bool(s.spec.prices_per_gpu_hour))
+    write_pareto(out / "pareto.png", frame, bool(s.spec.prices_per_gpu_hour), summary)
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
     return frame

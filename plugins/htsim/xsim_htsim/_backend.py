@@ -20,6 +20,7 @@ from xsim_adapters.backend_api import (
     Topology,
     Trace,
     check_options,
+    compute_bound_ns,
     flow_totals,
     owned_tempdir,
     refuse_connection_limit,
@@ -107,7 +108,8 @@ class HtsimBackend(Backend):
             argv = [str(driver), str(d / "input.bin"), "--out", str(d / "times.bin"),
                     "--summary", str(d / "summary.json"), *argv_opts]
             argv += ["--progress-s", str(PROGRESS_INTERVAL_S), "--queues", str(d / "queues.csv")]
-            rp = ReplayProgress(opts["progress"], trace.num_ops)
+            rp = ReplayProgress(opts["progress"], trace.num_ops,
+                                expected_sim_ns=compute_bound_ns(trace))
             try:
                 replay_started = run_driver(argv, wall_limit,
                                             lambda done, _n, sim_ns: rp.update(done, sim_ns))
