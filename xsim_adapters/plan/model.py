@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from .transport import TransportSpec
+
 if TYPE_CHECKING:
     from .perturb import PerturbSpec
 
@@ -389,6 +391,9 @@ class NetworkSpec:
     # What picks a flow's path among equal-cost ones (topology/routing.py, ECMP_MODES): "flow"
     # hashes each flow (op), "connection" each NCCL connection (src, dst, phase, channel).
     ecmp: EcmpMode = "flow"
+    # network.transport (plan/transport.py): PFC, ECN and NIC congestion control for the
+    # packet backends. None: the section is absent (each backend's transport as before).
+    transport: TransportSpec | None = None
 
 
 @dataclass(frozen=True)

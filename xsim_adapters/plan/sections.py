@@ -51,6 +51,7 @@ from .model import (
 )
 from .moe import parse_moe
 from .server import parse_server
+from .transport import parse_transport
 
 MODEL_SHAPE_KEYS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "seq_len", "vocab")
 MODEL_KEYS = ("preset", "name", *MODEL_SHAPE_KEYS, "dtype", "gated_mlp", "moe", "attention",
@@ -438,7 +439,8 @@ def parse_network(value: Any, path: str, base_dir: str | None = None) -> Network
     ``base_dir`` resolves a relative ``measured`` CSV path (default: the working directory).
     """
     m = f.expect_mapping(value, path)
-    f.check_keys(m, path, ("scale_out", "scale_up", "links", "events", "measured", "ecmp"))
+    f.check_keys(m, path, ("scale_out", "scale_up", "links", "events", "measured", "ecmp",
+                           "transport"))
     so = _parse_scale_out(m.get("scale_out", {}), f.join(path, "scale_out"))
     su = _parse_scale_up(m.get("scale_up", {}), f.join(path, "scale_up"))
     links = tuple(
@@ -454,8 +456,10 @@ def parse_network(value: Any, path: str, base_dir: str | None = None) -> Network
         if m.get("measured") is not None else None
     )
     ecmp = f.get_enum(m, "ecmp", path, get_args(EcmpMode), NetworkSpec.ecmp)
+    transport = (parse_transport(m["transport"], f.join(path, "transport"))
+                 if m.get("transport") is not None else None)
     return NetworkSpec(scale_out=so, scale_up=su, links=links, events=events, measured=measured,
-                       ecmp=ecmp)  # type: ignore[arg-type]
+                       ecmp=ecmp, transport=transport)  # type: ignore[arg-type]
 
 
 def _parse_scale_out(value: Any, path: str) -> ScaleOut:

@@ -87,6 +87,7 @@ def build_topology(plan: Plan) -> Topology:
         meta=meta,
         _router=Router(nodes, links),
         ecmp=plan.network.ecmp,
+        transport=plan.network.transport,
     )
 
 

@@ -57,6 +57,9 @@ class Topology:
     meta: dict[str, Any] = field(default_factory=dict)
     _router: Any = None  # set by the builder: an object with path(src_node, dst_node, key)
     ecmp: str = "flow"  # network.ecmp: what keys a flow's path (routing.ECMP_MODES)
+    # network.transport (plan/transport.py TransportSpec): PFC, ECN, NIC congestion control for
+    # the packet backends; None: the section is absent (each backend's transport as before).
+    transport: Any = None
 
     @property
     def num_ranks(self) -> int:

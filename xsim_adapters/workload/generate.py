@@ -74,7 +74,7 @@ def plan_digest(plan: Plan) -> str:
 
     Fields added later are left out at their defaults (no ``perturb`` section, no ``moe``,
     ``ep`` = ``cp`` = 1, ``grad_reduce_dtype: auto``, ``grad_accumulation_fusion: true``,
-    ``network.ecmp: flow``), so plans without them keep the digest they had before.
+    ``network.ecmp: flow``, no ``network.transport``), so plans without them keep the digest they had before.
     """
     data = _digest_form(asdict(plan))
     if not plan.perturb.active:  # plans without a perturb section keep their earlier digests
@@ -91,6 +91,8 @@ def _digest_form(d: dict[str, Any]) -> dict[str, Any]:
             d["training"].pop(key)
     if d["network"].get("ecmp") == "flow":
         d["network"].pop("ecmp")
+    if d["network"].get("transport", 0) is None:
+        d["network"].pop("transport")
     for rep in d["replicas"]:
         for st in rep["stages"]:
             for key in ("ep", "cp"):

@@ -256,6 +256,9 @@ void Replayer::queue_stats(std::vector<uint64_t>& peak, std::vector<double>& mea
         } else if (auto* c = dynamic_cast<RatedQueue<PriorityQueue>*>(q)) {
             fill(c);
             drops[i] = (uint64_t)c->num_drops();
+        } else if (auto* e = dynamic_cast<PfcEgress*>(q)) {
+            fill(e);
+            drops[i] = _port_stats[i].drops;  // buffer overflow at this port's switch
         }
     }
 }
