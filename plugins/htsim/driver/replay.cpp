@@ -369,8 +369,8 @@ void Replayer::start_flow(uint32_t op) {
         start_eqds_flow(op, fwd_id, rev_id);
         return;
     }
-    if (_opt.transport.enabled && _opt.transport.cc != CC_NONE) {
-        start_transport_flow(op, fwd_id, rev_id);  // DCQCN or HPCC senders (roce_fabric.cpp)
+    if (_opt.transport.enabled) {
+        start_transport_flow(op, fwd_id, rev_id);  // RoCE, DCQCN or HPCC (roce_fabric.cpp)
         return;
     }
     const std::vector<uint32_t>& fwd = _in.routes[fwd_id];

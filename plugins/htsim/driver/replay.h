@@ -263,6 +263,9 @@ private:
     void build_fluid_groups();
     bool build_transport(std::string& error);   // PFC/ECN queues (transport.cpp's classes)
     void start_transport_flow(uint32_t op, int32_t fwd_id, int32_t rev_id);
+    // Resend from the last ACK when a RoCE flow that sent everything goes quiet for a timeout
+    // (whatif.cpp's RoceRecovery): a lossy fabric's tail loss has no later packet to NACK it.
+    void watch_tail_loss(uint32_t op, RoceSrc* src, const uint64_t* packets_seen);
     std::vector<PfcIngress*> _ingress;      // by link id: the port it enters at a switch
     std::vector<SwitchBuffer> _switch_buf;  // by node id
     std::vector<PortStats> _port_stats;     // by link id

@@ -101,9 +101,14 @@ void Replayer::start_transport_flow(uint32_t op, int32_t fwd_id, int32_t rev_id)
         track(op, LiveFlow{false, src, snk, nullptr, out, back, fwd_id, rev_id});
         return;
     }
-    DcqcnSrc* src = new DcqcnSrc(eventlist(), _in.links[fwd.front()].bps, f.value, _opt.transport);
+    RoceSrc* src;
     RoceFlowSink* snk = new RoceFlowSink(this, op, f.value, _opt.ack_every);
-    snk->cnp = &_opt.transport;
+    if (_opt.transport.cc == CC_DCQCN) {
+        src = new DcqcnSrc(eventlist(), _in.links[fwd.front()].bps, f.value, _opt.transport);
+        snk->cnp = &_opt.transport;
+    } else {
+        src = new RoceSrc(nullptr, nullptr, eventlist(), _in.links[fwd.front()].bps);
+    }
     src->set_dst(f.dst_rank);
     src->set_flowsize(f.value);
     snk->set_src(f.src_rank);
@@ -120,6 +125,7 @@ void Replayer::start_transport_flow(uint32_t op, int32_t fwd_id, int32_t rev_id)
     live.one_nak_per_gap = &snk->one_nak_per_gap;
     live.packets_seen = &snk->packets_seen;
     track(op, live);
+    if (!_opt.transport.pfc) watch_tail_loss(op, src, &snk->packets_seen);
 }
 
 const std::vector<PortStats>& Replayer::port_stats() {

@@ -238,8 +238,6 @@ void PfcIngress::receivePacket(Packet& pkt) {
     if (_buf->used + pkt.size() > _buf->capacity) {
         // No room in the switch's buffer: drop-tail (without PFC this is the normal loss; with
         // it, a sign of too little headroom). Counted on the port the packet was headed for.
-        Route::const_iterator unused;
-        (void)unused;
         PacketSink* next = pkt.route()->at(pkt.nexthop());
         if (PfcEgress* e = dynamic_cast<PfcEgress*>(next)) {
             e->stats()->drops++;
