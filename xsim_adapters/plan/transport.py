@@ -68,16 +68,18 @@ class EcnSpec:
 class DcqcnSpec:
     """DCQCN (Zhu et al., SIGCOMM 2015): reaction point (sender NIC) and notification point."""
 
-    g: float = 1.0 / 256          # alpha gain: alpha <- (1 - g) alpha (+ g on a CNP)
-    alpha_timer_us: float = 55.0  # alpha decays every this long without a CNP
-    rate_timer_us: float = 55.0   # rate-increase timer period
+    # Defaults: the DCQCN paper's parameters (Zhu et al., SIGCOMM 2015), the minimum rate
+    # NVIDIA ConnectX's; each with its source, and NVIDIA's alternatives, in docs/transport.md.
+    g: float = 1.0 / 256           # alpha gain: alpha <- (1 - g) alpha (+ g after a CNP)
+    alpha_timer_us: float = 55.0   # alpha update period
+    rate_timer_us: float = 55.0    # rate-increase timer
     byte_counter_bytes: int = 10 * 1024 * 1024  # rate-increase byte counter
-    fast_recovery_steps: int = 5  # F: increase events of fast recovery before additive increase
-    rai_mbps: float = 40.0        # additive increase step
-    rhai_mbps: float = 400.0      # hyper increase step
-    min_rate_mbps: float = 1.0    # the rate limiter never goes below this
+    fast_recovery_steps: int = 5   # F: increase events of fast recovery
+    rai_mbps: float = 40.0         # additive increase step
+    rhai_mbps: float = 400.0       # hyper increase step (10 x rai_mbps, docs/transport.md)
+    min_rate_mbps: float = 1.0     # the rate limiter's floor (NVIDIA rpg_min_rate)
     cnp_interval_us: float = 50.0  # notification point: at most one CNP per flow per interval
-    initial_alpha: float = 1.0
+    initial_alpha: float = 1.0     # alpha at a flow's first CNP
 
 
 @dataclass(frozen=True)

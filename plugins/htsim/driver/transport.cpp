@@ -155,7 +155,7 @@ static double uniform01(uint64_t& state) {
 
 void PfcEgress::mark(Packet& pkt) {
     if (!_t.ecn || _host || (pkt.type() != ROCE && pkt.type() != HPCC)) return;
-    int64_t q = queuesize();  // bytes ahead of this packet
+    int64_t q = queuesize();  // bytes queued as it leaves, itself included (htsim's rule)
     int64_t kmin = _t.kmin_bytes[_link], kmax = _t.kmax_bytes[_link];
     bool ce;
     if (q <= kmin) {
@@ -174,7 +174,6 @@ void PfcEgress::mark(Packet& pkt) {
 
 void PfcEgress::receivePacket(Packet& pkt, VirtualQueue* prev) {
     if (pkt.type() == CNP) _stats->cnps++;
-    mark(pkt);
     sample();
     LosslessOutputQueue::receivePacket(pkt, prev);
     sample();
@@ -190,6 +189,10 @@ void PfcEgress::beginService() {
 
 void PfcEgress::completeService() {
     sample();
+    // Marked as it leaves (dequeue marking): the signal carries the queue the packet saw at
+    // the head, not one it waited behind, so the sender hears of congestion one queueing
+    // delay sooner than with marking at enqueue.
+    mark(*_enqueued.next_to_pop());
     LosslessOutputQueue::completeService();
     sample();
 }
@@ -277,19 +280,33 @@ simtime_picosec DcqcnSrc::spacing() const {
 void DcqcnSrc::on_cnp() {
     _cnps++;
     simtime_picosec now = eventlist().now();
+    if (!_limited) {
+        _limited = true;  // the first CNP starts the alpha periods and the increase timer
+        _next_alpha = now + timeFromUs(_t.alpha_timer_us);
+    } else {
+        settle_alpha(now);
+    }
     // Rate decrease (Zhu et al. 2015, reaction point): remember the rate as the target, cut the
-    // current rate by alpha / 2, raise alpha, restart the increase timer and byte counter.
+    // current rate by alpha / 2, restart the increase timer, byte counter and stages.
     _rt = _rc;
     _rc = std::max(_rc * (1.0 - _alpha / 2.0), _t.min_rate_mbps * 1e6);
-    _alpha = (1.0 - _t.g) * _alpha + _t.g;
     _cnp_in_period = true;
     _t_stage = _b_stage = 0;
     _bytes_since = 0;
     _next_rate = now + timeFromUs(_t.rate_timer_us);
-    if (!_limited) {
-        _limited = true;
-        _next_alpha = now + timeFromUs(_t.alpha_timer_us);
-    }
+}
+
+// Alpha is updated at the end of every alpha period: alpha <- (1 - g) alpha + g if a CNP arrived
+// in the period, else (1 - g) alpha. Only a rate cut reads alpha, so the periods are settled
+// then, in closed form (no event per period).
+void DcqcnSrc::settle_alpha(simtime_picosec now) {
+    if (now < _next_alpha) return;
+    simtime_picosec ka = timeFromUs(_t.alpha_timer_us);
+    uint64_t periods = (now - _next_alpha) / ka + 1;  // boundaries passed
+    _alpha = (1.0 - _t.g) * _alpha + (_cnp_in_period ? _t.g : 0.0);
+    _cnp_in_period = false;
+    if (periods > 1) _alpha *= std::pow(1.0 - _t.g, (double)(periods - 1));
+    _next_alpha += periods * ka;
 }
 
 void DcqcnSrc::increase() {
@@ -308,17 +325,14 @@ void DcqcnSrc::increase() {
 
 void DcqcnSrc::advance_timers(simtime_picosec now) {
     if (!_limited) return;
-    simtime_picosec ka = timeFromUs(_t.alpha_timer_us), kr = timeFromUs(_t.rate_timer_us);
-    while (_next_alpha <= now) {
-        if (!_cnp_in_period) _alpha *= (1.0 - _t.g);
-        _cnp_in_period = false;
-        _next_alpha += ka;
-    }
-    while (_next_rate <= now) {
+    simtime_picosec kr = timeFromUs(_t.rate_timer_us);
+    // the timer's increase events (bounded: each one halves the gap to the target at least)
+    for (int k = 0; _next_rate <= now && k < 100000; k++) {
         _t_stage++;
         increase();
         _next_rate += kr;
     }
+    if (_next_rate <= now) _next_rate = now + kr;
 }
 
 void DcqcnSrc::receivePacket(Packet& pkt) {
@@ -349,7 +363,7 @@ void DcqcnSrc::doNextEvent() {
         if (_highest_sent >= _flow_bytes) return;  // nothing pending: safe to reap
     }
     simtime_picosec next = _last_sent + gap;
-    if (_limited) next = std::min(next, std::min(_next_alpha, _next_rate));
+    if (_limited) next = std::min(next, _next_rate);
     if (next <= now) next = now + 1;
     eventlist().sourceIsPending(*this, next);
 }

@@ -1,7 +1,7 @@
 // RoCE fabric transport (the plan's network.transport, docs/transport.md), composed from htsim's
 // lossless queues and PAUSE frames without patching htsim:
 // - PfcEgress: every link's transmit queue, an htsim LosslessOutputQueue (stops on a PAUSE
-//   frame, resumes on XON; stamps HPCC's in-band telemetry) plus RED ECN marking at enqueue,
+//   frame, resumes on XON; stamps HPCC's in-band telemetry) plus RED ECN marking at dequeue,
 //   telemetry and rate changes for timed link events;
 // - PfcIngress: per switch ingress port, an htsim LosslessInputQueue subclass doing the
 //   ingress accounting against a shared switch buffer (static or dynamic XOFF/XON), dropping
@@ -142,6 +142,7 @@ public:
 private:
     void on_cnp();
     void advance_timers(simtime_picosec now);
+    void settle_alpha(simtime_picosec now);
     void increase();
     simtime_picosec spacing() const;
     const TransportOptions& _t;
