@@ -74,7 +74,8 @@ def plan_digest(plan: Plan) -> str:
 
     Fields added later are left out at their defaults (no ``perturb`` section, no ``moe``,
     ``ep`` = ``cp`` = 1, ``grad_reduce_dtype: auto``, ``grad_accumulation_fusion: true``,
-    ``network.ecmp: flow``, no ``network.transport``), so plans without them keep the digest they had before.
+    ``network.ecmp: flow``, no ``network.transport``), so plans without them keep the digest
+    they had before.
     """
     data = _digest_form(asdict(plan))
     if not plan.perturb.active:  # plans without a perturb section keep their earlier digests
