@@ -4,6 +4,7 @@ htsim backend's transport file and extended queue telemetry (no driver needed)."
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from pathlib import Path
 
@@ -134,3 +135,15 @@ def test_extended_queue_file(tmp_path: Path) -> None:
     p.write_text(f"{QUEUES_HEADER}\n0,1,1.0,0,0\n")
     plain = read_queues(p, 1)
     assert plain is not None and "pause_sent" not in plain and np.isnan(plain["ecn_marks"][0])
+
+
+def test_ns3_refuses_the_section_rather_than_ignoring_it() -> None:
+    from xsim_ns3 import Ns3Backend
+
+    from xsim_adapters.trace import handmade
+
+    tb = handmade.TraceBuilder(2)
+    tb.flow(0, 1, 1000)
+    topo = dataclasses.replace(star(2, 100.0), transport=TransportSpec(lossless="pfc"))
+    with pytest.raises(BackendError, match="ns3: network.transport .* is not modelled"):
+        Ns3Backend().run(tb.build(), topo, {})

@@ -54,6 +54,10 @@ bool Replayer::build_transport(std::string& error) {
         _ingress[i] = new PfcIngress(eventlist(), egress[i], &_switch_buf[l.dst_node],
                                      l.latency_ps, t);
     }
+    if (t.cc == CC_HPCC && !_in.events.empty()) {
+        error = "cc hpcc with timed link events: htsim's HPCC sender cannot move to a detour";
+        return false;
+    }
     if (t.cc == CC_HPCC) {
         simtime_picosec base_rtt = 0;
         for (size_t r = 0; r < _in.routes.size(); r++) {
