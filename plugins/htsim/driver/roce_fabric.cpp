@@ -129,7 +129,13 @@ void Replayer::start_transport_flow(uint32_t op, int32_t fwd_id, int32_t rev_id)
     live.one_nak_per_gap = &snk->one_nak_per_gap;
     live.packets_seen = &snk->packets_seen;
     track(op, live);
-    if (!_opt.transport.pfc) watch_tail_loss(op, src, &snk->packets_seen);
+    if (!_opt.transport.pfc) {
+        // A lossy fabric: the receiver NAKs a gap once, as an InfiniBand RC responder does
+        // (htsim's RoceSink NAKs every out-of-sequence packet and the sender rewinds on each,
+        // which multiplies resent packets: sinks.h), and a tail loss is resent on a timeout.
+        snk->one_nak_per_gap = true;
+        watch_tail_loss(op, src, &snk->packets_seen);
+    }
 }
 
 const std::vector<PortStats>& Replayer::port_stats() {
