@@ -51,7 +51,7 @@ from .topology.reroute import Detours, Epochs, detours, epochs, no_detours
 from .trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, KINDS, PHASES, Trace, is_dense_ids
 from .trace.slowdowns import SlowSchedule, slowed_compute, stretched_end
 from .trace.slowdowns import schedule as slowdown_schedule
-from .trace.timeline import QUEUE_COLUMNS, Timeline
+from .trace.timeline import QUEUE_COLUMNS, TRANSPORT_COLUMNS, Timeline
 
 #: The core package's C++ include directory (installed with it as package data): compiled
 #: engines add it to their include path and ``#include "xsim/maxmin.hpp"``.
@@ -70,6 +70,7 @@ __all__ = [
     "PROGRESS",
     "PROGRESS_INTERVAL_S",
     "QUEUE_COLUMNS",
+    "TRANSPORT_COLUMNS",
     "RUN_INFO_KEYS",
     "SEED",
     "Backend",

@@ -23,7 +23,9 @@ it started on (the timeline does not say how its bytes split).
 Queue telemetry (:data:`~xsim_adapters.trace.timeline.QUEUE_COLUMNS`: ``queue_peak_bytes``,
 ``queue_mean_bytes``, ``drops``, ``drop_bytes``, ``ecn_marks``, ``trims``) comes from inside the
 packet simulators (``Timeline.link_stats``; what each backend counts: docs/metrics.md); it is
-NaN for links a backend built no queue for and for the flow backend, which has no queues.
+NaN for links a backend built no queue for and for the flow backend, which has no queues. A
+backend that ran the plan's ``network.transport`` adds ``pause_sent``, ``pause_received``,
+``paused_ns`` and ``cnps`` (:data:`~xsim_adapters.trace.timeline.TRANSPORT_COLUMNS`).
 Everything is vectorized.
 """
 
@@ -35,7 +37,7 @@ import pandas as pd
 from ..topology.model import Topology
 from ..topology.reroute import detours, epochs
 from ..trace.schema import KIND_FLOW, Trace
-from ..trace.timeline import QUEUE_COLUMNS, Timeline
+from ..trace.timeline import QUEUE_COLUMNS, TRANSPORT_COLUMNS, Timeline
 from .intervals import union_length
 from .timeline import as_frame
 
@@ -107,13 +109,19 @@ def link_metrics(trace: Trace, timeline: Timeline | pd.DataFrame, topology: Topo
 
 
 def _queue_columns(timeline: Timeline | pd.DataFrame, num_links: int) -> dict[str, np.ndarray]:
-    """The packet backend's queue telemetry per link id (NaN where it has none)."""
+    """The packet backend's queue telemetry per link id (NaN where it has none); the transport
+    columns only when the backend reported them (a run without network.transport: none)."""
     out = {c: np.full(num_links, np.nan) for c in QUEUE_COLUMNS}
     ls = timeline.link_stats if isinstance(timeline, Timeline) else None
+    cols = list(QUEUE_COLUMNS)
+    if ls is not None:
+        extra = [c for c in TRANSPORT_COLUMNS if c in ls.columns]
+        out.update({c: np.full(num_links, np.nan) for c in extra})
+        cols += extra
     if ls is not None and len(ls):
         lid = ls["link_id"].to_numpy(dtype=np.int64)
         ok = (lid >= 0) & (lid < num_links)
-        for c in QUEUE_COLUMNS:
+        for c in cols:
             out[c][lid[ok]] = ls[c].to_numpy(dtype=np.float64)[ok]
     return out
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from .transport import TransportSpec
+
 if TYPE_CHECKING:
     from .perturb import PerturbSpec
 
@@ -433,6 +435,9 @@ class NetworkSpec:
     # whatever the links allow: a cloud's per-flow limit (e.g. AWS EC2: 5 Gb/s per flow outside
     # a cluster placement group). None: no such limit.
     per_flow_gbps: float | None = None
+    # network.transport (plan/transport.py): PFC, ECN and NIC congestion control for the
+    # packet backends. None: the section is absent (each backend's transport as before).
+    transport: TransportSpec | None = None
 
 
 @dataclass(frozen=True)

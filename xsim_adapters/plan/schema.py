@@ -69,6 +69,17 @@ EXEMPLARS: tuple[dict[str, Any], ...] = (
             "ecmp": "connection",
             "nccl_net": "socket", "socket_nthreads": 2, "nsocks_per_thread": 8,
             "per_flow_gbps": 10,
+            "transport": {
+                "lossless": "pfc", "pfc": {"buffer_bytes": 16777216, "alpha": 0.25,
+                                           "xon_offset_bytes": 18064},
+                "ecn": {"kmin_bytes": 5000, "kmax_bytes": 200000, "pmax": 0.01,
+                        "reference_gbps": 40},
+                "cc": "dcqcn",
+                "dcqcn": {"g": 0.00390625, "alpha_timer_us": 55, "rate_timer_us": 55,
+                          "byte_counter_bytes": 10485760, "fast_recovery_steps": 5,
+                          "rai_mbps": 40, "rhai_mbps": 400, "min_rate_mbps": 1,
+                          "cnp_interval_us": 50, "initial_alpha": 1.0},
+            },
         },
         "replicas": [
             {"stages": [{"group": "h100", "devices": [0, 2], "tp": 2, "layers": [0, 2]},
@@ -97,6 +108,9 @@ EXEMPLARS: tuple[dict[str, Any], ...] = (
         "name": "schema-c", "model": "tiny-gpt",
         "training": {"global_batch": 8, "micro_batch": 1},
         "device_groups": {"h100": _GROUPS["h100"]},
+        "network": {"transport": {"lossless": "none", "cc": "hpcc",
+                                  "pfc": {"xoff_bytes": 300000, "xon_bytes": 200000},
+                                  "hpcc": {"eta": 0.95, "max_stage": 5, "w_ai_bytes": 80}}},
         "replicas": [{"uniform": {"group": "h100", "tp": 2, "batch_share": 0.25}}],
     },
     {

@@ -52,6 +52,7 @@ from .model import (
 from .moe import parse_moe
 from .nccl_net import parse_nccl_net
 from .server import parse_server
+from .transport import parse_transport
 
 MODEL_SHAPE_KEYS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "seq_len", "vocab")
 MODEL_KEYS = ("preset", "name", *MODEL_SHAPE_KEYS, "dtype", "gated_mlp", "moe", "attention",
@@ -420,7 +421,8 @@ def parse_network(value: Any, path: str, base_dir: str | None = None) -> Network
     """
     m = f.expect_mapping(value, path)
     f.check_keys(m, path, ("scale_out", "scale_up", "links", "events", "measured", "ecmp",
-                           "nccl_net", "socket_nthreads", "nsocks_per_thread", "per_flow_gbps"))
+                           "nccl_net", "socket_nthreads", "nsocks_per_thread", "per_flow_gbps",
+                           "transport"))
     so = _parse_scale_out(m.get("scale_out", {}), f.join(path, "scale_out"))
     su = _parse_scale_up(m.get("scale_up", {}), f.join(path, "scale_up"))
     links = tuple(
@@ -436,8 +438,11 @@ def parse_network(value: Any, path: str, base_dir: str | None = None) -> Network
         if m.get("measured") is not None else None
     )
     ecmp = f.get_enum(m, "ecmp", path, get_args(EcmpMode), NetworkSpec.ecmp)
+    transport = (parse_transport(m["transport"], f.join(path, "transport"))
+                 if m.get("transport") is not None else None)
     return NetworkSpec(scale_out=so, scale_up=su, links=links, events=events, measured=measured,
-                       ecmp=ecmp, **parse_nccl_net(m, path))  # type: ignore[arg-type]
+                       ecmp=ecmp, transport=transport,
+                       **parse_nccl_net(m, path))  # type: ignore[arg-type]
 
 
 

@@ -82,6 +82,17 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         else:
             for key in ("src", "dst", "factor"):
                 del ev[key]
+    tr = network.get("transport")
+    if tr is None:
+        network.pop("transport", None)
+    else:  # each cc's parameters only under that cc (the loader refuses them elsewhere)
+        for key in ("dcqcn", "hpcc"):
+            if tr["cc"] != key:
+                del tr[key]
+        if tr["pfc"]["alpha"] is None:  # static thresholds: written as xoff/xon alone
+            del tr["pfc"]["alpha"]
+        if tr["ecn"] is None:
+            del tr["ecn"]
     ms = plan.network.measured
     if ms is None:
         network.pop("measured", None)

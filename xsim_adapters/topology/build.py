@@ -95,6 +95,7 @@ def build_topology(plan: Plan) -> Topology:
             per_flow_gbps=plan.network.per_flow_gbps),
         rank_device_types=tuple(g.type for g in plan.device_groups
                                 for _ in range(g.num_devices)),
+        transport=plan.network.transport,
     )
 
 

@@ -68,6 +68,9 @@ class Topology:
     # The device type of each rank's GPU (as the plan names it), or None when the builder did
     # not record it (a hand-built topology); checked against a trace's manifest before a run.
     rank_device_types: tuple[str, ...] | None = None
+    # network.transport (plan/transport.py TransportSpec): PFC, ECN, NIC congestion control for
+    # the packet backends; None: the section is absent (each backend's transport as before).
+    transport: Any = None
 
     @property
     def num_ranks(self) -> int:

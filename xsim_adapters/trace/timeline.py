@@ -20,6 +20,10 @@ from .schema import Trace, is_dense_ids
 #: bytes, packets ECN-marked there, packets trimmed to headers there (NDP / EQDS).
 QUEUE_COLUMNS = ("queue_peak_bytes", "queue_mean_bytes", "drops", "drop_bytes", "ecn_marks",
                  "trims")
+# A packet backend running the plan's network.transport adds these per link (docs/transport.md):
+# PAUSE frames sent to the link's transmitter and received by it, the time it spent paused
+# (ns), CNPs it carried. links.csv has them only when the backend reported them.
+TRANSPORT_COLUMNS = ("pause_sent", "pause_received", "paused_ns", "cnps")
 
 
 @dataclass

@@ -46,6 +46,8 @@ def _digest_form(d: dict[str, Any]) -> dict[str, Any]:
                          ("nsocks_per_thread", 1), ("per_flow_gbps", None)):
         if key in d["network"] and d["network"][key] == default:
             d["network"].pop(key)
+    if d["network"].get("transport", 0) is None:  # no network.transport section
+        d["network"].pop("transport")
     for g in d["device_groups"]:  # 0: the group's scale-up domain is its server (no NVL rack)
         if g.get("nvlink_domain_gpus") == 0:
             g.pop("nvlink_domain_gpus")

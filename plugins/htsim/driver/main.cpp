@@ -44,7 +44,8 @@ namespace {
 const char* USAGE =
     "usage: xsim-htsim INPUT --out TIMES.bin --summary SUMMARY.json [--protocol roce|ndp|eqds]"
     " [--mtu BYTES] [--queue-bytes BYTES] [--cwnd-pkts N] [--seed N]"
-    " [--scale-up fluid|packet] [--ack-every N] [--progress-s SECONDS] [--queues QUEUES.csv]";
+    " [--scale-up fluid|packet] [--ack-every N] [--progress-s SECONDS] [--queues QUEUES.csv]"
+    " [--transport TRANSPORT.txt]";
 
 uint64_t parse_uint(const char* flag, const char* s) {
     char* end = nullptr;
@@ -69,7 +70,8 @@ bool write_atomic(const std::string& path, const std::string& text) {
 
 int main(int argc, char** argv) {
     Options opt;
-    std::string input_path, out_path, summary_path, queues_path, proto_name = "roce",
+    std::string input_path, out_path, summary_path, queues_path, transport_path,
+                proto_name = "roce",
                 scale_up_name = "fluid";
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
@@ -85,6 +87,8 @@ int main(int argc, char** argv) {
             summary_path = argv[++i];
         } else if (a == "--queues") {
             queues_path = argv[++i];
+        } else if (a == "--transport") {
+            transport_path = argv[++i];
         } else if (a == "--protocol") {
             proto_name = argv[++i];
             if (proto_name == "roce") opt.protocol = xsim::PROTO_ROCE;
@@ -141,6 +145,12 @@ int main(int argc, char** argv) {
     Input in;
     std::string error;
     if (!xsim::read_input(input_path, in, error)) fail(2, input_path + ": " + error);
+    if (!transport_path.empty()) {
+        if (opt.protocol != xsim::PROTO_ROCE)
+            fail(2, "--transport applies to --protocol roce only (got " + proto_name + ")");
+        if (!xsim::read_transport(transport_path, in.links.size(), opt.transport, error))
+            fail(2, error);
+    }
 
     Packet::set_packet_size(opt.mtu);
     // Minimum retransmission timeouts in microseconds, the values of htsim's own drivers
@@ -230,12 +240,26 @@ int main(int argc, char** argv) {
         std::vector<uint64_t> peak, drops, trims;
         std::vector<double> mean;
         rep.queue_stats(peak, mean, drops, trims);
-        std::string q = "link,peak_bytes,mean_bytes,drops,trims\n";
+        std::string q = "link,peak_bytes,mean_bytes,drops,trims";
+        const std::vector<xsim::PortStats>* ps = rep.transport() ? &rep.port_stats() : nullptr;
+        if (ps) q += ",drop_bytes,ecn_marks,pause_sent,pause_received,paused_ps,cnps";
+        q += "\n";
+        char row[320];
         for (size_t i = 0; i < peak.size(); i++) {
-            int k = std::snprintf(buf, sizeof buf, "%zu,%llu,%.3f,%llu,%llu\n", i,
+            int k = std::snprintf(row, sizeof row, "%zu,%llu,%.3f,%llu,%llu", i,
                                   (unsigned long long)peak[i], mean[i],
                                   (unsigned long long)drops[i], (unsigned long long)trims[i]);
-            q.append(buf, k);
+            q.append(row, k);
+            if (ps) {
+                const xsim::PortStats& p = (*ps)[i];
+                k = std::snprintf(row, sizeof row, ",%llu,%llu,%llu,%llu,%llu,%llu",
+                                  (unsigned long long)p.drop_bytes, (unsigned long long)p.ecn_marks,
+                                  (unsigned long long)p.pause_sent,
+                                  (unsigned long long)p.pause_received,
+                                  (unsigned long long)p.paused_ps, (unsigned long long)p.cnps);
+                q.append(row, k);
+            }
+            q += "\n";
         }
         if (!write_atomic(queues_path, q)) fail(5, "cannot write " + queues_path);
     }

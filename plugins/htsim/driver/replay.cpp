@@ -17,16 +17,6 @@
 
 namespace xsim {
 
-// The sender's end trigger: hands the flow to the reaper.
-class RoceEndTrigger final : public Trigger {
-public:
-    RoceEndTrigger(EventList& ev, RoceReaper* reaper) : Trigger(ev, 0), _reaper(reaper) {}
-    RoceReaper::Flow flow{};
-    void activate() override { _reaper->add(flow); }
-private:
-    RoceReaper* _reaper;
-};
-
 RoceReaper::RoceReaper(EventList& ev, simtime_picosec delay)
     : EventSource(ev, "xsim_roce_reaper"), _delay(delay) {}
 
@@ -125,7 +115,8 @@ bool Replayer::build(std::string& error) {
         return false;
     }
     const int64_t host_bytes = (int64_t)1 << 36;  // NIC queues hold what the host offers
-    for (size_t i = 0; i < _in.links.size(); i++) {
+    if (_opt.transport.enabled && !build_transport(error)) return false;
+    for (size_t i = 0; i < _in.links.size() && !_opt.transport.enabled; i++) {
         const LinkSpec& l = _in.links[i];
         BaseQueue* q;
         if (_opt.protocol == PROTO_NDP || _opt.protocol == PROTO_EQDS) {
@@ -266,7 +257,11 @@ void Replayer::finish_after(uint32_t op, simtime_picosec latency) {
 Route* Replayer::make_route(int32_t route_id, PacketSink* endpoint) const {
     const std::vector<uint32_t>& hops = _in.routes[route_id];
     Route* rt = new Route();
-    for (uint32_t l : hops) {
+    for (size_t j = 0; j < hops.size(); j++) {
+        uint32_t l = hops[j];
+        // with a transport, a packet entering a switch port is accounted to that ingress port
+        if (j > 0 && !_ingress.empty() && _ingress[hops[j - 1]] && !_in.links[l].from_host)
+            rt->push_back(_ingress[hops[j - 1]]);
         rt->push_back(_queues[l]);
         rt->push_back(_pipes[l]);
     }
@@ -372,6 +367,10 @@ void Replayer::start_flow(uint32_t op) {
     _flows_started++;
     if (_opt.protocol == PROTO_EQDS) {
         start_eqds_flow(op, fwd_id, rev_id);
+        return;
+    }
+    if (_opt.transport.enabled) {
+        start_transport_flow(op, fwd_id, rev_id);  // RoCE, DCQCN or HPCC (roce_fabric.cpp)
         return;
     }
     const std::vector<uint32_t>& fwd = _in.routes[fwd_id];

@@ -21,6 +21,7 @@
 #include "queue.h"
 #include "route.h"
 #include "trigger.h"
+#include "transport.h"
 
 class NdpSrc;
 class NdpPullPacer;
@@ -42,6 +43,7 @@ struct Options {
     bool scale_up_fluid = true;   // flows flagged scale_up are timed by the fluid model
     uint32_t ack_every = 1;       // RoCE: the sink ACKs every k-th packet (1: htsim's RoceSink)
     double progress_s = 0.0;      // progress lines on stderr at most this often (0: none)
+    TransportOptions transport;   // --transport (plan network.transport); disabled: as before
 };
 
 // Walks NDP sources that are still sending, every `period`, so their retransmission timers run;
@@ -164,6 +166,16 @@ private:
     uint64_t _reaped = 0;
 };
 
+// The sender's end trigger: hands the flow to the reaper.
+class RoceEndTrigger final : public Trigger {
+public:
+    RoceEndTrigger(EventList& ev, RoceReaper* reaper) : Trigger(ev, 0), _reaper(reaper) {}
+    RoceReaper::Flow flow{};
+    void activate() override { _reaper->add(flow); }
+private:
+    RoceReaper* _reaper;
+};
+
 class Replayer : public EventSource {
 public:
     Replayer(EventList& ev, const Input& in, const Options& opt);
@@ -200,6 +212,9 @@ public:
     // 60 s of simulated time (ps): far beyond any one op of a training iteration (kernels and
     // transfers take micro- to milliseconds), so only a run that can never finish reaches it.
     static constexpr simtime_picosec STALL_LIMIT_PS = (simtime_picosec)60 * 1000000000000ULL;
+    // Transport telemetry per link id (transport enabled only; closes open pause intervals).
+    const std::vector<PortStats>& port_stats();
+    bool transport() const { return _opt.transport.enabled; }
     // Queue telemetry, per link id: peak and time-mean bytes queued, drops, trims.
     void queue_stats(std::vector<uint64_t>& peak, std::vector<double>& mean,
                      std::vector<uint64_t>& drops, std::vector<uint64_t>& trims) const;
@@ -246,6 +261,14 @@ private:
     uint32_t initial_cwnd(int32_t fwd_route, int32_t rev_route) const;
     void start_eqds_flow(uint32_t op, int32_t fwd_route, int32_t rev_route);
     void build_fluid_groups();
+    bool build_transport(std::string& error);   // PFC/ECN queues (transport.cpp's classes)
+    void start_transport_flow(uint32_t op, int32_t fwd_id, int32_t rev_id);
+    // Resend from the last ACK when a RoCE flow that sent everything goes quiet for a timeout
+    // (whatif.cpp's RoceRecovery): a lossy fabric's tail loss has no later packet to NACK it.
+    void watch_tail_loss(uint32_t op, RoceSrc* src, const uint64_t* packets_seen);
+    std::vector<PfcIngress*> _ingress;      // by link id: the port it enters at a switch
+    std::vector<SwitchBuffer> _switch_buf;  // by node id
+    std::vector<PortStats> _port_stats;     // by link id
 
     const Input& _in;
     Options _opt;

@@ -1,5 +1,6 @@
 // The receivers the replayer gives htsim's transports: each tells the replayer when its flow
-// holds every payload byte (see replay.cpp). Included by replay.cpp only.
+// holds every payload byte (see replay.cpp). Included by replay.cpp and roce_fabric.cpp (each
+// gets its own internal copy).
 #ifndef XSIM_HTSIM_SINKS_H
 #define XSIM_HTSIM_SINKS_H
 
@@ -10,7 +11,10 @@
 #include "eqds.h"
 #include "ndp.h"
 #include "replay.h"
+#include "ecn.h"
+#include "hpcc.h"
 #include "roce.h"
+#include "transport.h"
 
 namespace xsim {
 
@@ -47,6 +51,7 @@ private:
     FlowDone _done;
 };
 using NdpFlowSink = FlowSink<NdpSink>;
+using HpccFlowSink = FlowSink<HPCCSink>;
 
 // The RoCE sink. With ack_every == 1 it is htsim's RoceSink exactly (one ACK per packet).
 // With ack_every = k > 1 (the opt-in --ack-every: fewer events, at a measured error) it runs
@@ -67,7 +72,19 @@ public:
     void set_back_route(const Route* back) { _back = back; }
     bool one_nak_per_gap = false;  // set when the flow moves
     uint64_t packets_seen = 0;     // data packets that reached this sink (whatif.cpp's timer)
+    // DCQCN notification point (transport cc: dcqcn): a CNP back to the sender for a packet
+    // marked CE, at most one per cnp_interval_us per flow. Sent before the packet's ACK, so
+    // it never reaches a sender the reaper has freed (both take the same FIFO path).
+    const TransportOptions* cnp = nullptr;
     void receivePacket(Packet& pkt) override {
+        if (cnp && pkt.type() == ROCE && (pkt.flags() & ECN_CE)) {
+            simtime_picosec now = EventList::now();
+            if (!_cnp_sent || now - _last_cnp_ps >= timeFromUs(cnp->cnp_interval_us)) {
+                _cnp_sent = true;
+                _last_cnp_ps = now;
+                CnpPacket::newpkt(_src->_flow, *_back, _srcaddr)->sendOn();
+            }
+        }
         if (pkt.type() == ROCE) {
             packets_seen++;
             if (one_nak_per_gap && already_naked(static_cast<RocePacket&>(pkt))) {
@@ -117,6 +134,8 @@ private:
     }
 
     FlowDone _done;
+    bool _cnp_sent = false;
+    simtime_picosec _last_cnp_ps = 0;
     uint32_t _ack_every;
     uint32_t _unacked = 0;
     const Route* _back = nullptr;

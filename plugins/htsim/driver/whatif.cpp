@@ -223,6 +223,11 @@ void Replayer::move(uint32_t op, LiveFlow& f) {
     }
 }
 
+void Replayer::watch_tail_loss(uint32_t op, RoceSrc* src, const uint64_t* packets_seen) {
+    if (!_roce_recovery) _roce_recovery = new RoceRecovery(eventlist(), this);
+    _roce_recovery->watch(op, src, packets_seen, _in.ops[op].value);
+}
+
 void Replayer::track(uint32_t op, const LiveFlow& f) {
     if (!_in.whatif.epochs.empty()) _live[op] = f;
 }
@@ -256,6 +261,9 @@ void Replayer::queue_stats(std::vector<uint64_t>& peak, std::vector<double>& mea
         } else if (auto* c = dynamic_cast<RatedQueue<PriorityQueue>*>(q)) {
             fill(c);
             drops[i] = (uint64_t)c->num_drops();
+        } else if (auto* e = dynamic_cast<PfcEgress*>(q)) {
+            fill(e);
+            drops[i] = _port_stats[i].drops;  // buffer overflow at this port's switch
         }
     }
 }

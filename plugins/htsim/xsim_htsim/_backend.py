@@ -29,6 +29,7 @@ from xsim_adapters.backend_api import (
 from ._driver import find_driver, run_driver
 from ._input import write_input
 from ._output import read_queues, read_summary, read_times
+from ._transport import transport_label, write_transport
 
 PROTOCOLS = ("roce", "ndp", "eqds")
 # htsim stores a packet's size in 16 bits and a RoCE packet is the MTU plus a 64-byte header
@@ -108,6 +109,11 @@ class HtsimBackend(Backend):
             argv = [str(driver), str(d / "input.bin"), "--out", str(d / "times.bin"),
                     "--summary", str(d / "summary.json"), *argv_opts]
             argv += ["--progress-s", str(PROGRESS_INTERVAL_S), "--queues", str(d / "queues.csv")]
+            transport = getattr(topology, "transport", None)
+            if transport is not None:  # network.transport: PFC, ECN, DCQCN / HPCC (transport.cpp)
+                write_transport(transport, topology, d / "transport.txt", protocol,
+                                opts["queue_bytes"])
+                argv += ["--transport", str(d / "transport.txt")]
             rp = ReplayProgress(opts["progress"], trace.num_ops,
                                 expected_sim_ns=compute_bound_ns(trace))
             try:
@@ -164,6 +170,8 @@ class HtsimBackend(Backend):
             "routes": info.routes,
             "sim_ns": int(summary.get("sim_ps", 0)) / 1000.0,
         }
+        if transport is not None:
+            stats["transport"] = transport_label(transport)
         timeline = Timeline(backend=self.name, frame=frame, stats=stats, link_stats=queues)
         timeline.check_complete(trace)
         return timeline

@@ -61,21 +61,28 @@ def read_summary(path: str | os.PathLike) -> dict[str, Any]:
 
 
 QUEUES_HEADER = "link,peak_bytes,mean_bytes,drops,trims"
+# With --transport the driver adds the RoCE fabric's counters (transport.h PortStats).
+TRANSPORT_FIELDS = "drop_bytes,ecn_marks,pause_sent,pause_received,paused_ps,cnps"
 
 
 def read_queues(path: str | os.PathLike, num_links: int) -> pd.DataFrame | None:
     """``Timeline.link_stats`` from the driver's ``--queues`` CSV: one row per link, the
-    queue (a RatedQueue over htsim's Queue, CompositeQueue or PriorityQueue) in front of it.
+    queue (a RatedQueue over htsim's Queue, CompositeQueue or PriorityQueue, or with
+    network.transport a PfcEgress over its LosslessOutputQueue) in front of it.
     ``queue_peak_bytes``: the most bytes it held at an arrival or departure;
     ``queue_mean_bytes``: their time-mean over the run; ``drops``: packets it dropped
-    (htsim's own count); ``trims``: packets cut to headers (CompositeQueue, NDP / EQDS);
-    ``drop_bytes`` and ``ecn_marks`` are not counted by htsim's queues (NaN). None when the
-    driver wrote no such file (the times are the result; telemetry is extra); BackendError
-    unless a file it wrote has one line per link in order."""
+    (htsim's own count; with a transport, packets its switch's buffer could not hold);
+    ``trims``: packets cut to headers (CompositeQueue, NDP / EQDS). ``drop_bytes`` and
+    ``ecn_marks`` are counted with a transport only (else NaN), which also adds
+    :data:`~xsim_adapters.trace.timeline.TRANSPORT_COLUMNS` (``pause_sent``,
+    ``pause_received``, ``paused_ns``, ``cnps``; docs/transport.md). None when the driver
+    wrote no such file (the times are the result; telemetry is extra); BackendError unless a
+    file it wrote has one line per link in order."""
     try:
         with open(path) as f:
             header = f.readline().strip()
-            if header != QUEUES_HEADER:
+            extended = header == f"{QUEUES_HEADER},{TRANSPORT_FIELDS}"
+            if header != QUEUES_HEADER and not extended:
                 raise BackendError(f"htsim: {path}: expected header '{QUEUES_HEADER}', got "
                                    f"'{header}'")
             data = np.loadtxt(f, delimiter=",", dtype=np.float64, ndmin=2)
@@ -83,14 +90,22 @@ def read_queues(path: str | os.PathLike, num_links: int) -> pd.DataFrame | None:
         return None
     except ValueError as e:
         raise BackendError(f"htsim: {path}: malformed queue file ({e})") from None
+    width = 11 if extended else 5
     if data.size == 0:
-        data = np.zeros((0, 5))
-    if data.shape[1] != 5 or len(data) != num_links or not np.array_equal(
+        data = np.zeros((0, width))
+    if data.shape[1] != width or len(data) != num_links or not np.array_equal(
             data[:, 0], np.arange(num_links)):
         raise BackendError(f"htsim: {path}: expected one line per link 0..{num_links - 1}")
     nan = np.full(num_links, np.nan)
-    return pd.DataFrame({
+    out = pd.DataFrame({
         "link_id": data[:, 0].astype(np.int64), "queue_peak_bytes": data[:, 1],
-        "queue_mean_bytes": data[:, 2], "drops": data[:, 3], "drop_bytes": nan,
-        "ecn_marks": nan, "trims": data[:, 4],
+        "queue_mean_bytes": data[:, 2], "drops": data[:, 3],
+        "drop_bytes": data[:, 5] if extended else nan,
+        "ecn_marks": data[:, 6] if extended else nan, "trims": data[:, 4],
     })
+    if extended:
+        out["pause_sent"] = data[:, 7]
+        out["pause_received"] = data[:, 8]
+        out["paused_ns"] = data[:, 9] / 1000.0
+        out["cnps"] = data[:, 10]
+    return out

@@ -126,6 +126,11 @@ class Ns3Backend(Backend):
         """Replay ``trace`` on ``topology`` in ns-3; times in ns; raise BackendError on failure."""
         opts = parse_options(options)
         refuse_connection_limit(self.name, topology.connection_limit)
+        if getattr(topology, "transport", None) is not None:
+            # not silently ignored: ns-3's RoCE NIC / PFC model is issue 28 item 3
+            raise BackendError("ns3: network.transport (PFC, ECN, DCQCN, HPCC) is not modelled"
+                               " on this backend yet; run htsim, or remove the section"
+                               " (docs/transport.md)")
         ok, why = self.available()
         if not ok:
             raise BackendUnavailable(why)
