@@ -441,8 +441,8 @@ def parse_network(value: Any, path: str, base_dir: str | None = None) -> Network
     transport = (parse_transport(m["transport"], f.join(path, "transport"))
                  if m.get("transport") is not None else None)
     return NetworkSpec(scale_out=so, scale_up=su, links=links, events=events, measured=measured,
-                       ecmp=ecmp, transport=transport,
-                       **parse_nccl_net(m, path))  # type: ignore[arg-type]
+                       ecmp=ecmp, transport=transport,  # type: ignore[arg-type]
+                       **parse_nccl_net(m, path))
 
 
 

@@ -42,9 +42,11 @@ def _digest_form(d: dict[str, Any]) -> dict[str, Any]:
             d["training"].pop(key)
     # network keys added later, at their defaults: ECMP per flow, NCCL over IB/RoCE verbs (not
     # sockets) with NCCL's 1 x 1 socket defaults, no per-flow cap
-    for key, default in (("ecmp", "flow"), ("nccl_net", "ib"), ("socket_nthreads", 1),
-                         ("nsocks_per_thread", 1), ("per_flow_gbps", None)):
-        if key in d["network"] and d["network"][key] == default:
+    later: tuple[tuple[str, Any], ...] = (
+        ("ecmp", "flow"), ("nccl_net", "ib"), ("socket_nthreads", 1), ("nsocks_per_thread", 1),
+        ("per_flow_gbps", None))
+    for key, value in later:
+        if key in d["network"] and d["network"][key] == value:
             d["network"].pop(key)
     if d["network"].get("transport", 0) is None:  # no network.transport section
         d["network"].pop("transport")
