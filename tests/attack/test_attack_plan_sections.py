@@ -20,7 +20,7 @@ from attack_runner import assert_clean_error, run_cli
 
 from xsim_adapters.errors import PlanError, PlanWarning
 from xsim_adapters.plan._fields import shown
-from xsim_adapters.plan.loader import load_plan, plan_from_dict
+from xsim_adapters.feasibility import load_plan, plan_from_dict
 from xsim_adapters.plan.model import MoESpec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..plan.layout import even_split, ranges_from_counts
-from ..plan.memory import GB, stage_memory
+from ..feasibility.memory import GB, stage_memory
 from ..plan.model import Plan, Replica, Stage, TrainingSpec
 from ..plan.sizes import activation_bytes
 from ..workload.blocks import Unit, stage_units, tp_kinds

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...plan.attention import attention_params, keys_per_query
-from ...plan.memory import embedding_params, head_params, layer_params, span_params
+from ...plan.params import embedding_params, head_params, layer_params, span_params
 from ...plan.model import DeviceType, ModelSpec, TrainingSpec
 from ...plan.sizes import tokens_per_microbatch
 from .kernels import (
