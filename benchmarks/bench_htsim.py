@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 
 from xsim_adapters.errors import XsimError
-from xsim_adapters.topology import Router, Topology
 from xsim_adapters.testing.handmade import TraceBuilder, ring_all_reduce
+from xsim_adapters.topology import Router, Topology
 from xsim_adapters.trace import KIND_FLOW, Trace
 
 REPO = Path(__file__).resolve().parent.parent

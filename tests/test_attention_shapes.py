@@ -8,6 +8,7 @@ import pytest
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import model_presets
 from xsim_adapters.plan.attention import attention_params, is_window_layer, tp_gather_width
+from xsim_adapters.plan.moe import routed_expert_params
 from xsim_adapters.plan.params import (
     active_params,
     embedding_params,
@@ -15,7 +16,6 @@ from xsim_adapters.plan.params import (
     model_params,
     span_params,
 )
-from xsim_adapters.plan.moe import routed_expert_params
 from xsim_adapters.plan.sections import parse_model
 
 # (preset, published total, published active, rounding unit, does the card count the input

@@ -116,9 +116,6 @@ PLUGINS = ("xsim_ns3", "xsim_htsim", "xsim_flowcore")
 KNOWN_VIOLATIONS: dict[str, int] = {
     # the validator's cycle check uses the compiled flow core (26, item 5).
     "up: trace.validate -> xsim_flowcore": 26,
-    # the MoE metrics re-run the router and the ring lowering from the plan (26, item 3).
-    "metrics/report: metrics.moe -> workload.comm.alltoall": 26,
-    "metrics/report: metrics.moe -> workload.comm.rings": 26,
 }
 
 # Import circles through more than one folder: the modules of each, sorted (26). The imports

@@ -204,11 +204,11 @@ def test_expert_gradients_sync_over_the_expert_data_parallel_group():
 def test_moe_metrics_report_load_exchange_time_and_straggler():
     from xsim_adapters.metrics.moe import (
         exchange_times,
-        expert_load,
         expert_ops,
         expert_stragglers,
         layer_exchange_summary,
     )
+    from xsim_adapters.workload.comm.alltoall import expert_load
 
     plan = moe_plan(moe={"routing": "zipf", "zipf_exponent": 1.5})
     trace = generate(plan)

@@ -7,8 +7,8 @@ from helpers import WORKLOADS
 
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import model_presets
-from xsim_adapters.plan.params import active_params, model_params, span_params
 from xsim_adapters.plan.moe import is_moe_layer, routed_expert_params
+from xsim_adapters.plan.params import active_params, model_params, span_params
 from xsim_adapters.plan.sections import parse_model
 
 # (preset, published total, published active, decimals the publisher rounded to, source)

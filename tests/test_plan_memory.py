@@ -10,6 +10,7 @@ from helpers import WORKLOADS
 from helpers.plan import example
 
 from xsim_adapters.errors import InfeasiblePlanError
+from xsim_adapters.feasibility import load_plan, memory_report, plan_from_dict, stage_memory
 from xsim_adapters.plan import (
     embedding_params,
     head_params,
@@ -17,7 +18,6 @@ from xsim_adapters.plan import (
     model_params,
     model_presets,
 )
-from xsim_adapters.feasibility import load_plan, memory_report, plan_from_dict, stage_memory
 
 # tiny-gpt (GPT style): 4 layers, h 1024, ffn 4096, 16 heads, seq 1024, vocab 32000.
 # One replica of two TP-2 stages on 4 A100-40GB, micro_batch 2, 4 micro-batches, 1F1B.
