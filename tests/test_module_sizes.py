@@ -28,8 +28,6 @@ ROOTS = (
 
 # "path" (a module) or "path:function" (repository-relative) -> why it is over the limit.
 EXCEPTIONS: dict[str, str] = {
-    "xsim_adapters/cli.py": "being split in h/cli (one cli/ package, issue 26 item 2)",
-    "xsim_adapters/cli.py:build_parser": "being split in h/cli (one cli/ package, issue 26 item 2)",
     "xsim_adapters/backends/flow/executor.py:run":
         "the pure-Python flow engine's hot loop, kept in one frame for speed (noqa C901 there)",
     "xsim_adapters/metrics/ranks.py:rank_metrics":
