@@ -144,7 +144,7 @@ def synthetic_trace(servers: int, layers: int, tp_bytes: int, dp_bytes: int,
 
 
 def plan_trace(path: str) -> tuple[Plan, Trace]:
-    from xsim_adapters.plan import load_plan
+    from xsim_adapters.feasibility import load_plan
 
     try:
         from xsim_adapters.workload import generate

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from xsim_adapters.plan import load_plan
+from xsim_adapters.feasibility import load_plan
 from xsim_adapters.trace import write_trace
 from xsim_adapters.workload import generate
 

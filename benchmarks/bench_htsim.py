@@ -26,8 +26,9 @@ import numpy as np
 import pandas as pd
 
 from xsim_adapters.errors import XsimError
+from xsim_adapters.testing.handmade import TraceBuilder, ring_all_reduce
 from xsim_adapters.topology import Router, Topology
-from xsim_adapters.trace import KIND_FLOW, Trace, TraceBuilder, ring_all_reduce
+from xsim_adapters.trace import KIND_FLOW, Trace
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in map(int, a.synthetic.split(",")):
             cases.append((f"ring{n}", lambda n=n: ring_case(n, int(a.size_mb * 2**20))))
     else:
-        from xsim_adapters.plan import load_plan
+        from xsim_adapters.feasibility import load_plan
         from xsim_adapters.topology import build_topology
         from xsim_adapters.workload import generate
 

@@ -74,7 +74,7 @@ def bench_plan(path: str, options: dict) -> dict:
     from xsim_ns3 import Ns3Backend
 
     from xsim_adapters.backends.flow import FlowBackend
-    from xsim_adapters.plan import load_plan
+    from xsim_adapters.feasibility import load_plan
     from xsim_adapters.topology import build_topology
     from xsim_adapters.workload import generate
 
@@ -122,7 +122,7 @@ def main() -> None:
           f" {st['events_per_s']:.0f} events/s", flush=True)
     summary["plans"] = []
     if not args.stock_only:
-        from xsim_adapters.plan import load_plan
+        from xsim_adapters.feasibility import load_plan
 
         wanted = set(filter(None, args.plans.split(",")))
         for path in sorted(glob.glob(str(REPO / "workloads" / "*.yaml"))):

@@ -8,14 +8,14 @@ import pytest
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import model_presets
 from xsim_adapters.plan.attention import attention_params, is_window_layer, tp_gather_width
-from xsim_adapters.plan.memory import (
+from xsim_adapters.plan.moe import routed_expert_params
+from xsim_adapters.plan.params import (
     active_params,
     embedding_params,
     head_params,
     model_params,
     span_params,
 )
-from xsim_adapters.plan.moe import routed_expert_params
 from xsim_adapters.plan.sections import parse_model
 
 # (preset, published total, published active, rounding unit, does the card count the input
@@ -109,7 +109,7 @@ def test_attention_plan_errors(attention, msg):
 # ---- compute, communication and memory of the new shapes -----------------------------------
 
 def _plan(attention, tp=1, cp=1, dp=1, layers=2, heads=8, kv=8, **training):
-    from xsim_adapters.plan import plan_from_dict
+    from xsim_adapters.feasibility import plan_from_dict
 
     return plan_from_dict({
         "name": "attn-test",
@@ -195,7 +195,7 @@ def test_cp_ring_carries_mla_keys_and_values():
 
 
 def test_mla_activations_exceed_mha_and_window_with_cp_is_refused():
-    from xsim_adapters.plan.memory import stage_memory
+    from xsim_adapters.feasibility.memory import stage_memory
 
     mha = stage_memory(_plan(None, tp=2), 0, 0).activations
     mla = stage_memory(_plan(MLA, tp=2), 0, 0).activations

@@ -17,7 +17,7 @@ import numpy as np
 import yaml
 
 import xsim_adapters as xs
-from xsim_adapters.plan import plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.workload.coarsen import (
     AUTO_MIN_OPS,
     MICROBATCH_BOUND,

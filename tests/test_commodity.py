@@ -13,9 +13,9 @@ from xsim_adapters.backend_api import refuse_connection_limit
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.bench_collective import bench
 from xsim_adapters.errors import BackendError, PlanError
-from xsim_adapters.plan import plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.topology import build_topology
-from xsim_adapters.trace.handmade import TraceBuilder
+from xsim_adapters.trace.builder import TraceBuilder
 
 GEN4_X16_GBps = 16.0 * 128 / 130 / 8 * 16  # 31.5077 GB/s: 16 GT/s, 128b/130b, 16 lanes
 GIB = 1 << 30

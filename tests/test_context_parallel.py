@@ -8,8 +8,8 @@ import pytest
 
 from xsim_adapters.api import generate, run
 from xsim_adapters.errors import PlanError
-from xsim_adapters.plan import plan_from_dict
-from xsim_adapters.plan.memory import stage_memory
+from xsim_adapters.feasibility import plan_from_dict
+from xsim_adapters.feasibility.memory import stage_memory
 from xsim_adapters.trace.schema import KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
 
 S, H, HEADS, KV = 4096, 1024, 16, 4  # seq_len, hidden, heads, kv heads (GQA) of the test model

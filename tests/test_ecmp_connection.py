@@ -220,7 +220,7 @@ def test_ns3_gives_each_connection_of_a_pair_its_own_path(runs):
     from xsim_ns3 import parse_options
     from xsim_ns3._prepare import prepare
 
-    from xsim_adapters.trace.handmade import TraceBuilder
+    from xsim_adapters.testing.handmade import TraceBuilder
 
     tb = TraceBuilder(32)
     rows = [tb.flow(0, 16, 1 << 20, channel=c) for c in range(8)]

@@ -8,7 +8,8 @@ import pytest
 from helpers import WORKLOADS
 
 import xsim_adapters as xs
-from xsim_adapters.plan import plan_from_dict, plan_to_dict
+from xsim_adapters.feasibility import plan_from_dict
+from xsim_adapters.plan import plan_to_dict
 
 
 @cache

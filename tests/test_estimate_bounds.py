@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import xsim_adapters as xs
 from xsim_adapters.errors import InfeasiblePlanError, PlanError
-from xsim_adapters.plan import plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.trace.schema import PHASE_INDEX
 from xsim_adapters.workload.coarsen import decide
 from xsim_adapters.workload.estimate import KINDS, estimate_by_kind, estimate_ops

@@ -8,10 +8,10 @@ from helpers import WORKLOADS
 from helpers.topo import TraceBuilder, make_plan
 
 from xsim_adapters.backends.flow import FlowBackend
-from xsim_adapters.plan import load_plan
+from xsim_adapters.feasibility import load_plan
 from xsim_adapters.plan.model import ScaleOut
+from xsim_adapters.testing.handmade import ring_all_reduce
 from xsim_adapters.topology import build_topology
-from xsim_adapters.trace.handmade import ring_all_reduce
 from xsim_adapters.trace.schema import KIND_FLOW, PHASE_INDEX
 from xsim_adapters.workload import generate
 

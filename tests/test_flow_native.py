@@ -22,11 +22,11 @@ from xsim_adapters.backends.flow.backend import build_problem
 from xsim_adapters.backends.flow.maxmin import SMALL_ENTRIES
 from xsim_adapters.backends.flow.native import INSTALL_HINT, native_status, run_flows_native
 from xsim_adapters.errors import BackendError, OptionError
-from xsim_adapters.plan import load_plan
+from xsim_adapters.feasibility import load_plan
 from xsim_adapters.plan.model import LinkEvent, ScaleOut
+from xsim_adapters.testing.handmade import ring_all_reduce
 from xsim_adapters.topology import build_topology
 from xsim_adapters.trace import KIND_BARRIER
-from xsim_adapters.trace.handmade import ring_all_reduce
 from xsim_adapters.workload import generate
 
 HAVE_NATIVE, WHY_NOT = native_status()

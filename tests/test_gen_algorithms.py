@@ -11,7 +11,7 @@ from helpers.gen import H100, TINY, make_plan, topo_order
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.bench_collective import bench, bench_plan, lowered_trace
 from xsim_adapters.errors import PlanError
-from xsim_adapters.plan import plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.plan.model import CollectiveAlgorithms
 from xsim_adapters.plan.serialize import plan_to_dict
 from xsim_adapters.topology import build_topology

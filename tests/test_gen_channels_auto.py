@@ -11,7 +11,7 @@ from helpers.gen import H100, make_plan
 
 from xsim_adapters import api
 from xsim_adapters.errors import PlanError
-from xsim_adapters.plan import plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.plan.model import CollectiveAlgorithms
 from xsim_adapters.plan.serialize import plan_to_dict
 from xsim_adapters.trace.schema import PHASE_INDEX

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from helpers.gen import TINY, make_plan
 
-from xsim_adapters.plan.memory import embedding_params, head_params, layer_params
 from xsim_adapters.plan.model import OverlapSpec
+from xsim_adapters.plan.params import embedding_params, head_params, layer_params
 from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
 from xsim_adapters.workload import generate
 from xsim_adapters.workload.comm.dpsync import Segment, sweep_segments

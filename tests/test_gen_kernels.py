@@ -10,7 +10,7 @@ import pytest
 from helpers.gen import A100, H100
 
 from xsim_adapters.errors import PlanError
-from xsim_adapters.plan import plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.plan.model import ModelSpec, TrainingSpec
 from xsim_adapters.plan.presets import device_presets
 from xsim_adapters.workload.compute.costs import layer_costs, layer_flops

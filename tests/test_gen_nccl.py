@@ -7,8 +7,9 @@ from helpers.gen import make_plan
 
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.bench_collective import bench, bench_plan, lowered_trace
+from xsim_adapters.testing.handmade import TraceBuilder, ring_collective
 from xsim_adapters.topology import build_topology
-from xsim_adapters.trace import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, TraceBuilder, ring_collective
+from xsim_adapters.trace import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW
 from xsim_adapters.trace.schema import PHASE_INDEX
 from xsim_adapters.workload import generate
 from xsim_adapters.workload.comm.nccl import (

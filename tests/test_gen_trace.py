@@ -228,7 +228,7 @@ def test_crash_while_writing_leaves_no_trace_and_keeps_the_old_one(tmp_path, mon
     ],
 )
 def test_shipped_plans_generate(name: str) -> None:
-    from xsim_adapters.plan import load_plan
+    from xsim_adapters.feasibility import load_plan
 
     plan = load_plan(WORKLOADS / name)
     trace = generate(plan)

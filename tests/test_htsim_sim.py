@@ -247,7 +247,7 @@ def shipped_plans() -> list[str]:
 def test_shipped_plans_complete_and_agree_with_flow(driver: str, plan_path: str,
                                                     scale_up: str) -> None:
     from xsim_adapters.backends.flow import FlowBackend
-    from xsim_adapters.plan import load_plan
+    from xsim_adapters.feasibility import load_plan
     from xsim_adapters.topology import build_topology
     from xsim_adapters.workload import generate
 

@@ -9,7 +9,7 @@ import pytest
 
 from xsim_adapters.api import generate, run
 from xsim_adapters.errors import PlanError
-from xsim_adapters.plan import plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.plan.model import MoESpec
 from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX
 from xsim_adapters.workload.comm.alltoall import lower_alltoall
@@ -204,11 +204,11 @@ def test_expert_gradients_sync_over_the_expert_data_parallel_group():
 def test_moe_metrics_report_load_exchange_time_and_straggler():
     from xsim_adapters.metrics.moe import (
         exchange_times,
-        expert_load,
         expert_ops,
         expert_stragglers,
         layer_exchange_summary,
     )
+    from xsim_adapters.workload.comm.alltoall import expert_load
 
     plan = moe_plan(moe={"routing": "zipf", "zipf_exponent": 1.5})
     trace = generate(plan)
@@ -372,7 +372,7 @@ def test_expert_tensor_parallel_closed_form():
     dp = colls[(colls["phase"] == PHASE_INDEX["dp"]) & (colls["sync_group"] == -1)]
     # 2 layers x 2 experts x half-width experts, fp32 gradients (grad_reduce_dtype auto)
     assert len(dp) == 8 and (dp["bytes"] == 2 * 2 * 3 * H * (1024 // 2) * 4).all()
-    from xsim_adapters.plan.memory import expert_params_per_device
+    from xsim_adapters.feasibility.memory import expert_params_per_device
 
     assert expert_params_per_device(plan, 0, 0) == (2 * 2 * 3 * H * 512, 2)
     assert run(plan, trace=trace).makespan_ns > 0
@@ -391,7 +391,7 @@ def test_ep_and_cp_on_one_stage():
     cpf = o[(o["kind"] == KIND_FLOW) & (o["phase"] == PHASE_INDEX["cp"])]
     assert set(zip(cpf["rank"], cpf["dst"], strict=True)) == {(2 * i + a, 2 * i + 1 - a)
                                                              for i in range(4) for a in (0, 1)}
-    from xsim_adapters.plan.memory import stage_memory
+    from xsim_adapters.feasibility.memory import stage_memory
 
     assert stage_memory(plan, 0, 0).activations < stage_memory(
         moe_plan(ep=8, tp=1, dp=8, global_batch=16), 0, 0).activations

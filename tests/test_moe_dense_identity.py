@@ -17,7 +17,7 @@ import pytest
 import yaml
 from helpers import REPO
 
-from xsim_adapters.plan import load_plan, plan_from_dict
+from xsim_adapters.feasibility import load_plan, plan_from_dict
 from xsim_adapters.workload import generate
 
 DENSE = ("homogeneous-h100.yaml", "hetero-dp-h100-a100.yaml")

@@ -7,8 +7,8 @@ from helpers import WORKLOADS
 
 from xsim_adapters.errors import PlanError
 from xsim_adapters.plan import model_presets
-from xsim_adapters.plan.memory import active_params, model_params, span_params
 from xsim_adapters.plan.moe import is_moe_layer, routed_expert_params
+from xsim_adapters.plan.params import active_params, model_params, span_params
 from xsim_adapters.plan.sections import parse_model
 
 # (preset, published total, published active, decimals the publisher rounded to, source)
@@ -81,7 +81,8 @@ def test_moe_and_cp_plans_round_trip_through_yaml(name):
 
     import yaml
 
-    from xsim_adapters.plan import load_plan, plan_from_dict, plan_to_yaml
+    from xsim_adapters.feasibility import load_plan, plan_from_dict
+    from xsim_adapters.plan import plan_to_yaml
 
     plan = load_plan(WORKLOADS / f"{name}.yaml")
     again = plan_from_dict(yaml.safe_load(plan_to_yaml(plan)))

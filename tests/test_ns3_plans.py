@@ -28,7 +28,7 @@ def shipped_plans() -> list[str]:
 
 
 def _small_plans() -> list[str]:
-    from xsim_adapters.plan import load_plan
+    from xsim_adapters.feasibility import load_plan
 
     out = []
     for p in shipped_plans():
@@ -55,7 +55,7 @@ def test_shipped_plan_matches_flow_backend(plan_path):
     from xsim_ns3 import Ns3Backend
 
     from xsim_adapters.backends.flow import FlowBackend
-    from xsim_adapters.plan import load_plan
+    from xsim_adapters.feasibility import load_plan
     from xsim_adapters.topology import build_topology
     from xsim_adapters.workload import generate
 

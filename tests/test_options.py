@@ -130,7 +130,7 @@ def test_every_installed_backend_declares_valid_options() -> None:
 
 def test_flow_backend_rejects_a_misspelled_option() -> None:
     from xsim_adapters.backends.flow import FlowBackend
-    from xsim_adapters.trace.handmade import TraceBuilder
+    from xsim_adapters.testing.handmade import TraceBuilder
 
     tb = TraceBuilder(2)
     tb.flow(0, 1, 1000)

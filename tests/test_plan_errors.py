@@ -10,7 +10,7 @@ from helpers import WORKLOADS
 from helpers.plan import example
 
 from xsim_adapters.errors import PlanError
-from xsim_adapters.plan import load_plan, plan_from_dict
+from xsim_adapters.feasibility import load_plan, plan_from_dict
 
 A100_STAGE0 = "replicas[1].stages[0]"
 TYPES = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import WORKLOADS
 
-from xsim_adapters.plan import load_plan
+from xsim_adapters.feasibility import load_plan
 
 SMALL = ["homogeneous-h100", "hetero-pipeline-reshard", "uneven-layers"]
 

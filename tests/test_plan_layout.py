@@ -6,7 +6,8 @@ import pytest
 from helpers import WORKLOADS
 from helpers.plan import example
 
-from xsim_adapters.plan import apportion, load_plan, plan_from_dict, replica_speed, stage_speed
+from xsim_adapters.feasibility import load_plan, plan_from_dict
+from xsim_adapters.plan import apportion, replica_speed, stage_speed
 from xsim_adapters.plan.presets import device_presets
 
 

@@ -10,16 +10,13 @@ from helpers import WORKLOADS
 from helpers.plan import example
 
 from xsim_adapters.errors import InfeasiblePlanError
+from xsim_adapters.feasibility import load_plan, memory_report, plan_from_dict, stage_memory
 from xsim_adapters.plan import (
     embedding_params,
     head_params,
     layer_params,
-    load_plan,
-    memory_report,
     model_params,
     model_presets,
-    plan_from_dict,
-    stage_memory,
 )
 
 # tiny-gpt (GPT style): 4 layers, h 1024, ffn 4096, 16 heads, seq 1024, vocab 32000.

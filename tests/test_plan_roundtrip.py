@@ -6,13 +6,8 @@ import yaml
 from helpers.plan import example, plan_dicts
 from hypothesis import HealthCheck, given, settings
 
-from xsim_adapters.plan import (
-    load_plan,
-    plan_from_dict,
-    plan_to_dict,
-    plan_to_yaml,
-    save_plan,
-)
+from xsim_adapters.feasibility import load_plan, plan_from_dict
+from xsim_adapters.plan import plan_to_dict, plan_to_yaml, save_plan
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

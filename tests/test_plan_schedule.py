@@ -8,8 +8,9 @@ import pytest
 from helpers.plan import example
 
 from xsim_adapters.errors import PlanError
-from xsim_adapters.plan import plan_from_dict, plan_to_dict
-from xsim_adapters.plan.memory import in_flight_micro_batches, stage_memory
+from xsim_adapters.feasibility import plan_from_dict
+from xsim_adapters.feasibility.memory import in_flight_micro_batches, stage_memory
+from xsim_adapters.plan import plan_to_dict
 from xsim_adapters.plan.model import OverlapSpec
 
 

@@ -12,7 +12,8 @@ from helpers import REPO
 
 from xsim_adapters import cli
 from xsim_adapters.errors import PlanError
-from xsim_adapters.plan import parse_yaml, plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
+from xsim_adapters.plan import parse_yaml
 from xsim_adapters.plan.loader import REQUIRED_TOP_KEYS, TOP_KEYS
 from xsim_adapters.plan.model import TrainingSpec
 from xsim_adapters.plan.schema import EXEMPLARS, plan_schema, schema_text

@@ -9,7 +9,8 @@ import yaml
 from helpers import WORKLOADS
 from helpers.plan import EXAMPLE
 
-from xsim_adapters.plan import device_presets, load_plan, memory_report, model_presets
+from xsim_adapters.feasibility import load_plan, memory_report
+from xsim_adapters.plan import device_presets, model_presets
 
 SHIPPED = sorted(WORKLOADS.glob("*.yaml"))
 

@@ -14,7 +14,8 @@ import pytest
 
 import xsim_adapters as xs
 from xsim_adapters.errors import PlanError
-from xsim_adapters.plan import device_presets, plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
+from xsim_adapters.plan import device_presets
 from xsim_adapters.plan.serialize import plan_to_dict
 from xsim_adapters.trace.schema import KIND_FLOW, PHASE_INDEX
 from xsim_adapters.workload.comm.rings import RankInfo

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from helpers import WORKLOADS
 
-from xsim_adapters.plan import load_plan, memory_report, plan_to_yaml
+from xsim_adapters.feasibility import load_plan, memory_report
+from xsim_adapters.plan import plan_to_yaml
 from xsim_adapters.plan.bounded_yaml import parse_yaml
 from xsim_adapters.plan.limits import MAX_TRACE_OPS, MAX_YAML_NODES
 from xsim_adapters.workload.coarsen import AUTO_MIN_OPS, decide, replica_classes

@@ -14,7 +14,8 @@ import yaml
 from helpers import REPO
 
 from xsim_adapters.errors import PlanError
-from xsim_adapters.plan import load_plan, plan_to_dict
+from xsim_adapters.feasibility import load_plan
+from xsim_adapters.plan import plan_to_dict
 from xsim_adapters.search import load_search_spec, search, spec_from_dict
 from xsim_adapters.search.bnb import Searcher, enumerate_space
 from xsim_adapters.search.bound import Analyzer

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from xsim_adapters import api
-from xsim_adapters.plan import plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.search import spec_from_dict
 from xsim_adapters.search.bnb import enumerate_space
 from xsim_adapters.search.bound import Analyzer

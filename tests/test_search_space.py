@@ -12,7 +12,7 @@ import yaml
 from helpers import REPO
 
 from xsim_adapters.errors import PlanError
-from xsim_adapters.plan import plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.search import load_search_spec, search, spec_from_dict
 from xsim_adapters.search.bnb import STATUS_DOMINATED, enumerate_space, twin
 from xsim_adapters.search.bound import Analyzer

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from helpers.sweep import TINY_PLAN
 
-from xsim_adapters.plan import parse_yaml, plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
+from xsim_adapters.plan import parse_yaml
 from xsim_adapters.sweep import OverrideError, apply_override, expand, parse_path, product
 
 

@@ -12,7 +12,8 @@ from helpers.sweep import TINY_PLAN, write_tiny_plan
 import xsim_adapters as xs
 from xsim_adapters.cli import main
 from xsim_adapters.errors import BackendUnavailable
-from xsim_adapters.plan import parse_yaml, plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
+from xsim_adapters.plan import parse_yaml
 from xsim_adapters.sweep import TIMING_COLUMNS, make_executor, sweep
 from xsim_adapters.trace.schema import KIND_COMPUTE, PHASE_INDEX
 

@@ -101,7 +101,8 @@ def test_sweep_file_errors_name_the_file_and_key(tmp_path):
 def test_spec_for_accepts_a_plan_a_dict_yaml_text_or_a_path(tmp_path):
     from helpers.sweep import TINY_PLAN
 
-    from xsim_adapters.plan import load_plan, parse_yaml, plan_to_dict
+    from xsim_adapters.feasibility import load_plan
+    from xsim_adapters.plan import parse_yaml, plan_to_dict
     from xsim_adapters.sweep import spec_for
 
     path = write_tiny_plan(tmp_path)

@@ -13,10 +13,10 @@ import pytest
 
 from xsim_adapters.backends.flow import FlowBackend
 from xsim_adapters.errors import PlanError
-from xsim_adapters.plan import plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.plan.serialize import plan_to_dict
+from xsim_adapters.testing.handmade import TraceBuilder
 from xsim_adapters.topology import build_topology
-from xsim_adapters.trace.handmade import TraceBuilder
 from xsim_adapters.workload.comm.rings import RankInfo
 
 GEN4_X16_GBps = 16.0 * 128 / 130 / 8 * 16  # 31.5077 GB/s: 16 GT/s, 128b/130b, 16 lanes

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from xsim_adapters.errors import PlanError
-from xsim_adapters.plan import plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.plan.serialize import plan_to_dict
 from xsim_adapters.topology import build_topology
 from xsim_adapters.workload.comm.rings import RankInfo

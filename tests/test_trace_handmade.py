@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xsim_adapters.trace import KIND_BARRIER, KIND_FLOW, TraceBuilder, ring_all_reduce
+from xsim_adapters.testing.handmade import TraceBuilder, ring_all_reduce
+from xsim_adapters.trace import KIND_BARRIER, KIND_FLOW
 
 
 @pytest.mark.parametrize("n", [2, 3, 8])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from validation import framework as fw
 from validation import megatron_core_moe as mc
-from xsim_adapters.plan import plan_from_dict
-from xsim_adapters.plan.memory import model_params
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.plan.parallel import ep_ranks
+from xsim_adapters.plan.params import model_params
 
 
 def _assert_megatron_placement(plan) -> None:

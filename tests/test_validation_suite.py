@@ -53,8 +53,8 @@ def test_sc21_plans_follow_the_paper() -> None:
 def test_dp_allreduce_is_the_ring_formula() -> None:
     row = sc21.rows()[0]  # 1.7B, tp 1, pp 1, dp 32: every GPU holds all parameters
     nbytes = sc21.stage_grad_bytes(row)
-    from xsim_adapters.plan.memory import model_params
     from xsim_adapters.plan.model import ModelSpec
+    from xsim_adapters.plan.params import model_params
 
     m = ModelSpec("g", 24, 2304, 9216, 24, 24, 2048, 51200, "fp16", False)
     assert nbytes == pytest.approx(2 * model_params(m))

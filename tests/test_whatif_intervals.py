@@ -12,9 +12,9 @@ from test_whatif_perturb import PLAN
 
 from xsim_adapters import api
 from xsim_adapters.errors import PlanError, TraceError
-from xsim_adapters.plan.loader import plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.plan.serialize import plan_to_dict
-from xsim_adapters.trace import handmade
+from xsim_adapters.testing import handmade
 from xsim_adapters.trace.schema import KIND_COMPUTE
 from xsim_adapters.trace.slowdowns import schedule, stretched_end
 from xsim_adapters.trace.validate import validate_trace

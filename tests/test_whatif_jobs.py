@@ -9,8 +9,8 @@ import pytest
 
 from xsim_adapters import api
 from xsim_adapters.errors import PlanError
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.jobs import combine_traces, place_jobs, run_jobs
-from xsim_adapters.plan.loader import plan_from_dict
 from xsim_adapters.topology.build import build_topology
 from xsim_adapters.trace.schema import KIND_FLOW, PHASE_INDEX
 from xsim_adapters.trace.validate import validate_trace

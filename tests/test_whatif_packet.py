@@ -27,8 +27,8 @@ from helpers.htsim import star
 
 from xsim_adapters import api
 from xsim_adapters.errors import BackendError
-from xsim_adapters.plan.loader import plan_from_dict
-from xsim_adapters.trace import handmade
+from xsim_adapters.feasibility import plan_from_dict
+from xsim_adapters.testing import handmade
 
 B = 16_000_000  # bytes per flow: 1.28 ms at 100 Gb/s
 T_FAIL_NS = 400_000.0

@@ -9,7 +9,7 @@ import pytest
 
 from xsim_adapters import api
 from xsim_adapters.errors import PlanError, XsimError
-from xsim_adapters.plan.loader import plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.plan.serialize import plan_to_dict
 from xsim_adapters.trace.schema import KIND_COMPUTE, PHASE_INDEX
 from xsim_adapters.workload.generate import plan_digest

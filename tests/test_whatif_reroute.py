@@ -19,12 +19,12 @@ from helpers.whatif import (
 
 from xsim_adapters import api
 from xsim_adapters.errors import BackendError, PlanError
-from xsim_adapters.plan.loader import plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.plan.model import LinkEvent
 from xsim_adapters.plan.serialize import plan_to_dict
+from xsim_adapters.testing import handmade
 from xsim_adapters.topology import build_topology
 from xsim_adapters.topology.reroute import detours, epochs
-from xsim_adapters.trace import handmade
 
 ENGINES = ("python", "native")
 B = 1_000_000  # bytes per flow: 80 us at 100 Gb/s

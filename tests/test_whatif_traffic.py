@@ -10,8 +10,8 @@ from helpers import WORKLOADS
 
 from xsim_adapters import api
 from xsim_adapters.errors import PlanError
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.jobs import run_jobs
-from xsim_adapters.plan.loader import plan_from_dict
 from xsim_adapters.trace.schema import KIND_FLOW
 from xsim_adapters.traffic import (
     destinations,

@@ -77,7 +77,7 @@ def simulate_summary(plan: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     The memory check is skipped: these runs happened, so a stage the memory model finds too
     big (it keeps no allocator slack, but counts every buffer at its peak) still ran."""
     import xsim_adapters as xs
-    from xsim_adapters.plan import plan_from_dict
+    from xsim_adapters.feasibility import plan_from_dict
 
     p = plan_from_dict(plan, feasibility=False)
     trace = xs.generate(p)

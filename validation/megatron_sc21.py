@@ -126,8 +126,8 @@ def plan_dict(row: dict[str, Any], replicas: int | None = None) -> dict[str, Any
 
 def stage_grad_bytes(row: dict[str, Any]) -> float:
     """Gradient bytes one GPU all-reduces: the largest stage's parameters / tp (fp16)."""
-    from xsim_adapters.plan.memory import embedding_params, head_params, layer_params
     from xsim_adapters.plan.model import ModelSpec
+    from xsim_adapters.plan.params import embedding_params, head_params, layer_params
 
     h = int(row["hidden"])
     m = ModelSpec("gpt", int(row["layers"]), h, 4 * h, int(row["heads"]), int(row["heads"]),

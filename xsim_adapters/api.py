@@ -55,7 +55,7 @@ def _check_options(func: str, value: Any) -> None:
 
 def load_plan(source: str | Path) -> Plan:
     """Validate a plan from a YAML file path or YAML text; raises PlanError naming the path."""
-    from .plan import load_plan as _load_plan
+    from .feasibility import load_plan as _load_plan
 
     check_arg("load_plan", "source", source, PATH_TYPES, f"{_PATH} or YAML text")
 
@@ -144,7 +144,7 @@ def load_trace_and_plan(directory: str | Path) -> tuple[Trace, Plan]:
             " rebuilt; write traces with `xsim trace PLAN -o DIR` (which stores the plan) or"
             " pass the plan itself"
         )
-    from .plan import load_plan as _load_plan
+    from .feasibility import load_plan as _load_plan
 
     plan = _load_plan(plan_path, stored=True)  # xsim wrote it: every stage is spelled out
     check_plan_digest(trace, plan, plan_path)

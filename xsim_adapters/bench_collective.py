@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import PlanError
-from .plan import plan_from_dict
+from .feasibility import plan_from_dict
 from .plan.model import CollectiveAlgorithms, Plan
 from .topology import build_topology
 from .trace import TraceBuilder

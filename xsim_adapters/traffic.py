@@ -48,7 +48,7 @@ from .plan.loader import read_plan_file
 from .plan.model import DeviceGroup, DeviceType, NetworkSpec
 from .plan.presets import _device_presets
 from .plan.replicas import parse_groups
-from .trace.handmade import TraceBuilder
+from .trace.builder import TraceBuilder
 from .trace.schema import KIND_BARRIER, KIND_FLOW, Trace
 
 PATTERNS = ("permutation", "all_to_all", "incast")
@@ -106,7 +106,7 @@ def job_from_data(data: Any, base_dir: str | None = None, source: str | None = N
     """A job from plain data: a traffic file's (top key ``traffic:``) as a TrafficSpec,
     anything else as a validated Plan (``base_dir`` resolves its relative paths; ``source``
     names the file in the error when it is a search spec or a sweep file)."""
-    from .plan.loader import plan_from_dict
+    from .feasibility import plan_from_dict
 
     if isinstance(data, dict) and "traffic" in data:
         return traffic_from_dict(data, source)

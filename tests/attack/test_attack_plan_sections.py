@@ -19,8 +19,8 @@ import yaml
 from attack_runner import assert_clean_error, run_cli
 
 from xsim_adapters.errors import PlanError, PlanWarning
+from xsim_adapters.feasibility import load_plan, plan_from_dict
 from xsim_adapters.plan._fields import shown
-from xsim_adapters.plan.loader import load_plan, plan_from_dict
 from xsim_adapters.plan.model import MoESpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,7 +180,7 @@ def test_zipf_counts_are_valid_at_any_exponent(exponent, experts, top_k):
 
 
 def test_zipf_overflow_plan_traces_with_valid_alltoall(tmp_path):
-    from xsim_adapters.metrics.moe import expert_load
+    from xsim_adapters.workload.comm.alltoall import expert_load
 
     plan = load_plan(MOE.replace("zipf_exponent: 1.2", "zipf_exponent: 1000000.0"))
     load = expert_load(plan)

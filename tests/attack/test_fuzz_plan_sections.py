@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from test_fuzz_plan_yaml import VALUES, _paths
 
 from xsim_adapters.errors import InfeasiblePlanError, PlanError, PlanWarning
-from xsim_adapters.plan.loader import plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.trace.schema import KIND_COMPUTE, KIND_FLOW
 from xsim_adapters.traffic import traffic_from_dict
 

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from xsim_adapters.testing import handmade
 from xsim_adapters.topology import Router, Topology
-from xsim_adapters.trace import handmade
 from xsim_adapters.trace.schema import Trace
 
 from . import REPO

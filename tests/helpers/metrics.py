@@ -12,7 +12,7 @@ from collections import defaultdict, deque
 import numpy as np
 import pandas as pd
 
-from xsim_adapters.trace import handmade
+from xsim_adapters.testing import handmade
 from xsim_adapters.trace.schema import (
     KIND_BARRIER,
     KIND_FLOW,

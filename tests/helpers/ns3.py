@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from xsim_adapters.testing import handmade
 from xsim_adapters.topology import Router, Topology
-from xsim_adapters.trace import handmade
 
 HAVE_NS3 = importlib.util.find_spec("ns") is not None and importlib.util.find_spec(
     "cppyy"

@@ -19,7 +19,7 @@ from xsim_adapters.plan.model import (
     Stage,
     TrainingSpec,
 )
-from xsim_adapters.trace.handmade import TraceBuilder, ring_all_reduce
+from xsim_adapters.testing.handmade import TraceBuilder, ring_all_reduce
 
 H100 = DeviceType("H100", 989.0, 80.0, 3350.0, scaleup_GBps=450.0, nic_gbps=400.0)
 A100 = DeviceType("A100", 312.0, 80.0, 2039.0, scaleup_GBps=300.0, nic_gbps=200.0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from xsim_adapters.testing import handmade
 from xsim_adapters.topology import Router, Topology
-from xsim_adapters.trace import handmade
 from xsim_adapters.trace.schema import Trace
 
 NIC_GBPS = 100.0

@@ -23,7 +23,7 @@ def add_calibrate_arguments(cal: argparse.ArgumentParser) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """``xsim calibrate``: fit a device type's efficiency to measured iteration times."""
     from ..calibrate import fit
-    from ..plan import load_plan
+    from ..feasibility import load_plan
 
     pairs = []
     for item in args.measured:

@@ -80,7 +80,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                      f"layers {layers}, on {groups}")
     for ids, text in runs(descs):
         print(f"    {span('replica', ids)}: {text}")
-    from ..plan.memory import memory_report
+    from ..feasibility.memory import memory_report
 
     mem = memory_report(plan)
     print("  memory per device (GB): replicas, stage, type, tp: total / capacity")

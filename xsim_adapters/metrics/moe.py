@@ -1,8 +1,9 @@
-"""MoE and context-parallel metrics: per-expert load, all-to-all and CP ring times, stragglers.
+"""MoE and context-parallel metrics: all-to-all and CP ring times, stragglers (from the trace).
 
-- :func:`expert_load` (from the plan alone): tokens each expert receives per MoE layer and
-  micro-batch in every EP group, its share, the EP rank holding it and that rank's load
-  relative to the group mean (``rank_load_factor``: the straggler factor of the expert compute).
+The per-expert load is a function of the plan alone, decided by the generator's router:
+:func:`xsim_adapters.workload.comm.alltoall.expert_load` (metrics never import the generator).
+
+
 - :func:`exchange_times` (trace + timeline): one row per all-to-all (``phase`` ep) or CP ring
   (``cp``) collective: its span (first op start to last op end), bytes, the largest bytes one
   rank sends, and ``exposed_ns``: the part of the span in which a participating rank does not
@@ -19,38 +20,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..plan.model import Plan
 from ..trace.schema import KIND_COMPUTE, PHASE_INDEX, Trace
 from .intervals import union_length
 from .timeline import as_frame
-
-
-def expert_load(plan: Plan) -> pd.DataFrame:
-    """Tokens per expert per MoE layer and micro-batch, per EP group (empty for dense plans)."""
-    cols = ["replica_group", "stage", "layer", "expert", "rank", "tokens", "share",
-            "rank_tokens", "rank_load_factor"]
-    if plan.model.moe is None:
-        return pd.DataFrame(columns=cols)
-    from ..workload.comm.alltoall import MoEPlanner  # lazy: the workload imports metrics-free code
-    from ..workload.comm.rings import RankInfo
-
-    planner = MoEPlanner(plan, RankInfo(plan))
-    rows = []
-    for r, rep in enumerate(plan.replicas):
-        for i in range(rep.pp):
-            gr = planner.group(r, i)
-            if gr.replicas[0] != r:
-                continue
-            owner = np.repeat(np.arange(len(gr.experts)), gr.experts)
-            for layer, counts in gr.counts.items():
-                tokens = counts.sum(axis=0)
-                per_rank = np.bincount(owner, weights=tokens, minlength=len(gr.experts))
-                mean = per_rank.mean() if per_rank.mean() > 0 else 1.0
-                for e, t in enumerate(tokens):
-                    j = int(owner[e])
-                    rows.append((r, i, layer, e, gr.holder(j), int(t), t / tokens.sum(),
-                                 int(per_rank[j]), per_rank[j] / mean))
-    return pd.DataFrame(rows, columns=cols)
 
 
 def exchange_times(trace: Trace, timeline: object) -> pd.DataFrame:

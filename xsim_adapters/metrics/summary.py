@@ -148,19 +148,7 @@ def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
         stats = timeline.stats if stats is None else stats
     tf = as_frame(trace, timeline)
     if ranks is None:
-        from .coarse import expand_mirrors
-        from .steady import extend_ranks, microbatch_record, steady_of
-        from .straggler import straggler_frame
-
-        st = straggler_frame(trace, tf)
-        ranks = rank_metrics(trace, tf, st)
-        if steady is None and microbatch_record(trace):
-            src = timeline.frame["start_ns"].to_numpy(dtype=np.float64) if isinstance(
-                timeline, Timeline) else tf["start_ns"].to_numpy(dtype=np.float64)
-            steady = steady_of(trace, tf, src, st)
-        if steady is not None:
-            ranks = extend_ranks(ranks, steady)
-        ranks = expand_mirrors(trace, ranks)
+        ranks, steady = _ranks_of(trace, timeline, tf, steady)
     it = int(tf["end_ns"].max()) if len(tf) else 0
     if steady is not None:
         it += int(round(steady.periods * steady.period_ns))
@@ -168,16 +156,7 @@ def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
     tokens = wl.get("tokens_per_iteration")
     tokens_per_s = float(tokens) / (it * 1e-9) if tokens and it > 0 else None
     dts = device_type_summary(trace, ranks, it)
-    dtypes = {
-        str(row.device_type): {
-            "ranks": int(row.ranks),
-            "flop_count": float(row.flop_count),
-            "achieved_tflops_per_gpu": float(row.achieved_tflops_per_gpu),
-            "peak_tflops": None if np.isnan(row.peak_tflops) else float(row.peak_tflops),
-            "mfu": None if np.isnan(row.mfu) else float(row.mfu),
-        }
-        for row in dts.itertuples()
-    }
+    dtypes = _device_types_json(dts)
     peak_total = float(np.nansum(dts["peak_tflops"] * dts["ranks"]))
     total_flops = float(ranks["flop_count"].sum())
     mfu = total_flops / (it * 1e-9) / 1e12 / peak_total if it > 0 and peak_total > 0 else None
@@ -222,18 +201,59 @@ def summary(trace: Trace, timeline: Timeline | pd.DataFrame,
     out["critical_path"] = cps
     pert = trace.manifest.get("perturb")
     if pert:
-        extra = [int(x) for x in pert.get("extra_compute_ns", []) if isinstance(x, int)]
-        stretched = interval_extra_ns(trace, tf)
-        if stretched is not None:  # what the backend's interval slowdowns added
-            extra = [(extra[r] if r < len(extra) else 0) + int(stretched[r])
-                     for r in range(len(stretched))]
-        out["perturbation"] = {
-            "slow": pert.get("slow", []),
-            "jitter_sigma": pert.get("jitter_sigma", 0.0),
-            "extra_compute_rank_ns": sum(extra),
-            "extra_compute_ns_by_rank": {str(r): x for r, x in enumerate(extra) if x},
-        }
+        out["perturbation"] = _perturbation(trace, tf, pert)
     return out
+
+
+def _ranks_of(trace: Trace, timeline: Timeline | pd.DataFrame, tf: pd.DataFrame,
+              steady: Steady | None) -> tuple[pd.DataFrame, Steady | None]:
+    """:func:`summary`'s rank metrics when not given: per rank, with the steady-state periods
+    added back (``steady``, found here for a trace with merged micro-batches) and the mirrored
+    replicas of a coarsened trace expanded; and the steady record used."""
+    from .coarse import expand_mirrors
+    from .steady import extend_ranks, microbatch_record, steady_of
+    from .straggler import straggler_frame
+
+    st = straggler_frame(trace, tf)
+    ranks = rank_metrics(trace, tf, st)
+    if steady is None and microbatch_record(trace):
+        src = timeline.frame["start_ns"].to_numpy(dtype=np.float64) if isinstance(
+            timeline, Timeline) else tf["start_ns"].to_numpy(dtype=np.float64)
+        steady = steady_of(trace, tf, src, st)
+    if steady is not None:
+        ranks = extend_ranks(ranks, steady)
+    return expand_mirrors(trace, ranks), steady
+
+
+def _device_types_json(dts: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """:func:`device_type_summary` as summary.json's ``device_types`` (NaN -> None)."""
+    return {
+        str(row.device_type): {
+            "ranks": int(row.ranks),
+            "flop_count": float(row.flop_count),
+            "achieved_tflops_per_gpu": float(row.achieved_tflops_per_gpu),
+            "peak_tflops": None if np.isnan(row.peak_tflops) else float(row.peak_tflops),
+            "mfu": None if np.isnan(row.mfu) else float(row.mfu),
+        }
+        for row in dts.itertuples()
+    }
+
+
+def _perturbation(trace: Trace, tf: pd.DataFrame, pert: dict[str, Any]) -> dict[str, Any]:
+    """summary.json's ``perturbation``: the slowed ranks, the jitter and the compute time the
+    perturbation added (the generator's per-rank extra plus the backend's interval slowdowns),
+    in rank-ns."""
+    extra = [int(x) for x in pert.get("extra_compute_ns", []) if isinstance(x, int)]
+    stretched = interval_extra_ns(trace, tf)
+    if stretched is not None:  # what the backend's interval slowdowns added
+        extra = [(extra[r] if r < len(extra) else 0) + int(stretched[r])
+                 for r in range(len(stretched))]
+    return {
+        "slow": pert.get("slow", []),
+        "jitter_sigma": pert.get("jitter_sigma", 0.0),
+        "extra_compute_rank_ns": sum(extra),
+        "extra_compute_ns_by_rank": {str(r): x for r, x in enumerate(extra) if x},
+    }
 
 
 def interval_extra_ns(trace: Trace, tf: pd.DataFrame) -> np.ndarray | None:

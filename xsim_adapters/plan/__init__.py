@@ -1,21 +1,11 @@
-"""The deployment plan: YAML format, validation, presets, memory feasibility.
+"""The deployment plan: YAML format, validation, presets, parameter counts (input only: the
+checks that need the generator or the topology are :mod:`xsim_adapters.feasibility`).
 
 Format reference: ``docs/plan.md``. Dataclasses: :mod:`xsim_adapters.plan.model`.
 """
 
 from .layout import apportion, replica_speed, stage_speed
-from .loader import load_plan, parse_yaml, plan_from_dict
-from .memory import (
-    StageMemory,
-    check_feasible,
-    embedding_params,
-    head_params,
-    in_flight_micro_batches,
-    layer_params,
-    memory_report,
-    model_params,
-    stage_memory,
-)
+from .loader import parse_plan, parse_plan_dict, parse_yaml
 from .model import (
     CollectivesSpec,
     DeviceGroup,
@@ -32,6 +22,7 @@ from .model import (
     Stage,
     TrainingSpec,
 )
+from .params import embedding_params, head_params, layer_params, model_params
 from .presets import device_presets, model_presets
 from .serialize import plan_to_dict, plan_to_yaml, save_plan
 
@@ -49,25 +40,20 @@ __all__ = [
     "ScaleOut",
     "ScaleUp",
     "Stage",
-    "StageMemory",
     "TrainingSpec",
     "apportion",
-    "check_feasible",
     "device_presets",
     "embedding_params",
     "head_params",
-    "in_flight_micro_batches",
     "layer_params",
-    "load_plan",
-    "memory_report",
     "model_params",
     "model_presets",
+    "parse_plan",
+    "parse_plan_dict",
     "parse_yaml",
-    "plan_from_dict",
     "plan_to_dict",
     "plan_to_yaml",
     "replica_speed",
     "save_plan",
-    "stage_memory",
     "stage_speed",
 ]

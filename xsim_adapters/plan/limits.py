@@ -10,21 +10,18 @@ Three layers:
   expansion (a "billion laughs" document is refused while it is being composed);
 - field ranges (:mod:`.sections`, :mod:`.replicas`): each integer the trace stores fits its
   column's dtype (``int16`` layers, replicas and channels), device counts are bounded;
-- the plan as a whole (:func:`check_size`, run by the loader after the plan validated and
-  before any trace is generated): estimated op count and memory, longest compute op, largest
-  byte count, so that generation can neither run out of memory nor overflow an ``int64``.
+- the plan as a whole (the limits below, enforced by :func:`xsim_adapters.feasibility.check_size`
+  after the plan validated and before any trace is generated: it needs the generator's op
+  estimate and cost model): estimated op count and memory, longest compute op, largest byte
+  count, so that generation can neither run out of memory nor overflow an ``int64``.
 """
 
 from __future__ import annotations
 
 import os
 import resource
-from typing import TYPE_CHECKING
 
 from ..errors import PlanError
-
-if TYPE_CHECKING:
-    from .model import Plan
 
 # ---- the file
 MAX_PLAN_BYTES = 1 << 20  # 1 MiB; the shipped plans are under 5 KB
@@ -73,30 +70,6 @@ def memory_budget_bytes() -> int:
     return min(phys, soft) if soft != resource.RLIM_INFINITY else phys
 
 
-def check_size(plan: Plan) -> None:
-    """Refuse a valid plan whose trace would be too large or overflow a column (PlanError)."""
-    dp = len(plan.replicas)
-    if dp > MAX_REPLICAS:
-        raise PlanError(
-            "replicas",
-            f"expected at most {MAX_REPLICAS} replicas, the limit of the trace's int16 replica "
-            f"column (got {dp})",
-        )
-    _check_magnitudes(plan)
-    from ..workload.estimate import estimate_ops
-
-    ops = estimate_ops(plan)
-    if ops > MAX_TRACE_OPS or ops * BYTES_PER_OP > memory_budget_bytes():
-        # identical replicas and steady micro-batches may be coarsened (workload/coarsen.py):
-        # bound what is generated then
-        from ..workload.coarsen import decide
-
-        co = decide(plan, "auto", ops)
-        if co.any_used:
-            ops = estimate_ops(co.simulated_plan(plan), set(co.representative))
-    check_ops(ops)
-
-
 def check_ops(ops: int) -> None:
     """Refuse a trace of about ``ops`` ops over :data:`MAX_TRACE_OPS` or the memory budget."""
     if ops > MAX_TRACE_OPS:
@@ -114,54 +87,3 @@ def check_ops(ops: int) -> None:
             f"({BYTES_PER_OP} bytes per op), more than the {budget / 1e9:.1f} GB this process "
             "may use (physical memory or ulimit -v)",
         )
-
-
-def _check_magnitudes(plan: Plan) -> None:
-    """Every duration (ns) and byte count the generator computes stays below 2^53."""
-    from ..workload.compute.costs import (
-        embedding_cost,
-        head_cost,
-        layer_costs,
-        optimizer_time_ns,
-        stage_params,
-    )
-
-    m, t = plan.model, plan.training
-    act = t.micro_batch * m.seq_len * m.hidden * m.dtype_bytes
-    if act >= MAX_EXACT:
-        raise PlanError(
-            "model",
-            f"one micro-batch's activation is {act:.3g} bytes (micro_batch x seq_len x hidden x "
-            f"dtype bytes), over the 2^53-byte limit of the trace's byte counts",
-        )
-    grads = stage_params(m, (0, m.layers)) * m.dtype_bytes * 16
-    if grads >= MAX_EXACT:
-        raise PlanError(
-            "model",
-            f"the model's {grads / 16:.3g} bytes of weights are over the 2^53-byte limit of "
-            "the trace's byte counts (with optimizer state)",
-        )
-    seen = set()
-    for rep in plan.replicas:
-        for st in rep.stages:
-            dev = plan.device_types[plan.group(st.group).type]
-            key = (st.tp, dev.name, st.layers)
-            if key in seen:
-                continue
-            seen.add(key)
-            costs = layer_costs(m, t, dev, st.tp)
-            longest = max(
-                costs.attn_bwd_ns,
-                costs.mlp_bwd_ns,
-                2 * head_cost(m, t, dev, st.tp)[0],
-                embedding_cost(m, t, dev)[0],
-                optimizer_time_ns(stage_params(m, st.layers), dev),
-            )
-            if longest >= MAX_EXACT:
-                group = plan.group(st.group)
-                raise PlanError(
-                    f"device_types.{dev.name}",
-                    f"one compute op of a stage on group {group.name} would take "
-                    f"{longest / 1e9:.3g} s, over the 2^53 ns (104 days) limit of the trace's "
-                    "durations",
-                )

@@ -13,7 +13,6 @@ from . import limits as lim
 from .bounded_yaml import parse_yaml
 from .kinds import PLAN, check_kind
 from .measured import check_sites
-from .memory import check_feasible
 from .model import DeviceType, Plan
 from .perturb import parse_perturb
 from .precision import settle_precision
@@ -81,14 +80,14 @@ def is_stored_plan(path: Path) -> bool:
             and ((d / ".xsim-output").is_file() or (d.parent / ".xsim-output").is_file()))
 
 
-def load_plan(
-    path_or_text: str | os.PathLike[str], *, feasibility: bool = True, stored: bool = False
-) -> Plan:
-    """Read a plan from a ``.yaml``/``.yml`` file path or from YAML text; validate fully.
+def parse_plan(path_or_text: str | os.PathLike[str], *, stored: bool = False) -> Plan:
+    """Read a plan from a ``.yaml``/``.yml`` file path or from YAML text; validate its fields.
 
     Relative ``profile:`` paths resolve against the file's directory (the working directory for
-    text). Runs :func:`check_feasible` unless ``feasibility`` is false. ``stored``: the file is
-    a ``plan.yaml`` xsim wrote beside a trace (larger size limits, see :mod:`.limits`).
+    text). ``stored``: the file is a ``plan.yaml`` xsim wrote beside a trace (larger size
+    limits, see :mod:`.limits`). The checks that need the generator or the topology (size,
+    what-if events, memory) are not run here: :func:`xsim_adapters.feasibility.load_plan` runs
+    them, and every command reads plans through it.
     """
     # A one-line string is a path if it names something on disk or looks like a file name
     # (a .yaml/.yml suffix, or no ':' as every one-line YAML mapping has); YAML text otherwise.
@@ -110,13 +109,12 @@ def load_plan(
     else:
         data = parse_yaml(str(path_or_text))
         base_dir = source = None
-    return plan_from_dict(data, base_dir=base_dir, feasibility=feasibility, source=source)
+    return parse_plan_dict(data, base_dir=base_dir, source=source)
 
 
-def plan_from_dict(
-    d: Any, base_dir: str | None = None, *, feasibility: bool = True, source: str | None = None
-) -> Plan:
+def parse_plan_dict(d: Any, base_dir: str | None = None, *, source: str | None = None) -> Plan:
     """A plan as plain data (what YAML gives) -> validated Plan; see docs/plan.md for the format.
+    Fields only, as :func:`parse_plan` (:func:`xsim_adapters.feasibility.plan_from_dict` checks).
 
     ``base_dir`` resolves relative profile paths (default: the working directory). ``source``:
     the file the data came from, named when it is another kind of file (:mod:`.kinds`).
@@ -165,21 +163,7 @@ def plan_from_dict(
         seed=seed,
         perturb=perturb,
     )
-    lim.check_size(plan)
-    if network.events:
-        check_events(plan)
-    if feasibility:
-        check_feasible(plan)
     return plan
-
-
-def check_events(plan: Plan) -> None:
-    """Every ``network.events`` entry names a node, link or NIC the plan's topology has (a
-    PlanError naming ``network.events[i]`` otherwise), checked by resolving the events on the
-    topology the backends will build (seconds at most: 1.4 s at 16,384 GPUs)."""
-    from ..topology.build import build_topology  # lazy: the topology imports the plan
-
-    build_topology(plan)
 
 
 def _parse_device_types(value: Any, base_dir: str | None) -> dict[str, DeviceType]:

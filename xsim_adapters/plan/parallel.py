@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import PlanError
-from .memory import span_params
 from .model import ModelSpec, Plan, TrainingSpec
 from .moe import routed_expert_params
+from .params import span_params
 
 
 def check_stage_ep_cp(st: Any, model: ModelSpec, training: TrainingSpec) -> None:

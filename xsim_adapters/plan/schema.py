@@ -2,7 +2,7 @@
 
 Nothing here lists fields. The readers of :mod:`._fields` (``get_int``, ``get_enum``,
 ``check_keys``, ...) report what they accept to a recorder while the real loader
-(:func:`.loader.plan_from_dict`) reads a few exemplar plans that use every section and every
+(:func:`.loader.parse_plan_dict`) reads a few exemplar plans that use every section and every
 alternative form; the recorded paths, types, bounds, defaults and key sets become the schema.
 A field added to the loader through those readers is in the schema with no other change;
 ``tests/test_plan_schema.py`` checks that the committed ``docs/plan.schema.json`` equals a
@@ -297,13 +297,13 @@ def _node_schema(nodes: dict[str, dict[str, Any]], path: str) -> dict[str, Any]:
 
 def plan_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of plan files, from the loader's own readers."""
-    from .loader import plan_from_dict
+    from .loader import parse_plan_dict
 
     rec = _Recorder()
     f.RECORDER = rec
     try:
         for plan in EXEMPLARS:
-            plan_from_dict(json.loads(json.dumps(plan)), feasibility=False)
+            parse_plan_dict(json.loads(json.dumps(plan)))
     finally:
         f.RECORDER = None
     schema = _node_schema(_tree(rec), "")

@@ -5,7 +5,7 @@ durations :func:`..workload.blocks.stage_units` gives (the very durations the tr
 plus, after each unit with TP collectives, the floor :mod:`.comm` proves for them (the NCCL
 delay barrier and the bytes the rank must send over its links); the optimizer step is
 :func:`..workload.compute.optimizer_time_ns` over the parameters the generator gives it.
-Memory is :func:`..plan.memory.stage_memory`. Nothing here runs a simulation.
+Memory is :func:`..feasibility.memory.stage_memory`. Nothing here runs a simulation.
 
 The lower bound (proof in docs/search.md#bound) is the largest of, per candidate:
 
@@ -22,8 +22,8 @@ import heapq
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..feasibility.memory import GB, stage_memory
 from ..plan.layout import even_split, ranges_from_counts
-from ..plan.memory import GB, stage_memory
 from ..plan.model import Plan, Replica, Stage, TrainingSpec
 from ..plan.sizes import activation_bytes
 from ..workload.blocks import Unit, stage_units, tp_kinds

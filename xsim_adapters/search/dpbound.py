@@ -40,8 +40,9 @@ import numpy as np
 
 from ..plan.model import Plan
 from ..workload.comm.dpsync import Bucket, buckets, chunk_rings, sweep_segments
+from ..workload.comm.selection import Choice
 from ..workload.schedule import BWD, FWD, WGRAD, replica_chunks
-from .comm import CUT_SLACK_BYTES, ring_steps
+from .comm import CUT_SLACK_BYTES, Fabric, ring_steps
 from .pipeline import StageTimes
 from .space import Candidate
 
@@ -137,19 +138,7 @@ def sync_shape(an: Analyzer, plan: Plan, zero: bool) -> SyncShape:
                 into = 0 if ag is None else fab.crossing_bytes(
                     "all_gather", ag.algorithm == "ring", n, len(idx), nbytes, entering=True)
                 cut.append((x, idx, b, into))
-        ag_cost = np.zeros(n)
-        if ag is not None:  # each member's sends on its all-gather ring over its links (ns)
-            if ag.algorithm == "ring":
-                sent = np.full(n, ring_steps("all_gather", n) * (nbytes // n - fab.max_channels))
-                ag_delay = 0.0
-            else:
-                sent = fab.template_sent(ag, "all_gather", nbytes)
-                ag_delay = float(max(0, ag.delay_ns))
-            for j, y in enumerate(members.tolist()):
-                here = int((servers == servers[j]).sum())
-                cp = fab.caps[y]
-                cap = (cp.inter_out if here == 1 else cp.all_out) or cp.all_out
-                ag_cost[j] = ag_delay + max(0, int(sent[j]) - CUT_SLACK_BYTES) / cap
+        ag_cost = np.zeros(n) if ag is None else _gather_cost(fab, members, servers, ag, nbytes)
         hit = (ring, cut, own, delay, ag_cost)
         ring_cache[key] = hit
         return hit
@@ -184,6 +173,27 @@ def sync_shape(an: Analyzer, plan: Plan, zero: bool) -> SyncShape:
             bs.delay_ns = 0.0
     return SyncShape(kind, [out[i] for i in sorted(out)],
                      {k: min(v.values()) for k, v in gather.items()})
+
+
+def _gather_cost(fab: Fabric, members: np.ndarray, servers: np.ndarray, ag: Choice,
+                 nbytes: int) -> np.ndarray:
+    """Per member of a ZeRO all-gather of ``nbytes`` (choice ``ag``): its sends over its own
+    links, in ns (the start delay of a templated algorithm plus its bytes beyond the cut slack
+    at the member's inter-server rate, or its whole out rate when alone on its server)."""
+    n = len(members)
+    if ag.algorithm == "ring":
+        sent = np.full(n, ring_steps("all_gather", n) * (nbytes // n - fab.max_channels))
+        ag_delay = 0.0
+    else:
+        sent = fab.template_sent(ag, "all_gather", nbytes)
+        ag_delay = float(max(0, ag.delay_ns))
+    cost = np.zeros(n)
+    for j, y in enumerate(members.tolist()):
+        here = int((servers == servers[j]).sum())
+        cp = fab.caps[y]
+        cap = (cp.inter_out if here == 1 else cp.all_out) or cp.all_out
+        cost[j] = ag_delay + max(0, int(sent[j]) - CUT_SLACK_BYTES) / cap
+    return cost
 
 
 Costs = dict[tuple[int, int, int], "StageCost"]  # (replica, stage, chunk) -> its blocks

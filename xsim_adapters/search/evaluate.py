@@ -84,7 +84,7 @@ def run_candidate(task: Task) -> Row:
 
     def body() -> Row:
         from .. import api
-        from ..plan import plan_from_dict
+        from ..feasibility import plan_from_dict
 
         plan = plan_from_dict(task["plan"], base_dir=task.get("base_dir"))
         trace = api.generate(plan, coarsen=task.get("coarsen", "auto"))

@@ -56,7 +56,8 @@ class _ExpandedReplicas:
 
     def get(self) -> list[Any]:
         if self._value is None:
-            from ..plan import plan_from_dict, plan_to_dict
+            from ..feasibility import plan_from_dict
+            from ..plan import plan_to_dict
 
             # Only the replica layout is needed: skip the memory check (a variant may fix it).
             plan = plan_from_dict(copy.deepcopy(dict(self._base)), base_dir=self._base_dir,

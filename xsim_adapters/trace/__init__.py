@@ -1,6 +1,6 @@
 """The trace: schema (in memory) and its directory form on disk."""
 
-from .handmade import TraceBuilder, ring_all_reduce, ring_collective
+from .builder import TraceBuilder
 from .io import SUPPORTED_SCHEMA_VERSIONS, read_trace, write_trace
 from .schema import (
     COLLECTIVE_COLUMNS,
@@ -41,7 +41,5 @@ __all__ = [
     "Timeline",
     "empty_ops",
     "read_trace",
-    "ring_all_reduce",
-    "ring_collective",
     "write_trace",
 ]

@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from ...plan.model import Plan
 from ...plan.moe import expert_params, is_moe_layer, moe_layers_in
@@ -475,3 +476,31 @@ class MoEPlanner:
         for q in range(nf):  # a member's kernel ends after its receives and its sends
             tb.add_edges(ids[:, q], dst_ops[:, int(ex.dst[q])])
             tb.add_edges(ids[:, q], dst_ops[:, int(ex.src[q])])
+
+
+def expert_load(plan: Plan) -> pd.DataFrame:
+    """Tokens per expert per MoE layer and micro-batch, per EP group (empty for dense plans):
+    the routing :class:`MoEPlanner` lowers, one row per (EP group, stage, layer, expert) with its
+    share of the layer's tokens, the EP rank holding it, that rank's tokens and its load against
+    the group mean (``rank_load_factor``: the straggler factor of the expert compute)."""
+    cols = ["replica_group", "stage", "layer", "expert", "rank", "tokens", "share",
+            "rank_tokens", "rank_load_factor"]
+    if plan.model.moe is None:
+        return pd.DataFrame(columns=cols)
+    planner = MoEPlanner(plan, RankInfo(plan))
+    rows = []
+    for r, rep in enumerate(plan.replicas):
+        for i in range(rep.pp):
+            gr = planner.group(r, i)
+            if gr.replicas[0] != r:
+                continue
+            owner = np.repeat(np.arange(len(gr.experts)), gr.experts)
+            for layer, counts in gr.counts.items():
+                tokens = counts.sum(axis=0)
+                per_rank = np.bincount(owner, weights=tokens, minlength=len(gr.experts))
+                mean = per_rank.mean() if per_rank.mean() > 0 else 1.0
+                for e, t in enumerate(tokens):
+                    j = int(owner[e])
+                    rows.append((r, i, layer, e, gr.holder(j), int(t), t / tokens.sum(),
+                                 int(per_rank[j]), per_rank[j] / mean))
+    return pd.DataFrame(rows, columns=cols)

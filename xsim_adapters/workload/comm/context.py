@@ -20,7 +20,7 @@ balancing the sequence is cut into ``2 cp`` chunks and rank ``i`` holds chunks `
   barrier before the send.
 
 CP ranks hold the same weights; their gradients are reduced with the DP sync (which spans
-every replica). Memory: activations of ``s/cp`` tokens (:mod:`xsim_adapters.plan.memory`).
+every replica). Memory: activations of ``s/cp`` tokens (:mod:`xsim_adapters.feasibility.memory`).
 """
 
 from __future__ import annotations

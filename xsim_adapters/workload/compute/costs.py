@@ -18,7 +18,7 @@ the operator-level model of :mod:`.kernels`: each block is the list of kernels a
 micro_batch, seq_len, fwd_layer_us, bwd_layer_us``) wins where it has a matching row; the
 measured layer time is split between the attention and MLP blocks in proportion to their FLOPs.
 
-Parameter counts (layer, embedding, head) come from :mod:`xsim_adapters.plan.memory`, so the
+Parameter counts (layer, embedding, head) come from :mod:`xsim_adapters.plan.params`, so the
 memory model, the optimizer step and the DP gradient bytes agree.
 """
 
@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...plan.attention import attention_params, keys_per_query
-from ...plan.memory import embedding_params, head_params, layer_params, span_params
 from ...plan.model import DeviceType, ModelSpec, TrainingSpec
+from ...plan.params import embedding_params, head_params, layer_params, span_params
 from ...plan.sizes import tokens_per_microbatch
 from .kernels import (
     KERNEL_LAUNCH_US,
