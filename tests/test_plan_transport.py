@@ -16,7 +16,7 @@ from xsim_htsim._output import QUEUES_HEADER, TRANSPORT_FIELDS, read_queues
 from xsim_htsim._transport import write_transport
 
 from xsim_adapters.errors import BackendError, PlanError
-from xsim_adapters.plan.loader import plan_from_dict
+from xsim_adapters.feasibility import plan_from_dict
 from xsim_adapters.plan.serialize import plan_to_dict
 from xsim_adapters.plan.transport import EcnSpec, TransportSpec, parse_transport
 from xsim_adapters.topology.build import build_topology
@@ -140,9 +140,9 @@ def test_extended_queue_file(tmp_path: Path) -> None:
 def test_ns3_refuses_the_section_rather_than_ignoring_it() -> None:
     from xsim_ns3 import Ns3Backend
 
-    from xsim_adapters.trace import handmade
+    from xsim_adapters.trace.builder import TraceBuilder
 
-    tb = handmade.TraceBuilder(2)
+    tb = TraceBuilder(2)
     tb.flow(0, 1, 1000)
     topo = dataclasses.replace(star(2, 100.0), transport=TransportSpec(lossless="pfc"))
     with pytest.raises(BackendError, match="ns3: network.transport .* is not modelled"):

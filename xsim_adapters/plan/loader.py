@@ -14,6 +14,7 @@ from .bounded_yaml import parse_yaml
 from .kinds import PLAN, check_kind
 from .measured import check_sites
 from .model import DeviceType, Plan
+from .network import parse_network
 from .perturb import parse_perturb
 from .precision import settle_precision
 from .presets import _device_presets, _model_presets
@@ -23,7 +24,6 @@ from .sections import (
     parse_collectives,
     parse_device_type,
     parse_model,
-    parse_network,
     parse_training,
 )
 

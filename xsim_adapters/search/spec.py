@@ -32,13 +32,13 @@ from ..plan.model import (
     Resharding,
     TrainingSpec,
 )
+from ..plan.network import parse_network
 from ..plan.precision import settle_precision
 from ..plan.presets import _device_presets, _model_presets
 from ..plan.replicas import parse_groups
 from ..plan.sections import (
     parse_collectives,
     parse_model,
-    parse_network,
     parse_training,
 )
 
