@@ -21,8 +21,9 @@ from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, PHASE_INDEX
 from .comm.alltoall import MoEPlanner
 from .comm.dpsetup import DPSetup, RingRows, emit_sync, sync_rings
 from .comm.dpsync import buckets, chunk_rings, sweep_segments
-from .comm.emit import Emitter
+from .comm.emit import Emitter, chunk_of
 from .compute.costs import optimizer_time_ns, stage_params
+from .fsdp import add_fsdp_gathers, zero3
 from .schedule import BWD, WGRAD
 
 
@@ -57,7 +58,9 @@ def add_dp_and_optimizer(em: Emitter, rep: Sequence[int], moe: MoEPlanner | None
         tb.add_edges(tails, barrier_of[edp.members][:, None, :, None])
     optim_of = _optimizer(em, last_ends, barrier_of, moe, zero)
     mirror_ranks(plan, rep, optim_of)
-    if dp is not None and zero:
+    if dp is not None and zero3(plan):  # FSDP: gathers per unit and pass, none after the step
+        add_fsdp_gathers(em, dp)
+    elif dp is not None and zero:
         if plan.training.overlap.param_gather:
             _param_gather(em, dp)
         else:
@@ -174,7 +177,7 @@ def dp_setup(em: Emitter) -> DPSetup | None:
         mark = "embedding" if bk.has_embedding else bk.start
         for j, (r, s) in enumerate(segs[bk.segment].owners):
             local = cr.member_local[j]
-            c = _chunk_of(em, r, s, bk.start)
+            c = chunk_of(em, r, s, bk.start)
             ops = em.stage_ops[(r, s, c)]
             if overlap_grads:
                 ready[k, j] = ops[grad_kind].marks[mark][last_grad[(r, s, c)], local]
@@ -192,17 +195,6 @@ def dp_setup(em: Emitter) -> DPSetup | None:
         layer_start=np.array([bks[b].start for b in bk_of], dtype=np.int64),
         layer_stop=np.array([bks[b].stop for b in bk_of], dtype=np.int64),
         ready_op=ready, first_fwd_op=first_fwd)
-
-
-def _chunk_of(em: Emitter, replica: int, stage: int, layer: int) -> int:
-    """The model chunk of ``replica``'s ``stage`` that holds ``layer``."""
-    chunks = em.chunks[replica][stage]
-    if len(chunks) == 1:
-        return 0
-    for c, (a, b) in enumerate(chunks):
-        if a <= layer < b:
-            return c
-    raise ValueError(f"replicas[{replica}].stages[{stage}] holds no layer {layer}")
 
 
 __all__ = ["add_dp_and_optimizer", "dp_setup", "mirror_ranks"]

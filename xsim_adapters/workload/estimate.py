@@ -295,6 +295,17 @@ class _Counter:
         zero = t.zero_stage >= 1 and self.plan.dp > 1
         return ("reduce_scatter", "all_gather") if zero else ("all_reduce",)
 
+    def _dense_sync_kinds(self) -> tuple[str, ...]:
+        """The dense DP rings' collectives, one entry per emission: ZeRO-3 gathers every unit
+        per micro-batch before its forward and (reshard after forward) its backward."""
+        from .fsdp import fsdp_micro_batches, zero3
+
+        plan = self.plan
+        if not zero3(plan):
+            return self._sync_kinds()
+        passes = 2 if plan.training.fsdp.reshard_after_forward else 1
+        return ("reduce_scatter",) + ("all_gather",) * (passes * fsdp_micro_batches(plan))
+
     def dp_ops(self) -> int:
         """The dense DP sync: per bucket, one ring per TP chunk (:mod:`.dpsync`), every ring as
         wide as the widest (the generator repeats the channels of narrower ones)."""
@@ -333,11 +344,11 @@ class _Counter:
                 for _, count in sizes.get(si, {}).items():
                     total += big_l * count * sum(
                         num_steps(k, plan.dp, c.granularity, c.chunks) * plan.dp * width
-                        for k in self._sync_kinds())
+                        for k in self._dense_sync_kinds())
             return total
         for si, big_l, mem in rings:
             for (nb, pnb), count in sizes.get(si, {}).items():
-                for kind in self._sync_kinds():
+                for kind in self._dense_sync_kinds():
                     b = (pnb if kind == "all_gather" else nb) // big_l
                     total += count * self.group_collective(mem, kind, b, width)
         return total
