@@ -206,3 +206,25 @@ def test_flow_run_is_bounded_below_by_the_gathers() -> None:
     bound_ns = per_rank_recv / nic_Bps * 1e9
     assert t3 >= bound_ns
     assert t3 > t1
+
+
+def test_memory_drops_as_the_zero_and_fsdp_papers_say() -> None:
+    """Per device, P = the stage's parameters / tp, bf16 weights and gradients, Adam 12 bytes,
+    N_d = 4 (Rajbhandari et al. 2020 Fig. 1): ZeRO-1 (2 + 2 + 12/N_d) P, ZeRO-2
+    (2 + (2 + 12)/N_d) P, ZeRO-3 (2 + 2 + 12) P / N_d plus (prefetch + 1) gathered units (the
+    largest: layer 0 with the embedding, layer 7 with the head; Zhao et al. 2023)."""
+    from xsim_adapters.plan.memory import stage_memory
+
+    p = TOTAL / 2  # tp 2
+    def state(zero: int, **kw) -> float:
+        sm = stage_memory(_plan(zero, **kw), 0, 0)
+        return sm.weights + sm.gradients + sm.optimizer
+
+    assert state(0) == pytest.approx(16 * p)
+    assert state(1) == pytest.approx((4 + 12 / 4) * p)
+    assert state(2) == pytest.approx((2 + 14 / 4) * p)
+    lay, emb, head = layer_params(MODEL8), embedding_params(MODEL8), head_params(MODEL8)
+    two = (lay + emb) + (lay + head)  # the two largest units (embedding == head here: vocab)
+    assert state(3) == pytest.approx(16 * p / 4 + two / 2 * 2)
+    assert state(3, prefetch=2) == pytest.approx(16 * p / 4 + (two + lay) / 2 * 2)
+    assert state(3) < state(2) < state(1) < state(0)
