@@ -5,7 +5,6 @@ from __future__ import annotations
 import warnings
 from dataclasses import replace
 
-import numpy as np
 import pandas as pd
 import pytest
 from helpers.gen import TINY, make_plan, topo_order
@@ -228,3 +227,39 @@ def test_memory_drops_as_the_zero_and_fsdp_papers_say() -> None:
     assert state(3) == pytest.approx(16 * p / 4 + two / 2 * 2)
     assert state(3, prefetch=2) == pytest.approx(16 * p / 4 + (two + lay) / 2 * 2)
     assert state(3) < state(2) < state(1) < state(0)
+
+
+def test_replicas_must_split_the_layers_alike() -> None:
+    """Different stage splits (or, under PP, micro-batch counts) would order the gathers
+    differently per replica (a deadlock in FSDP, a cycle in the trace): one-line errors."""
+    from xsim_adapters.plan.parallel import check_fsdp
+
+    split = make_plan([[("h100", 0, 2, 0, 4)], [("h100", 2, 3, 0, 2), ("h100", 3, 4, 2, 4)]],
+                      training={"zero_stage": 3})
+    with pytest.raises(PlanError, match=r"^replicas\[1\]: training.zero_stage 3 \(FSDP\) needs "
+                       r"every replica to split the layers as replicas\[0\] does.*\[0, 2\) "
+                       r"\[2, 4\) here, \[0, 4\) in replicas\[0\]\)$"):
+        check_fsdp(split)
+    with pytest.raises(PlanError, match=r"replicas\[1\]"):
+        generate(split)
+    check_fsdp(replace(split, training=replace(split.training, zero_stage=2)))  # ZeRO-2: fine
+    mbs = _plan(3, pp=2, dp=2)
+    mbs = replace(mbs, replicas=(mbs.replicas[0], replace(mbs.replicas[1], micro_batches=3)))
+    with pytest.raises(PlanError, match=r"replicas\[1\]: .* same micro-batch count .* \(3 here, "
+                       r"1 in replicas\[0\]\)"):
+        check_fsdp(mbs)
+
+
+@pytest.mark.parametrize("training", [{"recompute": "full"}, {"schedule": "zb_h1"},
+                                      {"schedule": "interleaved", "virtual_stages": 2}])
+def test_schedules_and_recompute_stay_acyclic_and_exact(training: dict) -> None:
+    """Full recompute gathers the backward's units in recompute (layer) order; zero bubble and
+    interleaving gather per model chunk: the DAG is acyclic and the estimate exact."""
+    reps = [[("h100", 4 * r + 2 * s, 4 * r + 2 * s + 2, 4 * s, 4 * s + 4) for s in range(2)]
+            for r in range(2)]
+    plan = make_plan(reps, model=MODEL8, micro_batches=[4, 4],
+                     training={"zero_stage": 3, **training})
+    trace = generate(plan)
+    order, _ = topo_order(trace)
+    assert len(order) == trace.num_ops
+    assert sum(estimate_by_kind(plan).values()) == trace.num_ops

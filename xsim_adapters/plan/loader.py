@@ -15,6 +15,7 @@ from .kinds import PLAN, check_kind
 from .measured import check_sites
 from .memory import check_feasible
 from .model import DeviceType, Plan
+from .parallel import check_fsdp
 from .perturb import parse_perturb
 from .precision import settle_precision
 from .presets import _device_presets, _model_presets
@@ -166,6 +167,7 @@ def plan_from_dict(
         perturb=perturb,
     )
     lim.check_size(plan)
+    check_fsdp(plan)
     if network.events:
         check_events(plan)
     if feasibility:

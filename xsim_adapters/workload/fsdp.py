@@ -25,14 +25,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..plan.model import Plan
+from ..plan.parallel import check_fsdp, zero3
 from .comm.dpsetup import DPSetup, emit_sync
 from .comm.emit import Emitter, chunk_of
 from .schedule import BWD, FWD
-
-
-def zero3(plan: Plan) -> bool:
-    """Whether ``plan`` traces ZeRO-3 / FSDP parameter gathers."""
-    return plan.training.zero_stage >= 3 and plan.dp > 1
 
 
 def fsdp_micro_batches(plan: Plan) -> int:
@@ -47,6 +43,7 @@ def add_fsdp_gathers(em: Emitter, dp: DPSetup) -> None:
     """Emit the ZeRO-3 all-gathers of every micro-batch's forward and (reshard after forward)
     backward, gated as the module says."""
     plan = em.plan
+    check_fsdp(plan)
     fs = plan.training.fsdp
     m = fsdp_micro_batches(plan)
     for kind in [FWD, BWD] if fs.reshard_after_forward else [FWD]:
@@ -88,7 +85,7 @@ def _chains(em: Emitter, dp: DPSetup, kind: int, prefetch: int
     chunk; -1 where there is none."""
     members = dp.members
     n_i, n = members.shape
-    order = range(n_i) if kind == FWD else range(n_i - 1, -1, -1)
+    order = range(n_i) if _ascending(em.plan, kind) else range(n_i - 1, -1, -1)
     pred1 = np.full(members.shape, -1, dtype=np.int64)
     predp = np.full(members.shape, -1, dtype=np.int64)
     seen: dict[tuple[int, int], list[int]] = {}
@@ -104,6 +101,13 @@ def _chains(em: Emitter, dp: DPSetup, kind: int, prefetch: int
                 predp[i, j] = done[-prefetch]
             done.append(i)
     return pred1, predp
+
+
+def _ascending(plan: Plan, kind: int) -> bool:
+    """Whether pass ``kind`` needs its units in layer order: the forward, and with full
+    recompute the backward too (the trace recomputes a chunk's layers in order before their
+    backward, :mod:`.blocks`, so the unit is needed from its recompute on)."""
+    return kind == FWD or plan.training.recompute == "full"
 
 
 def _unit_gates(em: Emitter, dp: DPSetup, kind: int) -> tuple[np.ndarray, np.ndarray]:
@@ -127,13 +131,15 @@ def _unit_gates(em: Emitter, dp: DPSetup, kind: int) -> tuple[np.ndarray, np.nda
             ops = em.stage_ops[(r, s, c)]
             if kind == FWD:
                 mk: object = ("fwd", "embedding" if a == 0 else a)
+            elif plan.training.recompute == "full":  # the unit's first layer's recompute
+                mk = ("bwd", a)
             else:
                 mk = ("bwd", plan.model.layers if b == plan.model.layers else b - 1)
             own = plan.replicas[r].micro_batches
             gate[i, :own, j] = ops[kind].marks[mk][:, local]
             gate[i, own:, j] = -1  # a padded gather: no compute of this member needs it
             if (r, s) not in before:
-                rows = [tuple(int(x) for x in row) for row in em.order(r, s)]
+                rows = [(int(k), int(ch), int(b)) for k, ch, b in em.order(r, s)]
                 before[(r, s)] = dict(zip(rows[1:], rows[:-1], strict=True))
             for mb in range(m):
                 # a padded gather starts when the member's last pass of this kind is done
@@ -143,4 +149,4 @@ def _unit_gates(em: Emitter, dp: DPSetup, kind: int) -> tuple[np.ndarray, np.nda
     return gate, prev
 
 
-__all__ = ["add_fsdp_gathers", "fsdp_micro_batches", "zero3"]
+__all__ = ["add_fsdp_gathers", "check_fsdp", "fsdp_micro_batches", "zero3"]
