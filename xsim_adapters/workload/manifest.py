@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..plan.model import Plan
+from ..plan.model import FSDPSpec, Plan
 from ..plan.sizes import tokens_per_microbatch
 from ..trace.schema import KINDS, OPTIONAL_PHASES, PHASES, SCHEMA_VERSION
 from .coarsen import Coarsening
@@ -23,7 +23,8 @@ def plan_digest(plan: Plan) -> str:
 
     Fields added later are left out at their defaults (no ``perturb`` section, no ``moe``,
     ``ep`` = ``cp`` = 1, ``grad_reduce_dtype: auto``, ``grad_accumulation_fusion: true``,
-    ``network.ecmp: flow``), so plans without them keep the digest they had before.
+    ``network.ecmp: flow``, ``training.fsdp`` at its defaults), so plans without them keep the
+    digest they had before.
     """
     data = _digest_form(asdict(plan))
     if not plan.perturb.active:  # plans without a perturb section keep their earlier digests
@@ -40,6 +41,8 @@ def _digest_form(d: dict[str, Any]) -> dict[str, Any]:
             d["training"].pop(key)
     if d["network"].get("ecmp") == "flow":
         d["network"].pop("ecmp")
+    if d["training"].get("fsdp") == asdict(FSDPSpec()):
+        d["training"].pop("fsdp")
     for rep in d["replicas"]:
         for st in rep["stages"]:
             for key in ("ep", "cp"):
