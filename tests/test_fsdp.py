@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 import pytest
 from helpers.gen import TINY, make_plan, topo_order
@@ -263,3 +264,40 @@ def test_schedules_and_recompute_stay_acyclic_and_exact(training: dict) -> None:
     order, _ = topo_order(trace)
     assert len(order) == trace.num_ops
     assert sum(estimate_by_kind(plan).values()) == trace.num_ops
+
+
+def test_hsdp_splits_the_bytes_between_shard_and_replicate_groups() -> None:
+    """HSDP over 4 replicas, shard groups of 2: reduce-scatter and gathers inside each group
+    (every group moves the whole model), the shard's all-reduce across the 2 groups (S / 2 per
+    ring, one ring per shard); each rank receives (2-1)/2 S per gather and 2 (2-1)/2 S/2 in the
+    all-reduce; the optimizer and memory shard over 2, not 4; the estimate stays exact."""
+    from xsim_adapters.plan.memory import stage_memory
+
+    plan = _plan(3, dp=4, hsdp_shard=2)
+    trace = generate(plan)
+    dp = _dp(trace)
+    by = dp.groupby("kind")["bytes"].sum()
+    assert by["reduce_scatter"] == 2 * TOTAL * 2  # 2 groups, bf16 gradients
+    assert by["all_gather"] == 2 * TOTAL * 2 * 2  # 2 groups, fwd + bwd
+    assert by["all_reduce"] == TOTAL * 2  # one shard per ring, 2 rings (shards) per chunk
+    ops = trace.ops
+    # a 2-member ring: each member sends (2-1)/2 of a reduce-scatter's or gather's bytes and
+    # 2 (2-1)/2 of an all-reduce's: summed over the 8 ranks, 1x and 2x the collectives' bytes
+    for kind, share in (("reduce_scatter", 1), ("all_gather", 1), ("all_reduce", 2)):
+        ids = set(dp.loc[dp["kind"] == kind, "collective"])
+        got = ops[ops["collective"].isin(ids)].groupby("rank")["bytes"].sum()
+        want = by[kind] * share / 8  # 8 symmetric ranks
+        assert np.allclose(got.to_numpy(), want, rtol=1e-6), kind
+    assert sum(estimate_by_kind(plan).values()) == trace.num_ops
+    order, _ = topo_order(trace)
+    assert len(order) == trace.num_ops
+    full, hsdp = stage_memory(_plan(3, dp=4), 0, 0), stage_memory(plan, 0, 0)
+    assert hsdp.optimizer == pytest.approx(2 * full.optimizer)
+    assert hsdp.gradients == pytest.approx(2 * full.gradients)
+    from xsim_adapters.plan.parallel import check_fsdp
+
+    with pytest.raises(PlanError, match=r"^training.fsdp.hsdp_shard: must divide the 4 "
+                       r"replicas \(got 3\)$"):
+        check_fsdp(_plan(3, dp=4, hsdp_shard=3))
+    with pytest.raises(PlanError, match=r"hsdp_shard: must be 0"):
+        check_fsdp(_plan(3, dp=4, hsdp_shard=1))

@@ -282,15 +282,16 @@ def stage_memory(plan: Plan, replica: int, stage: int) -> StageMemory:
     params = span_params(model, st.layers)
     params += embedding_params(model) if first else 0
     params += head_params(model) if last else 0
-    dp = plan.dp
     z = tr.zero_stage
+    # the ranks a ZeRO shard spans: every replica, or with HSDP one shard group
+    dp = (tr.fsdp.hsdp_shard or plan.dp) if z >= 3 else plan.dp
     experts, edp = expert_params_per_device(plan, replica, stage)
     if experts:  # EP: the routed experts are not TP-split; their state shards over the EDP group
         params -= routed_expert_params(model, st.layers)
     p = params / st.tp
     gb = tr.grad_reduce_bytes(model.dtype_bytes)
     weights = p * model.dtype_bytes / (dp if z >= 3 else 1)
-    if z >= 3 and dp > 1:  # FSDP: the units gathered at once (computing + prefetched)
+    if z >= 3 and plan.dp > 1:  # FSDP: the units gathered at once (computing + prefetched)
         weights += gathered_unit_params(plan, st.layers, first, last) / st.tp * model.dtype_bytes
     grads = p * gb / (dp if z >= 2 else 1)
     optim = p * OPTIMIZER_BYTES_PER_PARAM / (dp if z >= 1 else 1)

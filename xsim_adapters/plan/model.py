@@ -163,6 +163,9 @@ class FSDPSpec:
     # all-gathers in flight ahead of the compute that needs them (FSDP forward/backward
     # prefetch; FSDP2 and DeepSpeed prefetch one unit by default)
     prefetch: int = 1
+    # HSDP (PyTorch HYBRID_SHARD, torchtitan dp_shard x dp_replicate): shard within groups of
+    # this many consecutive replicas and replicate across the groups; 0: shard over all
+    hsdp_shard: int = 0
 
 
 @dataclass(frozen=True)

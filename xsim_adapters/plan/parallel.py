@@ -174,6 +174,13 @@ def check_fsdp(plan: Plan) -> None:
     FSDP job would deadlock; the trace would have a cycle)."""
     if not zero3(plan):
         return
+    shard = plan.training.fsdp.hsdp_shard
+    if shard == 1:
+        raise PlanError("training.fsdp.hsdp_shard", "must be 0 (shard over every replica) or "
+                        "at least 2 (got 1)")
+    if shard and plan.dp % shard:
+        raise PlanError("training.fsdp.hsdp_shard", f"must divide the {plan.dp} replicas "
+                        f"(got {shard})")
     rep0 = plan.replicas[0]
     cuts0 = [st.layers for st in rep0.stages]
     for r, rp in enumerate(plan.replicas):
@@ -192,6 +199,11 @@ def check_fsdp(plan: Plan) -> None:
 
 def _cuts(cuts: list[tuple[int, int]]) -> str:
     return " ".join(f"[{a}, {b})" for a, b in cuts)
+
+
+def fsdp_shard_size(plan: Plan) -> int:
+    """Replicas one ZeRO-3 shard spans: ``training.fsdp.hsdp_shard``, or all of them."""
+    return plan.training.fsdp.hsdp_shard or plan.dp
 
 
 def uses_ep(plan: Plan) -> bool:
@@ -232,5 +244,5 @@ def ep_ranks(plan: Plan, replica: int, stage: int) -> list[int]:
 
 
 __all__ = ["check_cp_uniform", "check_fsdp", "check_groups", "check_stage_ep_cp",
-           "dp_synced_params", "ep_ranks", "ep_size_in_replicas", "group_replicas", "uses_ep",
-           "zero3"]
+           "dp_synced_params", "ep_ranks", "ep_size_in_replicas", "fsdp_shard_size",
+           "group_replicas", "uses_ep", "zero3"]

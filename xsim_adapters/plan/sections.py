@@ -269,6 +269,8 @@ def _parse_fsdp(m: Mapping[str, Any], path: str) -> FSDPSpec:
         reshard_after_forward=f.get_bool(fm, "reshard_after_forward", fp,
                                          d.reshard_after_forward),
         prefetch=f.get_int(fm, "prefetch", fp, d.prefetch, maximum=MAX_FSDP_PREFETCH),
+        hsdp_shard=f.get_int(fm, "hsdp_shard", fp, d.hsdp_shard, minimum=0,
+                             maximum=lim.MAX_REPLICAS),
     )
 
 

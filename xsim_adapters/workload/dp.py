@@ -16,14 +16,14 @@ import numpy as np
 
 from ..plan.model import Plan, Stage
 from ..plan.moe import routed_expert_params
-from ..plan.parallel import group_replicas, uses_ep
+from ..plan.parallel import fsdp_shard_size, group_replicas, uses_ep
 from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, PHASE_INDEX
 from .comm.alltoall import MoEPlanner
 from .comm.dpsetup import DPSetup, RingRows, emit_sync, sync_rings
 from .comm.dpsync import buckets, chunk_rings, sweep_segments
 from .comm.emit import Emitter, chunk_of
 from .compute.costs import optimizer_time_ns, stage_params
-from .fsdp import add_fsdp_gathers, zero3
+from .fsdp import add_fsdp_gathers, hsdp_sync, zero3
 from .schedule import BWD, WGRAD
 
 
@@ -49,7 +49,9 @@ def add_dp_and_optimizer(em: Emitter, rep: Sequence[int], moe: MoEPlanner | None
     mirror_ranks(plan, rep, barrier_of)
     dp = dp_setup(em) if plan.dp > 1 else None
     sync = "reduce_scatter" if zero else "all_reduce"
-    if dp is not None:
+    if dp is not None and zero3(plan) and fsdp_shard_size(plan) < plan.dp:
+        dp = hsdp_sync(em, dp, barrier_of)  # HSDP: the gathers run on the shard rings
+    elif dp is not None:
         tails, _ = emit_sync(em, dp, sync, dp.ready_op)
         tb.add_edges(tails, barrier_of[dp.members][:, None, :, None])
     edp = moe.edp_setup(em) if moe is not None and uses_ep(plan) else None
@@ -74,15 +76,16 @@ def _optimizer(em: Emitter, last_ends: list[tuple[np.ndarray, np.ndarray, Stage,
     """The optimizer step of every built stage's ranks; returns the op id per global rank."""
     plan, tb = em.plan, em.tb
     optim_of = np.full(plan.num_ranks, -1, dtype=np.int64)
+    shard = fsdp_shard_size(plan) if zero3(plan) else plan.dp  # ranks a ZeRO shard spans
     for ends, last, st, r, i in last_ends:
         ranks = np.asarray(plan.stage_ranks(st), dtype=np.int64)
         dev = plan.device_types[plan.group(st.group).type]
         params: float | np.ndarray = (
-            stage_params(plan.model, st.layers) / st.tp / (plan.dp if zero else 1))
+            stage_params(plan.model, st.layers) / st.tp / (shard if zero else 1))
         if moe is not None and uses_ep(plan):  # experts: own count, EDP-sharded
             edp_n = plan.dp // len(group_replicas(plan, r, i, "ep"))
             routed = routed_expert_params(plan.model, st.layers)
-            params = params - routed / st.tp / (plan.dp if zero else 1) + np.array(
+            params = params - routed / st.tp / (shard if zero else 1) + np.array(
                 [moe.expert_params_of(r, i, k) for k in range(st.tp)]
             ) / (edp_n if zero else 1)
         ids = tb.add_ops(

@@ -25,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..plan.model import Plan
-from ..plan.parallel import check_fsdp, zero3
-from .comm.dpsetup import DPSetup, emit_sync
+from ..plan.parallel import check_fsdp, fsdp_shard_size, zero3
+from .comm.dpsetup import DPSetup, emit_sync, subset_setup
 from .comm.emit import Emitter, chunk_of
 from .schedule import BWD, FWD
 
@@ -52,6 +52,28 @@ def add_fsdp_gathers(em: Emitter, dp: DPSetup) -> None:
         for mb in range(m):
             tails, starts = emit_sync(em, dp, "all_gather", None)
             _gate_pass(em, gate[:, mb], prev[:, mb], (pred1, predp), tails, starts)
+
+
+def hsdp_sync(em: Emitter, dp: DPSetup, barrier_of: np.ndarray) -> DPSetup:
+    """HSDP (``training.fsdp.hsdp_shard`` n < dp): each bucket's gradients are reduce-scattered
+    within every shard group of n consecutive replicas, then each shard is all-reduced across
+    the dp / n groups over the members holding it (PyTorch HYBRID_SHARD); every member's
+    optimizer waits for its all-reduce. Returns the shard rings (the parameter gathers run on
+    them)."""
+    plan = em.plan
+    n = fsdp_shard_size(plan)
+    reps = plan.dp // n
+    shard = subset_setup(em, dp, [list(range(g * n, (g + 1) * n)) for g in range(reps)])
+    repl = subset_setup(em, dp, [list(range(k, plan.dp, n)) for k in range(n)], divide=n)
+    rs_tails, _ = emit_sync(em, shard, "reduce_scatter", shard.ready_op)
+    ar_tails, ar_starts = emit_sync(em, repl, "all_reduce", None)
+    # all-reduce ring i*n + k, member q (group q) holds shard k of shard ring i*reps + q
+    i, k, q = (x.ravel() for x in np.meshgrid(np.arange(len(dp.members)), np.arange(n),
+                                              np.arange(reps), indexing="ij"))
+    src = rs_tails[i * reps + q, :, k, :].reshape(len(i), 1, -1)
+    em.tb.add_edges_valid(src, ar_starts[i * n + k, :, q][:, :, None])
+    em.tb.add_edges(ar_tails, barrier_of[repl.members][:, None, :, None])
+    return shard
 
 
 def _gate_pass(em: Emitter, gate: np.ndarray, prev: np.ndarray,
@@ -149,4 +171,4 @@ def _unit_gates(em: Emitter, dp: DPSetup, kind: int) -> tuple[np.ndarray, np.nda
     return gate, prev
 
 
-__all__ = ["add_fsdp_gathers", "check_fsdp", "fsdp_micro_batches", "zero3"]
+__all__ = ["add_fsdp_gathers", "check_fsdp", "fsdp_micro_batches", "hsdp_sync", "zero3"]
