@@ -56,6 +56,12 @@ BF16_BYTES = 2
 MIXTRAL_8X7B_PARAMS, MIXTRAL_8X7B_ROUTED = 46_702_792_704, 45_097_156_608
 QWEN_MOE_PARAMS, QWEN_MOE_ROUTED = 14_315_587_584, 12_457_082_880
 LLAMA3_8B_PARAMS = 8_030_261_248
+# Llama 3 8B (arXiv:2407.21783 Table 3: hidden 4096, FFN 14336, 32 heads, 8 KV heads, vocabulary
+# 128,256): per layer 4096 x (4096 + 2 x 1024) + 4096^2 + 3 x 4096 x 14336 + 2 x 4096; 32 layers
+# + embedding + head + final norm = LLAMA3_8B_PARAMS
+LLAMA3_8B_LAYER_PARAMS = 218_112_000
+LLAMA3_8B_EMBEDDING_PARAMS = 128_256 * 4096
+assert 32 * LLAMA3_8B_LAYER_PARAMS + 2 * LLAMA3_8B_EMBEDDING_PARAMS + 4096 == LLAMA3_8B_PARAMS
 # Llama 3 70B (Llama Team 2024, arXiv:2407.21783, Table 3: 80 layers, hidden 8192, FFN 28672, 64
 # heads, 8 KV heads, vocabulary 128,256): 80 x 855,654,400 per layer (attention 8192 x (8192 +
 # 2 x 1024) + 8192^2, SwiGLU 3 x 8192 x 28672, two norms) + 2 x 128,256 x 8192 (untied embedding
@@ -98,6 +104,11 @@ HAND = {
     "pcie-rtx4090": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 4,
                      "tp_via_host_uplink_GBps": 16.0 * 128 / 130 / 8 * 16, "tp": 4},
     "two-site-measured": {"params": LLAMA2_7B_8_LAYERS_PARAMS, "dp": 2},
+    # FSDP (ZeRO-3) over 8 servers x TP 8, one micro-batch: per parameter a reduce-scatter of
+    # fp32 gradients and two all-gathers (before forward, before backward) of bf16 parameters,
+    # each moving (n - 1) x the bytes over all members
+    "fsdp-llama3-8b-64xh100": {"params": LLAMA3_8B_PARAMS, "dp": 8, "fsdp_nic_gbps": 400,
+                               "dp_bytes": 7 * LLAMA3_8B_PARAMS * (FP32_BYTES + 2 * BF16_BYTES)},
     # two GB200 NVL72 racks: Llama 3 70B, TP 8 x PP 2 x DP 9, stage s of every replica in rack s
     "gb200-nvl72-llama3-70b": {"params": LLAMA3_70B_PARAMS, "dp": 9, "rack_gpus": 72},
 }
@@ -179,6 +190,8 @@ def _independent_checks(name: str, golden: dict, trace, plan) -> None:
         _rack_checks(hand["rack_gpus"], golden, flows, plan)
     if "tp_via_host_uplink_GBps" in hand:
         _host_memory_checks(hand, golden, flows, plan)
+    if "fsdp_nic_gbps" in hand:
+        _fsdp_checks(hand, golden, busiest, plan)
     # tokens/s is global_batch x seq_len tokens per iteration, by definition
     tokens = plan.training.global_batch * plan.model.seq_len
     assert golden["tokens_per_s"] * golden["iteration_time_ns"] / 1e9 == pytest.approx(
@@ -198,6 +211,20 @@ def _host_memory_checks(hand: dict, golden: dict, flows, plan) -> None:
         assert any(h.startswith("hm") for h in hops), (src, dst, hops)
     bound_ns = hand["tp"] * float(tp["bytes"].sum()) / hand["tp_via_host_uplink_GBps"]
     assert golden["phases"]["tp"] >= bound_ns
+
+
+def _fsdp_checks(hand: dict, golden: dict, busiest: float, plan) -> None:
+    """FSDP over servers: every DP byte a rank receives crosses its own NIC, (n - 1) / n of its
+    TP shard per collective; the first unit's (layer 0 + embedding) all-gather precedes the
+    rank's first compute and its gradient reduce-scatter follows the last backward op and
+    precedes the optimizer step, so the iteration is at least both plus the rank's compute."""
+    n, tp = hand["dp"], plan.replicas[0].stages[0].tp
+    nic_bytes_per_ns = hand["fsdp_nic_gbps"] / 8
+    per_rank = hand["params"] / tp * (n - 1) / n * (FP32_BYTES + 2 * BF16_BYTES)
+    assert golden["iteration_time_ns"] >= per_rank / nic_bytes_per_ns
+    unit0 = (LLAMA3_8B_LAYER_PARAMS + LLAMA3_8B_EMBEDDING_PARAMS) / tp * (n - 1) / n
+    edges = unit0 * (BF16_BYTES + FP32_BYTES) / nic_bytes_per_ns
+    assert golden["iteration_time_ns"] >= busiest + edges
 
 
 def _rack_checks(rack: int, golden: dict, flows, plan) -> None:

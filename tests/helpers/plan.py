@@ -133,7 +133,9 @@ def plan_dicts(draw: st.DrawFn) -> dict[str, Any]:
         "global_batch": total * micro_batch,
         "micro_batch": micro_batch,
         "schedule": draw(st.sampled_from(["gpipe", "1f1b", "zb_h1"])),
-        "zero_stage": draw(st.integers(0, 3)),
+        # ZeRO-3 (FSDP) needs every replica to split the layers alike (tests/test_fsdp.py covers
+        # it); these plans differ per replica on purpose
+        "zero_stage": draw(st.integers(0, 2)),
         "recompute": draw(st.sampled_from([True, False, "none", "selective", "full"])),
         "sequence_parallel": draw(st.booleans()),
         "flash_attention": draw(st.booleans()),

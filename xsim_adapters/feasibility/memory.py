@@ -135,6 +135,27 @@ def expert_params_per_device(plan: Plan, replica: int, stage: int) -> tuple[floa
     return float(held * per_expert * moe_layers_in(plan.model, st.layers)), plan.dp // g
 
 
+def gathered_unit_params(plan: Plan, layers: tuple[int, int], first: bool, last: bool
+                         ) -> float:
+    """ZeRO-3 / FSDP: parameters (whole, not TP-split) of the units a rank holds gathered at
+    its peak: the one computing and ``training.fsdp.prefetch`` more, the largest of the stage's
+    units (``collectives.dp_bucket_layers`` layers; the embedding in the first, the head in the
+    last). Zhao et al. 2023 (PyTorch FSDP, VLDB), sec. 3.2: peak parameter memory is the
+    sharded model plus the fully materialized units in flight; the sharded part is
+    Rajbhandari et al. 2020 (ZeRO) Fig. 1, P_os+g+p: (2 + 2 + K) Psi / N_d."""
+    model = plan.model
+    per = max(1, plan.collectives.dp_bucket_layers)
+    units = []
+    for lo in range(layers[0], layers[1], per):
+        hi = min(lo + per, layers[1])
+        u = span_params(model, (lo, hi))
+        u += embedding_params(model) if first and lo == layers[0] else 0
+        u += head_params(model) if last and hi == layers[1] else 0
+        units.append(u)
+    units.sort(reverse=True)
+    return float(sum(units[: plan.training.fsdp.prefetch + 1]))
+
+
 def in_flight_micro_batches(schedule: str, stage: int, pp: int, m: int, v: int = 1) -> float:
     """Peak activations held on ``stage``, in micro-batches of the whole stage's activations.
 
@@ -194,14 +215,17 @@ def stage_memory(plan: Plan, replica: int, stage: int) -> StageMemory:
     params = span_params(model, st.layers)
     params += embedding_params(model) if first else 0
     params += head_params(model) if last else 0
-    dp = plan.dp
     z = tr.zero_stage
+    # the ranks a ZeRO shard spans: every replica, or with HSDP one shard group
+    dp = (tr.fsdp.hsdp_shard or plan.dp) if z >= 3 else plan.dp
     experts, edp = expert_params_per_device(plan, replica, stage)
     if experts:  # EP: the routed experts are not TP-split; their state shards over the EDP group
         params -= routed_expert_params(model, st.layers)
     p = params / st.tp
     gb = tr.grad_reduce_bytes(model.dtype_bytes)
     weights = p * model.dtype_bytes / (dp if z >= 3 else 1)
+    if z >= 3 and plan.dp > 1:  # FSDP: the units gathered at once (computing + prefetched)
+        weights += gathered_unit_params(plan, st.layers, first, last) / st.tp * model.dtype_bytes
     grads = p * gb / (dp if z >= 2 else 1)
     optim = p * OPTIMIZER_BYTES_PER_PARAM / (dp if z >= 1 else 1)
     weights += experts * model.dtype_bytes / (edp if z >= 3 else 1)

@@ -15,6 +15,7 @@ from .kinds import PLAN, check_kind
 from .measured import check_sites
 from .model import DeviceType, Plan
 from .network import parse_network
+from .parallel import check_fsdp
 from .perturb import parse_perturb
 from .precision import settle_precision
 from .presets import _device_presets, _model_presets
@@ -163,6 +164,7 @@ def parse_plan_dict(d: Any, base_dir: str | None = None, *, source: str | None =
         seed=seed,
         perturb=perturb,
     )
+    check_fsdp(plan)  # every replica reaches the per-unit gathers in one order
     return plan
 
 

@@ -153,6 +153,25 @@ class OverlapSpec:
 
 
 @dataclass(frozen=True)
+class FSDPSpec:
+    """ZeRO-3 / FSDP (``training.zero_stage: 3``): how the sharded parameters are gathered.
+
+    An FSDP unit is a DP bucket (``collectives.dp_bucket_layers`` layers, default 1: torchtitan
+    wraps every transformer block); the embedding is in the first unit, the head in the last.
+    """
+
+    # after each unit's forward its gathered parameters are freed and all-gathered again
+    # before its backward (PyTorch FSDP reshard_after_forward, DeepSpeed ZeRO-3's default)
+    reshard_after_forward: bool = True
+    # all-gathers in flight ahead of the compute that needs them (FSDP forward/backward
+    # prefetch; FSDP2 and DeepSpeed prefetch one unit by default)
+    prefetch: int = 1
+    # HSDP (PyTorch HYBRID_SHARD, torchtitan dp_shard x dp_replicate): shard within groups of
+    # this many consecutive replicas and replicate across the groups; 0: shard over all
+    hsdp_shard: int = 0
+
+
+@dataclass(frozen=True)
 class TrainingSpec:
     """Batching, pipeline schedule and memory-saving options."""
 
@@ -160,7 +179,7 @@ class TrainingSpec:
     micro_batch: int  # sequences per micro-batch
     schedule: Schedule = "1f1b"
     optimizer: str = "adam"
-    zero_stage: int = 0  # 0..3 (ZeRO-1 shards optimizer state over the DP owners, ...)
+    zero_stage: int = 0  # 0..3: ZeRO-1 shards optimizer state, 2 also gradients, 3 also weights
     # Activation recompute: "full" runs every layer's forward again before its backward,
     # "selective" only the attention core (Megatron's selective recompute), "none" neither.
     recompute: Recompute = "none"
@@ -171,6 +190,7 @@ class TrainingSpec:
     flash_attention: bool = True
     virtual_stages: int = 1  # model chunks per pipeline stage (schedule "interleaved": >= 2)
     overlap: OverlapSpec = field(default_factory=OverlapSpec)
+    fsdp: FSDPSpec = field(default_factory=FSDPSpec)  # ZeRO-3's parameter gathers
 
     # Number format of the math; picks the device peak (see Precision above).
     precision: Precision = "bf16"

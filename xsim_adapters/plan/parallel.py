@@ -162,6 +162,50 @@ def check_groups(raw: Sequence[Any], counts: Sequence[int]) -> None:
                     )
 
 
+def zero3(plan: Plan) -> bool:
+    """Whether ``plan`` traces ZeRO-3 / FSDP parameter gathers."""
+    return plan.training.zero_stage >= 3 and plan.dp > 1
+
+
+def check_fsdp(plan: Plan) -> None:
+    """ZeRO-3's gathers are collectives per unit, pass and micro-batch over every replica, so
+    every replica must reach them in the same order: the same stage split (and, with pipeline
+    parallelism, the same micro-batch count). Otherwise one-line :class:`PlanError` (a real
+    FSDP job would deadlock; the trace would have a cycle)."""
+    if not zero3(plan):
+        return
+    shard = plan.training.fsdp.hsdp_shard
+    if shard == 1:
+        raise PlanError("training.fsdp.hsdp_shard", "must be 0 (shard over every replica) or "
+                        "at least 2 (got 1)")
+    if shard and plan.dp % shard:
+        raise PlanError("training.fsdp.hsdp_shard", f"must divide the {plan.dp} replicas "
+                        f"(got {shard})")
+    rep0 = plan.replicas[0]
+    cuts0 = [st.layers for st in rep0.stages]
+    for r, rp in enumerate(plan.replicas):
+        cuts = [st.layers for st in rp.stages]
+        if cuts != cuts0:
+            raise PlanError(f"replicas[{r}]", (
+                f"training.zero_stage 3 (FSDP) needs every replica to split the layers as "
+                f"replicas[0] does, its gathers run in the same order on every replica "
+                f"(stages hold {_cuts(cuts)} here, {_cuts(cuts0)} in replicas[0])"))
+        if rp.pp > 1 and rp.micro_batches != rep0.micro_batches:
+            raise PlanError(f"replicas[{r}]", (
+                f"training.zero_stage 3 (FSDP) with pipeline parallelism needs the same "
+                f"micro-batch count in every replica ({rp.micro_batches} here, "
+                f"{rep0.micro_batches} in replicas[0])"))
+
+
+def _cuts(cuts: list[tuple[int, int]]) -> str:
+    return " ".join(f"[{a}, {b})" for a, b in cuts)
+
+
+def fsdp_shard_size(plan: Plan) -> int:
+    """Replicas one ZeRO-3 shard spans: ``training.fsdp.hsdp_shard``, or all of them."""
+    return plan.training.fsdp.hsdp_shard or plan.dp
+
+
 def uses_ep(plan: Plan) -> bool:
     """True if the plan's stages run expert parallelism (then every stage does)."""
     return plan.model.moe is not None and plan.replicas[0].stages[0].ep > 1
@@ -199,5 +243,6 @@ def ep_ranks(plan: Plan, replica: int, stage: int) -> list[int]:
     return ranks
 
 
-__all__ = ["check_cp_uniform", "check_groups", "check_stage_ep_cp", "dp_synced_params",
-           "ep_ranks", "ep_size_in_replicas", "group_replicas", "uses_ep"]
+__all__ = ["check_cp_uniform", "check_fsdp", "check_groups", "check_stage_ep_cp",
+           "dp_synced_params", "ep_ranks", "ep_size_in_replicas", "fsdp_shard_size",
+           "group_replicas", "uses_ep", "zero3"]

@@ -98,7 +98,9 @@ EXEMPLARS: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "schema-b", "model": "tiny-gpt",
-        "training": {"global_batch": 8, "micro_batch": 1, "recompute": True},
+        "training": {"global_batch": 8, "micro_batch": 1, "recompute": True,
+                     "zero_stage": 3, "fsdp": {"reshard_after_forward": True, "prefetch": 1,
+                                               "hsdp_shard": 0}},
         "device_groups": {"h100": _GROUPS["h100"]},
         "perturb": {"slow": [{"rank": 7, "factor": 1.5}, {"server": 0, "factor": 1.5}]},
         "replicas": {"uniform": {"group": "h100", "tp": 2, "pp": 2, "dp": 2,

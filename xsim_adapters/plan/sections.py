@@ -12,10 +12,11 @@ import csv
 import dataclasses
 import io
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any, get_args
 
-from ..errors import PlanError
+from ..errors import PlanError, PlanWarning
 from . import _fields as f
 from . import limits as lim
 from .attention import parse_attention
@@ -26,6 +27,7 @@ from .model import (
     CollectiveAlgorithms,
     CollectivesSpec,
     DeviceType,
+    FSDPSpec,
     GradDtype,
     Granularity,
     MLASpec,
@@ -178,6 +180,7 @@ def parse_training(value: Any, path: str) -> TrainingSpec:
         flash_attention=f.get_bool(m, "flash_attention", path, d.flash_attention),
         virtual_stages=_virtual_stages(m, path, schedule),
         overlap=_parse_overlap(m.get("overlap", {}), f.join(path, "overlap")),
+        fsdp=_parse_fsdp(m, path),
         precision=f.get_enum(m, "precision", path, get_args(Precision), d.precision),  # type: ignore[arg-type]
         dropout=f.get_bool(m, "dropout", path, d.dropout),
         grad_reduce_dtype=f.get_enum(  # type: ignore[arg-type]
@@ -230,6 +233,37 @@ def _virtual_stages(m: Mapping[str, Any], path: str, schedule: str) -> int:
             f"must be 1 unless training.schedule is interleaved (schedule {schedule}) (got {v})",
         )
     return v
+
+
+# FSDP prefetch beyond a few units only holds more gathered units in memory (FSDP2 and
+# DeepSpeed default to 1); the bound keeps the dependency chains short
+MAX_FSDP_PREFETCH = 8
+
+
+def _parse_fsdp(m: Mapping[str, Any], path: str) -> FSDPSpec:
+    """``training.fsdp`` (only with ``zero_stage: 3``). A ZeRO-3 plan without it gets one
+    warning: stage 3 traced as stage 1 before (docs/plan.md#zero-and-fsdp)."""
+    zero = m.get("zero_stage", 0)
+    if "fsdp" not in m:
+        if zero == 3:
+            warnings.warn(PlanWarning(
+                f"{f.join(path, 'zero_stage')}: 3 now gathers every unit's parameters before "
+                "its forward and backward and reduce-scatters its gradients (FSDP); it traced "
+                "as ZeRO-1 before (docs/plan.md#zero-and-fsdp)"), stacklevel=1)
+        return FSDPSpec()
+    fp = f.join(path, "fsdp")
+    if zero != 3:
+        raise PlanError(fp, f"needs training.zero_stage: 3 (got zero_stage {zero})")
+    fm = f.expect_mapping(m["fsdp"], fp)
+    d = FSDPSpec()
+    f.check_keys(fm, fp, [x.name for x in dataclasses.fields(FSDPSpec)])
+    return FSDPSpec(
+        reshard_after_forward=f.get_bool(fm, "reshard_after_forward", fp,
+                                         d.reshard_after_forward),
+        prefetch=f.get_int(fm, "prefetch", fp, d.prefetch, maximum=MAX_FSDP_PREFETCH),
+        hsdp_shard=f.get_int(fm, "hsdp_shard", fp, d.hsdp_shard, minimum=0,
+                             maximum=lim.MAX_REPLICAS),
+    )
 
 
 def _parse_overlap(value: Any, path: str) -> OverlapSpec:

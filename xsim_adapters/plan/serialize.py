@@ -103,7 +103,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "name": plan.name,
         "seed": plan.seed,
         "model": _model_plain(plan.model),
-        "training": _plain(plan.training),
+        "training": _training_plain(plan.training),
         "device_types": types,
         "device_groups": {
             g.name: {"type": g.type, "nodes": g.nodes, "gpus_per_node": g.gpus_per_node,
@@ -118,6 +118,15 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "collectives": _collectives_plain(plan.collectives),
         **({"perturb": perturb_to_dict(plan.perturb)} if plan.perturb.active else {}),
     }
+
+
+def _training_plain(training: Any) -> dict[str, Any]:
+    """``training`` as plain data; ``fsdp`` only with ZeRO-3 (the loader allows it only there,
+    and a ZeRO-3 plan that states it gets no default-changed warning when read back)."""
+    out = _plain(training)
+    if training.zero_stage != 3:
+        del out["fsdp"]
+    return out
 
 
 def plan_to_yaml(plan: Plan) -> str:

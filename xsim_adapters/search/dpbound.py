@@ -204,7 +204,9 @@ def gather_floors(costs: Costs, c: Candidate, plan: Plan, shape: SyncShape | Non
     """ZeRO with ``overlap.param_gather``: per replica, per stage, per chunk, a floor (ns) on
     the end of its first forward block (micro-batch 0): the all-gathers a unit waits for,
     then the rest of the block. Empty without ZeRO, param_gather or data parallelism."""
-    if shape is None or not (c.choice.zero_stage >= 1 and plan.training.overlap.param_gather):
+    # ZeRO-3 (FSDP) gathers per unit and pass instead (workload/fsdp.py): no floor claimed
+    if shape is None or not (c.choice.zero_stage in (1, 2)
+                             and plan.training.overlap.param_gather):
         return {}
     out: dict[int, list[dict[int, float]]] = {}
     for bi, bs in enumerate(shape.buckets):
@@ -271,7 +273,8 @@ def dp_tail_ns(an: Analyzer, costs: Costs, c: Candidate, plan: Plan,
         mark = "embedding" if bk.has_embedding else bk.start
         return float(tm.start[row]) + blk.marks.get(mark, (0, 0))[1]
 
-    gather_after = ch.zero_stage >= 1 and not plan.training.overlap.param_gather
+    # ZeRO-3 gathers nothing after the optimizer step (workload/fsdp.py)
+    gather_after = ch.zero_stage in (1, 2) and not plan.training.overlap.param_gather
     opt_end = {k: times[k[0]][k[1]].last_end + v for k, v in opt.items()}
     cut: dict[int, list[tuple[float, float, bool, float]]] = {}
     cut_in: dict[int, list[tuple[float, float, bool, float]]] = {}

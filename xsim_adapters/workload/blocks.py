@@ -77,6 +77,10 @@ class Unit:
     latent: str | None = None
     # SMs the TP communication overlapped with the (first, last) GEMM occupies (TP overlap)
     comm_sms: tuple[int, int] = (0, 0)
+    # a second key for the unit's first compute op: ``("bwd", layer)`` on a layer's (or, with
+    # ``layer`` = model.layers, the head's) first backward op, where ZeRO-3's backward
+    # parameter all-gather must have arrived
+    gate: object = None
 
 
 @dataclass
@@ -166,18 +170,22 @@ def stage_units(
     wgr: list[Unit] = []
     if last:
         ns, fl = head_cost(model, training, device, n, bwd=True)  # fl: backward (2x) FLOPs
+        gate = ("bwd", model.layers)
         if split_w:
             hb, hw = split_ns(ns, GEMM_WGRAD_SHARE)
-            bwd.append(Unit("bwd", model.layers, model.layers + 1, hb, fl / 2, c.tpk))
+            bwd.append(Unit("bwd", model.layers, model.layers + 1, hb, fl / 2, c.tpk, gate=gate))
             wgr.append(Unit("wgrad", model.layers, model.layers + 1, hw, fl / 2, ()))
         else:
-            bwd.append(Unit("bwd", model.layers, model.layers + 1, ns, fl, c.tpk))
+            bwd.append(Unit("bwd", model.layers, model.layers + 1, ns, fl, c.tpk, gate=gate))
     scatter = "reduce_scatter" if mla_sp else None  # the latents' gradients, backward
     for layer in range(b - 1, a - 1, -1):
+        i0 = len(bwd)
         if split_w:
             _split_backward_units(c, layer, scatter, bwd, wgr)
         else:
             _backward_units(c, layer, scatter, bwd)
+        if training.recompute != "full":  # with full recompute its recompute is first
+            bwd[i0] = replace(bwd[i0], gate=("bwd", layer))
     if first:
         ns, fl = embedding_cost(model, training, device, bwd=True)
         (wgr if split_w else bwd).append(  # where weight gradients are complete
@@ -203,6 +211,7 @@ def _forward_units(c: _Chunk, a: int, b: int, first: bool, last: bool,
         k = c.kinds[is_window_layer(model, layer)]
         costs = k.costs
         nxt = None if layer == model.layers - 1 else c.gather  # it feeds the next attention
+        i0 = len(units)
         if c.cpc is not None:
             units.extend(_cp_units(c.cpc, layer, phase, costs.attn_fwd_ns, costs.attn_flops,
                                    tpk))
@@ -212,6 +221,8 @@ def _forward_units(c: _Chunk, a: int, b: int, first: bool, last: bool,
                      ("fwd", layer) if fwd else None, k.ga,
                      comm_sms=TP_OVERLAP_SMS["attention_fwd"])
             )
+        if not fwd:  # full recompute: the layer's parameters are needed from here on
+            units[i0] = replace(units[i0], gate=("bwd", layer))
         if moe is not None and layer in moe.layers:
             units.extend(_moe_units(moe, layer, phase, tpk, nxt))
             continue
@@ -449,6 +460,8 @@ def build_block(
             last = ids
         if head is None:
             head = pieces[0]
+        if u.gate is not None:
+            marks[u.gate] = pieces[0]
         if u.mark is not None:  # forward marks: where inputs must have arrived; others: done
             fwd_mark = isinstance(u.mark, tuple) and u.mark[0] == "fwd"
             marks[u.mark] = pieces[0] if fwd_mark else pieces[-1]

@@ -197,6 +197,9 @@ def microbatch_plan_reason(plan: Plan, mode: str) -> tuple[int | None, str]:
                       " nothing to merge")
     if mode == "auto" and len(replica_classes(plan)) > 1:
         return None, "replicas are not all identical (auto merges micro-batches of one class)"
+    if mode == "auto" and t.zero_stage >= 3 and plan.dp > 1:
+        return None, ("training.zero_stage 3: the merge's error bound was measured without "
+                      "FSDP's per-micro-batch gathers (coarsen on merges them)")
     return sim, (f"{sim} of {m} micro-batches simulated per replica (pipeline depth {p} +"
                  f" {STEADY_EXTRA}); the {m - sim} steady-state ones left out are added as"
                  " periods measured from the run")

@@ -16,13 +16,14 @@ import numpy as np
 
 from ..plan.model import Plan, Stage
 from ..plan.moe import routed_expert_params
-from ..plan.parallel import group_replicas, uses_ep
+from ..plan.parallel import fsdp_shard_size, group_replicas, uses_ep
 from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, PHASE_INDEX
 from .comm.alltoall import MoEPlanner
 from .comm.dpsetup import DPSetup, RingRows, emit_sync, sync_rings
 from .comm.dpsync import buckets, chunk_rings, sweep_segments
-from .comm.emit import Emitter
+from .comm.emit import Emitter, chunk_of
 from .compute.costs import optimizer_time_ns, stage_params
+from .fsdp import add_fsdp_gathers, hsdp_sync, zero3
 from .schedule import BWD, WGRAD
 
 
@@ -48,7 +49,9 @@ def add_dp_and_optimizer(em: Emitter, rep: Sequence[int], moe: MoEPlanner | None
     mirror_ranks(plan, rep, barrier_of)
     dp = dp_setup(em) if plan.dp > 1 else None
     sync = "reduce_scatter" if zero else "all_reduce"
-    if dp is not None:
+    if dp is not None and zero3(plan) and fsdp_shard_size(plan) < plan.dp:
+        dp = hsdp_sync(em, dp, barrier_of)  # HSDP: the gathers run on the shard rings
+    elif dp is not None:
         tails, _ = emit_sync(em, dp, sync, dp.ready_op)
         tb.add_edges(tails, barrier_of[dp.members][:, None, :, None])
     edp = moe.edp_setup(em) if moe is not None and uses_ep(plan) else None
@@ -57,7 +60,9 @@ def add_dp_and_optimizer(em: Emitter, rep: Sequence[int], moe: MoEPlanner | None
         tb.add_edges(tails, barrier_of[edp.members][:, None, :, None])
     optim_of = _optimizer(em, last_ends, barrier_of, moe, zero)
     mirror_ranks(plan, rep, optim_of)
-    if dp is not None and zero:
+    if dp is not None and zero3(plan):  # FSDP: gathers per unit and pass, none after the step
+        add_fsdp_gathers(em, dp)
+    elif dp is not None and zero:
         if plan.training.overlap.param_gather:
             _param_gather(em, dp)
         else:
@@ -71,15 +76,16 @@ def _optimizer(em: Emitter, last_ends: list[tuple[np.ndarray, np.ndarray, Stage,
     """The optimizer step of every built stage's ranks; returns the op id per global rank."""
     plan, tb = em.plan, em.tb
     optim_of = np.full(plan.num_ranks, -1, dtype=np.int64)
+    shard = fsdp_shard_size(plan) if zero3(plan) else plan.dp  # ranks a ZeRO shard spans
     for ends, last, st, r, i in last_ends:
         ranks = np.asarray(plan.stage_ranks(st), dtype=np.int64)
         dev = plan.device_types[plan.group(st.group).type]
         params: float | np.ndarray = (
-            stage_params(plan.model, st.layers) / st.tp / (plan.dp if zero else 1))
+            stage_params(plan.model, st.layers) / st.tp / (shard if zero else 1))
         if moe is not None and uses_ep(plan):  # experts: own count, EDP-sharded
             edp_n = plan.dp // len(group_replicas(plan, r, i, "ep"))
             routed = routed_expert_params(plan.model, st.layers)
-            params = params - routed / st.tp / (plan.dp if zero else 1) + np.array(
+            params = params - routed / st.tp / (shard if zero else 1) + np.array(
                 [moe.expert_params_of(r, i, k) for k in range(st.tp)]
             ) / (edp_n if zero else 1)
         ids = tb.add_ops(
@@ -174,7 +180,7 @@ def dp_setup(em: Emitter) -> DPSetup | None:
         mark = "embedding" if bk.has_embedding else bk.start
         for j, (r, s) in enumerate(segs[bk.segment].owners):
             local = cr.member_local[j]
-            c = _chunk_of(em, r, s, bk.start)
+            c = chunk_of(em, r, s, bk.start)
             ops = em.stage_ops[(r, s, c)]
             if overlap_grads:
                 ready[k, j] = ops[grad_kind].marks[mark][last_grad[(r, s, c)], local]
@@ -192,17 +198,6 @@ def dp_setup(em: Emitter) -> DPSetup | None:
         layer_start=np.array([bks[b].start for b in bk_of], dtype=np.int64),
         layer_stop=np.array([bks[b].stop for b in bk_of], dtype=np.int64),
         ready_op=ready, first_fwd_op=first_fwd)
-
-
-def _chunk_of(em: Emitter, replica: int, stage: int, layer: int) -> int:
-    """The model chunk of ``replica``'s ``stage`` that holds ``layer``."""
-    chunks = em.chunks[replica][stage]
-    if len(chunks) == 1:
-        return 0
-    for c, (a, b) in enumerate(chunks):
-        if a <= layer < b:
-            return c
-    raise ValueError(f"replicas[{replica}].stages[{stage}] holds no layer {layer}")
 
 
 __all__ = ["add_dp_and_optimizer", "dp_setup", "mirror_ranks"]

@@ -295,6 +295,17 @@ class _Counter:
         zero = t.zero_stage >= 1 and self.plan.dp > 1
         return ("reduce_scatter", "all_gather") if zero else ("all_reduce",)
 
+    def _dense_sync_kinds(self) -> tuple[str, ...]:
+        """The dense DP rings' collectives, one entry per emission: ZeRO-3 gathers every unit
+        per micro-batch before its forward and (reshard after forward) its backward."""
+        from .fsdp import fsdp_micro_batches, zero3
+
+        plan = self.plan
+        if not zero3(plan):
+            return self._sync_kinds()
+        passes = 2 if plan.training.fsdp.reshard_after_forward else 1
+        return ("reduce_scatter",) + ("all_gather",) * (passes * fsdp_micro_batches(plan))
+
     def dp_ops(self) -> int:
         """The dense DP sync: per bucket, one ring per TP chunk (:mod:`.dpsync`), every ring as
         wide as the widest (the generator repeats the channels of narrower ones)."""
@@ -313,6 +324,8 @@ class _Counter:
             per[(bk.nbytes, bk.param_nbytes)] = per.get((bk.nbytes, bk.param_nbytes), 0) + 1
         lcms = [math.lcm(*(plan.replicas[r].stages[x].tp for r, x in seg.owners))
                  for seg in segs]
+        if self._hsdp():
+            return self._hsdp_ops(segs, sizes, lcms)
         # the rings are looked at one by one while that costs no more than the generator's
         # own DP setup of a small plan; beyond, the ring formula with the first ring's width
         exact = (sum(lcms) <= EXACT_MAX_DP_RINGS
@@ -333,13 +346,56 @@ class _Counter:
                 for _, count in sizes.get(si, {}).items():
                     total += big_l * count * sum(
                         num_steps(k, plan.dp, c.granularity, c.chunks) * plan.dp * width
-                        for k in self._sync_kinds())
+                        for k in self._dense_sync_kinds())
             return total
         for si, big_l, mem in rings:
             for (nb, pnb), count in sizes.get(si, {}).items():
-                for kind in self._sync_kinds():
+                for kind in self._dense_sync_kinds():
                     b = (pnb if kind == "all_gather" else nb) // big_l
                     total += count * self.group_collective(mem, kind, b, width)
+        return total
+
+    def _hsdp(self) -> bool:
+        from ..plan.parallel import fsdp_shard_size
+        from .fsdp import zero3
+
+        return zero3(self.plan) and fsdp_shard_size(self.plan) < self.plan.dp
+
+    def _hsdp_ops(self, segs: list, sizes: dict[int, dict[tuple[int, int], int]],
+                  lcms: list[int]) -> int:
+        """HSDP (:func:`.fsdp.hsdp_sync`): every chunk ring cut into shard groups (the
+        reduce-scatter and the gathers) and replicate groups (the shard's all-reduce), each set
+        as wide as its widest ring; always ring by ring."""
+        from ..plan.parallel import fsdp_shard_size
+        from .comm.rings import channel_orders, ring_order
+
+        plan, info, c = self.plan, self.info, self.plan.collectives
+        n = fsdp_shard_size(plan)
+        shard = [list(range(g * n, (g + 1) * n)) for g in range(plan.dp // n)]
+        repl = [list(range(k, plan.dp, n)) for k in range(n)]
+        rings: list[tuple[int, int, list[int]]] = []
+        for si, seg in enumerate(segs):
+            stages = [plan.replicas[r].stages[x] for r, x in seg.owners]
+            for ch in range(lcms[si]):
+                rings.append((si, lcms[si], [plan.stage_ranks(st)[ch * st.tp // lcms[si]]
+                                             for st in stages]))
+
+        def width(groups: list[list[int]]) -> int:
+            return max(len(channel_orders(info, ring_order(info, [mem[x] for x in g],
+                                                           c.ring_order), c.channels))
+                       for _, _, mem in rings for g in groups)
+
+        ws, wr = width(shard), width(repl)
+        total = 0
+        for si, big_l, mem in rings:
+            for (nb, pnb), count in sizes.get(si, {}).items():
+                for g in shard:
+                    for kind in self._dense_sync_kinds():
+                        b = (pnb if kind == "all_gather" else nb) // big_l
+                        total += count * self.group_collective([mem[x] for x in g], kind, b, ws)
+                for g in repl:
+                    total += count * self.group_collective([mem[x] for x in g], "all_reduce",
+                                                           nb // big_l // n, wr)
         return total
 
     def edp_ops(self) -> int:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..plan.model import Plan
+from ..plan.model import FSDPSpec, Plan
 from ..plan.sizes import tokens_per_microbatch
 from ..trace.schema import KINDS, OPTIONAL_PHASES, PHASES, SCHEMA_VERSION
 from .coarsen import Coarsening
@@ -24,7 +24,7 @@ def plan_digest(plan: Plan) -> str:
     Fields added later are left out at their defaults (no ``perturb`` section, no ``moe``,
     ``ep`` = ``cp`` = 1, ``grad_reduce_dtype: auto``, ``grad_accumulation_fusion: true``,
     ``network.ecmp: flow``, no ``nvlink_domain_gpus``, ``fp4_tflops``, ``pcie_p2p``,
-    ``nccl_net`` and socket keys), so plans without them
+    ``nccl_net`` and socket keys, ``training.fsdp`` at its defaults), so plans without them
     keep the digest they had before.
     """
     data = _digest_form(asdict(plan))
@@ -59,6 +59,8 @@ def _digest_form(d: dict[str, Any]) -> dict[str, Any]:
         if dt.get("pcie_p2p") is True:
             dt.pop("pcie_p2p")
     _drop_none(d, ("p2p", "host_memory_GBps"))  # server.pcie keys added later, unset
+    if d["training"].get("fsdp") == asdict(FSDPSpec()):
+        d["training"].pop("fsdp")
     for rep in d["replicas"]:
         for st in rep["stages"]:
             for key in ("ep", "cp"):

@@ -124,6 +124,30 @@ def _sync_choices(em: Emitter, members: Sequence[int], orders: list[list[int]],
             delays[kd].append(seen[key] if ch.algorithm == "ring" else ch.delay_ns)
 
 
+def subset_setup(em: Emitter, dp: DPSetup, groups: list[list[int]], divide: int = 1
+                 ) -> DPSetup:
+    """The rings of ``dp`` cut by member position into ``groups`` (HSDP): ring i becomes one
+    ring per group, over members ``dp.members[i, group]``, in the order ring-major then group;
+    its bytes divided by ``divide`` (the replicate all-reduce moves one shard)."""
+    n_g = len(groups)
+    idx = np.array(groups, dtype=np.int64)  # (G, k)
+    members = dp.members[:, idx].reshape(-1, idx.shape[1])  # (I * G, k)
+    rep = np.repeat(np.arange(len(dp.members)), n_g)
+    grad = [int(x) // divide for x in dp.grad_bytes[rep]]
+    par = [int(x) // divide for x in dp.param_bytes[rep]]
+    perm, sizes, gsizes, labels, delays, choices = sync_rings(em, RingRows(
+        [list(m) for m in members], grad, par))
+    ff = dp.first_fwd_op
+    return DPSetup(
+        members=members, perm=perm, grad_channel_bytes=sizes, param_channel_bytes=gsizes,
+        grad_bytes=np.array(grad, dtype=np.int64), param_bytes=np.array(par, dtype=np.int64),
+        delays_ns=delays, choices=choices, labels=labels, chunk=dp.chunk[rep],
+        sync_group=dp.sync_group[rep], layer_start=dp.layer_start[rep],
+        layer_stop=dp.layer_stop[rep],
+        ready_op=dp.ready_op[:, idx].reshape(members.shape),
+        first_fwd_op=None if ff is None else ff[:, idx].reshape(members.shape))
+
+
 def emit_sync(em: Emitter, dp: DPSetup, kind: str, start_after: np.ndarray | None
               ) -> tuple[np.ndarray, np.ndarray]:
     """Emit one ``kind`` collective per ring of ``dp``; member j of ring i starts after
@@ -151,4 +175,4 @@ def emit_sync(em: Emitter, dp: DPSetup, kind: str, start_after: np.ndarray | Non
     return tails, starts
 
 
-__all__ = ["DPSetup", "RingRows", "SYNC_KINDS", "emit_sync", "sync_rings"]
+__all__ = ["DPSetup", "RingRows", "SYNC_KINDS", "emit_sync", "subset_setup", "sync_rings"]

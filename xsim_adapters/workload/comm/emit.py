@@ -187,4 +187,15 @@ class Emitter:
         return dict(replica=self.rank_replica[ranks], stage=self.rank_stage[ranks], **more)
 
 
-__all__ = ["Emitter", "StageOps", "emit_gated", "emit_lowered"]
+def chunk_of(em: Emitter, replica: int, stage: int, layer: int) -> int:
+    """The model chunk of ``replica``'s ``stage`` that holds ``layer``."""
+    chunks = em.chunks[replica][stage]
+    if len(chunks) == 1:
+        return 0
+    for c, (a, b) in enumerate(chunks):
+        if a <= layer < b:
+            return c
+    raise ValueError(f"replicas[{replica}].stages[{stage}] holds no layer {layer}")
+
+
+__all__ = ["chunk_of", "Emitter", "StageOps", "emit_gated", "emit_lowered"]
