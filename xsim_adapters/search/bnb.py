@@ -75,6 +75,19 @@ class Outcome:
     proven: bool  # the pass finished (not stopped by the budget)
     statuses: dict[int, str] = field(default_factory=dict)
     not_analysed: int = 0  # candidates of the whole space phase 1 did not reach (no entry)
+    # The proven lower bound on the objective over the subset: the least of the best simulated
+    # objective and the bounds of the candidates left unreached (inf: nothing ran, nothing left;
+    # 0.0: phase 1 did not analyse some candidates, which have no bound).
+    floor: float = float("inf")
+    best_objective: float = float("nan")  # the best simulated objective (nan: none)
+
+    @property
+    def bound_over_best(self) -> float | None:
+        """``floor`` / the best objective: 1.0 when proven, else the fraction of the best's
+        objective that no plan of the subset can beat (None: nothing simulated)."""
+        if self.best is None or self.best.row is None:
+            return None
+        return self.floor / self.best_objective
 
 
 _NONE = Entry(-1, None, "none")  # type: ignore[arg-type]  # a lookup miss
@@ -319,9 +332,13 @@ class Searcher:
             self.progress(len(pool) - evaluated, f"{label}: done")
         # never analysed (no bound): no proof over the space, whichever subset this pass is
         proven = unreached == 0 and self.not_analysed == 0
+        floor = 0.0 if self.not_analysed else min(
+            [best_obj] + [self.objective(by_index[i].cand, by_index[i].lb_ns)
+                          for i, st in statuses.items() if st == STATUS_BUDGET])
         return Outcome(label=label, best=best, considered=len(pool), evaluated=evaluated,
                        cut=cut, unreached=unreached, proven=proven, statuses=statuses,
-                       not_analysed=self.not_analysed)
+                       not_analysed=self.not_analysed, floor=floor,
+                       best_objective=best_obj if best is not None else math.nan)
 
 
 def _valid_time(v: Any) -> bool:
@@ -369,4 +386,13 @@ def outcome_summary(o: Outcome, spec: SearchSpec) -> dict[str, Any]:
         "best_tokens_per_s": None if b is None or b.row is None
         else float(b.row["tokens_per_s"]),
         "best_global_batch": None if b is None else b.cand.choice.global_batch,
+        # the space's proven lower bound on the objective over the best's (1.0: proven)
+        "bound_over_best": _rounded(o.bound_over_best),
+        # the best plan's own lower bound over its simulated time
+        "best_bound_over_time": None if b is None or b.row is None
+        else _rounded(b.lb_ns / float(b.row["iteration_time_ns"])),
     }
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
