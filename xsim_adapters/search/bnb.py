@@ -97,7 +97,8 @@ def twin(spec: SearchSpec, c: Candidate) -> Choice | None:
     """The choice that gives ``c``'s very plan another name, if the space holds it: sequence
     parallel without TP (no TP collective to split, the same activation memory), ZeRO without
     data parallelism (the generator shards nothing), ``interleaved`` on single-stage replicas
-    (run as 1F1B). None when ``c`` is its own canonical form."""
+    (run as 1F1B), ``tp-dp-pp`` where no part has both several replicas and several stages on
+    one group (the very devices of ``tp-pp-dp``). None when ``c`` is its own canonical form."""
     ch, sp = c.choice, spec.space
     out = ch
     if ch.sequence_parallel and all(t == 1 for p in c.parts for t in p.tp) \
@@ -108,6 +109,9 @@ def twin(spec: SearchSpec, c: Candidate) -> Choice | None:
     if ch.schedule == "interleaved" and all(p.depth == 1 for p in c.parts) \
             and "1f1b" in sp.schedules:
         out = replace(out, schedule="1f1b", virtual_stages=1)
+    if ch.order != "tp-pp-dp" and "tp-pp-dp" in sp.order and all(
+            p.count == 1 or max(p.pp) == 1 for p in c.parts):
+        out = replace(out, order="tp-pp-dp")  # one replica or one stage per group: same devices
     return None if out == ch else out
 
 
