@@ -17,7 +17,7 @@ from xsim_adapters.errors import PlanError
 from xsim_adapters.feasibility import load_plan
 from xsim_adapters.plan import plan_to_dict
 from xsim_adapters.search import load_search_spec, search, spec_from_dict
-from xsim_adapters.search.bnb import Searcher, enumerate_space
+from xsim_adapters.search.bnb import Searcher, enumerate_space, outcome_summary
 from xsim_adapters.search.bound import Analyzer
 from xsim_adapters.search.evaluate import Evaluator, run_candidate
 from xsim_adapters.search.space import plan_dict
@@ -268,6 +268,41 @@ def test_branch_and_bound_logic_matches_exhaustive_with_a_fake_simulator(objecti
         want = gpus_price / 3600 * e.row["iteration_time_ns"] * 1e-9 / (
             c.choice.global_batch * spec.model.seq_len) * 1e6
         assert s.objective(c, e.row["iteration_time_ns"]) == pytest.approx(want, rel=1e-12)
+
+
+def test_every_pass_reports_its_proven_bound_over_its_best():
+    """bound_over_best is 1.0 for a finished pass and, for one stopped by its budget, the
+    least objective bound of the candidates left unreached over the best (fake simulator:
+    time = 1.5 x the full bound)."""
+    spec = load_search_spec(REPO / "workloads" / "search" / "h100-a100-16gpu.yaml")
+    an = Analyzer(spec)
+    entries = enumerate_space(spec, an)
+    lb = {json.dumps(plan_dict(spec, e.cand), sort_keys=True): an.lower_bound_ns(e.cand)
+          for e in entries if e.status == ""}
+
+    def fake(task):
+        t = 1.5 * lb[json.dumps(task["plan"], sort_keys=True)]
+        tokens = task["plan"]["training"]["global_batch"] * spec.model.seq_len
+        return {"error": "", "iteration_time_ns": t, "tokens_per_s": tokens / t * 1e9,
+                "mfu": 0.5}
+
+    for budget in (None, 1):
+        sp = spec_from_dict(dict(spec.raw, budget={"wave": 1, **(
+            {"evaluations": budget} if budget else {})}), spec.base_dir)
+        s = Searcher(sp, [dataclasses.replace(e) for e in entries], Evaluator(run=fake),
+                     analyzer=an)
+        o = s.run("x")
+        got = outcome_summary(o, sp)
+        best_obj = s.objective(o.best.cand, float(o.best.row["iteration_time_ns"]))
+        assert got["best_bound_over_time"] == pytest.approx(1 / 1.5, abs=1e-6)
+        if budget is None:
+            assert o.proven and got["bound_over_best"] == 1.0
+        else:
+            left = [e for e in s.entries if o.statuses.get(e.index) == "not_reached:budget"]
+            assert not o.proven and left
+            want = min(s.objective(e.cand, e.lb_ns) for e in left) / best_obj
+            assert got["bound_over_best"] == pytest.approx(want, abs=1e-6)
+            assert 1 / 1.5 <= got["bound_over_best"] < 1.0
 
 
 def test_phase_one_stopped_by_its_deadline_counts_the_rest_and_proves_nothing():

@@ -81,12 +81,20 @@ space: {tp: [4], pp_max: 1}
 """
 
 
-@pytest.mark.parametrize("group", ["h", "a"])
-def test_tp_floor_is_the_traces_delay_plus_the_bytes_a_rank_sends(group):
+@pytest.mark.parametrize(("group", "chunks", "per_node"),
+                         [("h", 1, 4), ("a", 1, 4), ("h", 2, 8), ("a", 2, 4)])
+def test_tp_floor_is_the_traces_delay_plus_the_bytes_a_rank_sends(group, chunks, per_node):
     """The TP floor of a unit equals, read off a generated trace of the same stage, the NCCL
     delay before the collective (the start latency of its first flows) plus the bytes rank 0
-    sends in it over rank 0's NVLink capacity (H100: NVLS, the A100: a ring)."""
-    spec = spec_from_dict(yaml.safe_load(SPEC))
+    sends in it over rank 0's NVLink capacity (rings; NVLS on the H100 with 32 MB). With 2 chunks
+    on half of an 8-GPU server (the 64-GPU spec's H100 TP 4) NVLS's later sends wait on flows
+    into the rank, not on its own gate: counted too (the floor before 2026-12-04 had half)."""
+    raw = yaml.safe_load(SPEC)
+    raw["collectives"] = {"granularity": "chunked", "chunks": chunks}
+    raw["device_groups"]["h"]["gpus_per_node"] = per_node  # TP 4 on half a server
+    if chunks == 2:  # 32 MB per all-reduce: NCCL's tuner picks NVLS on the H100
+        raw["model"].update(hidden=4096, seq_len=4096)
+    spec = spec_from_dict(raw)
     an = Analyzer(spec)
     ch = Choice(8, 1, "1f1b", "none", "balanced")
     gap = an.tp_gap_ns(ch, group, 0, 4)
@@ -96,10 +104,13 @@ def test_tp_floor_is_the_traces_delay_plus_the_bytes_a_rank_sends(group):
     plan["training"] = {"global_batch": 8, "micro_batch": 1}
     p = plan_from_dict(plan)
     r0 = p.stage_ranks(p.replicas[0].stages[0])[0]
-    ops = api.generate(p).ops
+    trace = api.generate(p)
+    ops = trace.ops
     tp = ops[(ops["phase"] == PHASE_INDEX["tp"]) & (ops["rank"] == r0)]
     coll = int(tp.loc[tp["kind"] == KIND_FLOW, "collective"].iloc[0])
     sent = int(tp.loc[(tp["kind"] == KIND_FLOW) & (tp["collective"] == coll), "bytes"].sum())
+    algo = trace.collectives.set_index("collective").loc[coll, "algorithm"]
+    assert str(algo).startswith("nvls" if (group, chunks) == ("h", 2) else "ring")
     # trace schema 2: NCCL's per-call cost is the start latency (duration_ns) of the rank's
     # first flows of the collective, one per channel, all equal
     first = tp[(tp["kind"] == KIND_FLOW) & (tp["collective"] == coll)]

@@ -172,6 +172,11 @@ def _report(result: Any, out: str, wall_s: float) -> None:
         return
     print(f"  best: {b.cand.key}: iteration {float(b.row['iteration_time_ns']) / 1e6:.3f} ms, "
           f"{float(b.row['tokens_per_s']):,.0f} tokens/s")
+    m = s["search"]
+    gap = ("no bound (candidates not analysed)" if partial or m["bound_over_best"] is None
+           else f"{m['bound_over_best']:.4f}")
+    print(f"  proven bound / best objective: {gap}; the best plan's bound / its time: "
+          f"{m['best_bound_over_time']:.4f}")
     for t, h in s.get("homogeneous", {}).items():
         same, own = h["speedup_same_batch"], h["speedup_own_batch"]
         fmt = (lambda x: "n/a" if x is None else f"{x:.3f}x")  # noqa: E731

@@ -75,6 +75,19 @@ class Outcome:
     proven: bool  # the pass finished (not stopped by the budget)
     statuses: dict[int, str] = field(default_factory=dict)
     not_analysed: int = 0  # candidates of the whole space phase 1 did not reach (no entry)
+    # The proven lower bound on the objective over the subset: the least of the best simulated
+    # objective and the bounds of the candidates left unreached (inf: nothing ran, nothing left;
+    # 0.0: phase 1 did not analyse some candidates, which have no bound).
+    floor: float = float("inf")
+    best_objective: float = float("nan")  # the best simulated objective (nan: none)
+
+    @property
+    def bound_over_best(self) -> float | None:
+        """``floor`` / the best objective: 1.0 when proven, else the fraction of the best's
+        objective that no plan of the subset can beat (None: nothing simulated)."""
+        if self.best is None or self.best.row is None:
+            return None
+        return self.floor / self.best_objective
 
 
 _NONE = Entry(-1, None, "none")  # type: ignore[arg-type]  # a lookup miss
@@ -84,7 +97,8 @@ def twin(spec: SearchSpec, c: Candidate) -> Choice | None:
     """The choice that gives ``c``'s very plan another name, if the space holds it: sequence
     parallel without TP (no TP collective to split, the same activation memory), ZeRO without
     data parallelism (the generator shards nothing), ``interleaved`` on single-stage replicas
-    (run as 1F1B). None when ``c`` is its own canonical form."""
+    (run as 1F1B), ``tp-dp-pp`` where no part has both several replicas and several stages on
+    one group (the very devices of ``tp-pp-dp``). None when ``c`` is its own canonical form."""
     ch, sp = c.choice, spec.space
     out = ch
     if ch.sequence_parallel and all(t == 1 for p in c.parts for t in p.tp) \
@@ -95,6 +109,9 @@ def twin(spec: SearchSpec, c: Candidate) -> Choice | None:
     if ch.schedule == "interleaved" and all(p.depth == 1 for p in c.parts) \
             and "1f1b" in sp.schedules:
         out = replace(out, schedule="1f1b", virtual_stages=1)
+    if ch.order != "tp-pp-dp" and "tp-pp-dp" in sp.order and all(
+            p.count == 1 or max(p.pp) == 1 for p in c.parts):
+        out = replace(out, order="tp-pp-dp")  # one replica or one stage per group: same devices
     return None if out == ch else out
 
 
@@ -319,9 +336,13 @@ class Searcher:
             self.progress(len(pool) - evaluated, f"{label}: done")
         # never analysed (no bound): no proof over the space, whichever subset this pass is
         proven = unreached == 0 and self.not_analysed == 0
+        floor = 0.0 if self.not_analysed else min(
+            [best_obj] + [self.objective(by_index[i].cand, by_index[i].lb_ns)
+                          for i, st in statuses.items() if st == STATUS_BUDGET])
         return Outcome(label=label, best=best, considered=len(pool), evaluated=evaluated,
                        cut=cut, unreached=unreached, proven=proven, statuses=statuses,
-                       not_analysed=self.not_analysed)
+                       not_analysed=self.not_analysed, floor=floor,
+                       best_objective=best_obj if best is not None else math.nan)
 
 
 def _valid_time(v: Any) -> bool:
@@ -369,4 +390,13 @@ def outcome_summary(o: Outcome, spec: SearchSpec) -> dict[str, Any]:
         "best_tokens_per_s": None if b is None or b.row is None
         else float(b.row["tokens_per_s"]),
         "best_global_batch": None if b is None else b.cand.choice.global_batch,
+        # the space's proven lower bound on the objective over the best's (1.0: proven)
+        "bound_over_best": _rounded(o.bound_over_best),
+        # the best plan's own lower bound over its simulated time
+        "best_bound_over_time": None if b is None or b.row is None
+        else _rounded(b.lb_ns / float(b.row["iteration_time_ns"])),
     }
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)

@@ -25,7 +25,7 @@ every server's capacity here, which keeps every bound a lower bound.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,6 +117,8 @@ class Fabric:
         self.max_channels = max(c.channels, max(gr.domain_gpus for gr in plan.device_groups))
         self._tp: dict[tuple[int, int, int, tuple[str, ...]], int] = {}
         self._sent: dict[tuple[str, str, object, int, int, int], np.ndarray] = {}
+        self._moved: dict[tuple[str, str, object, int, int, int],
+                          tuple[np.ndarray, np.ndarray]] = {}
         self._choice: dict[tuple[object, ...], Choice] = {}
         self._xfer: dict[tuple[int, int, int, int, int, str], int] = {}
 
@@ -131,7 +133,9 @@ class Fabric:
         on every rank of the TP group [lo, lo + tp) of ``group``: for each collective kind of
         the unit in turn (reduce-scatter waits for nothing but the compute, all-gather for the
         reduce-scatter's tails on the rank), its NCCL delay barrier plus the bytes the rank
-        sends between its gate flows and its tails over its capacity inside the server."""
+        sends between its gate flows and its tails over its capacity inside the server (a
+        templated algorithm: the bytes it sends or receives after any member's gate and before
+        its tails, over its outgoing or incoming capacity, :func:`tail_bytes`)."""
         key = (self.offset[group] + lo, tp, nbytes, kinds)
         hit = self._tp.get(key)
         if hit is not None:
@@ -150,11 +154,19 @@ class Fabric:
             if ch.algorithm == "ring":
                 delay = ring_delay_ns(info, kind, orders, sizes) if c.nccl_cost else 0
                 sent = np.full(tp, float(sum(ring_steps(kind, tp) * (s // tp) for s in sizes)))
-            else:
-                delay = ch.delay_ns
-                sent = self.template_sent(ch, kind, nbytes).astype(np.float64)
-            caps = np.array([self.caps[r].intra_out or self.caps[r].all_out for r in ranks])
-            gap += max(0, delay) + np.maximum(sent - CUT_SLACK_BYTES, 0.0) / caps
+                caps = np.array([self.caps[r].intra_out or self.caps[r].all_out for r in ranks])
+                gap += max(0, delay) + np.maximum(sent - CUT_SLACK_BYTES, 0.0) / caps
+                continue
+            # A templated member's later sends may wait on flows into it rather than on its
+            # own gate: count from the earliest member's (every member's floor so far is at
+            # least gap.min()), sent over the rank's outgoing and received over its incoming
+            # capacity (template_moved).
+            sent, recv = (x.astype(np.float64) for x in self.template_moved(ch, kind, nbytes))
+            cap_out = np.array([self.caps[r].intra_out or self.caps[r].all_out for r in ranks])
+            into = np.array([self.caps[r].intra_in or self.caps[r].all_in for r in ranks])
+            moved = np.maximum(np.maximum(sent - CUT_SLACK_BYTES, 0.0) / cap_out,
+                               np.maximum(recv - CUT_SLACK_BYTES, 0.0) / into)
+            gap = np.full(tp, float(gap.min()) + max(0, ch.delay_ns) + float(moved.min()))
         out = int(math.floor(float(gap.min())))
         self._tp[key] = out
         return out
@@ -170,6 +182,20 @@ class Fabric:
             t = lower(ch.algorithm, kind, ch.layout, nbytes, ch.channels, ch.chunks)
             hit = gated_sent_bytes(t)
             self._sent[key] = hit
+        return hit
+
+    def template_moved(self, ch: Choice, kind: str, nbytes: int
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes each member (position) of a templated collective sends, and receives, in
+        flows that follow some member's gate and precede (or are) one of its own tails
+        (:func:`tail_bytes`), counted on the lowered template."""
+        assert ch.layout is not None
+        key = (ch.algorithm, kind, ch.layout, nbytes, ch.channels, ch.chunks)
+        hit = self._moved.get(key)
+        if hit is None:
+            t = lower(ch.algorithm, kind, ch.layout, nbytes, ch.channels, ch.chunks)
+            hit = tail_bytes(t)
+            self._moved[key] = hit
         return hit
 
     # ---- PP ---------------------------------------------------------------------------------
@@ -247,11 +273,9 @@ class Fabric:
         return max(0, got - CUT_SLACK_BYTES)
 
 
-def gated_sent_bytes(t: RingFlows) -> np.ndarray:
-    """Per member position of template ``t``: the bytes of the flows it sends that depend on
-    one of its gate flows (``t.start``) and precede one of its tails (``t.tails``). Those
-    flows start after the member's gate opens and end before its tails do."""
-    n = t.start.shape[2]
+def _reach(t: RingFlows) -> Callable[[list[int], bool], np.ndarray]:
+    """``reach(seeds, down)``: the entries of template ``t`` reachable from ``seeds`` (the seeds
+    included) along its edges (``down``) or against them."""
     size = t.size
     succ: list[list[int]] = [[] for _ in range(size)]
     pred: list[list[int]] = [[] for _ in range(size)]
@@ -259,7 +283,8 @@ def gated_sent_bytes(t: RingFlows) -> np.ndarray:
         succ[a].append(b)
         pred[b].append(a)
 
-    def reach(seeds: list[int], adj: list[list[int]]) -> np.ndarray:
+    def reach(seeds: list[int], down: bool) -> np.ndarray:
+        adj = succ if down else pred
         seen = np.zeros(size, dtype=bool)
         stack = [s for s in seeds if not seen[s]]
         seen[stack] = True
@@ -271,10 +296,41 @@ def gated_sent_bytes(t: RingFlows) -> np.ndarray:
                     stack.append(v)
         return seen
 
+    return reach
+
+
+def gated_sent_bytes(t: RingFlows) -> np.ndarray:
+    """Per member position of template ``t``: the bytes of the flows it sends that depend on
+    one of its gate flows (``t.start``) and precede one of its tails (``t.tails``). Those
+    flows start after the member's gate opens and end before its tails do."""
+    n = t.start.shape[2]
+    reach = _reach(t)
     out = np.zeros(n, dtype=np.int64)
     for m in range(n):
-        down = reach(np.unique(t.start[0, :, m]).tolist(), succ)
-        up = reach(np.unique(t.tails[0, :, m, :]).tolist(), pred)
-        sel = down & up & (t.src == m)
-        out[m] = int(t.nbytes[sel].sum())
+        down = reach(np.unique(t.start[0, :, m]).tolist(), True)
+        up = reach(np.unique(t.tails[0, :, m, :]).tolist(), False)
+        out[m] = int(t.nbytes[down & up & (t.src == m)].sum())
     return out
+
+
+def tail_bytes(t: RingFlows) -> tuple[np.ndarray, np.ndarray]:
+    """Per member position m of template ``t``: the bytes of the flows m sends, and of those
+    it receives, that depend on some member's gate flow and precede (or are) one of m's tails.
+
+    They are moved after the earliest member's gate opens and before m's tails end, through
+    m's outgoing (sent) and incoming (received) links; so from a common lower bound on the
+    members' compute ends (every TP rank of a stage runs the same units) m's next op waits at
+    least the gate delay plus either count over that capacity. This counts more than
+    :func:`gated_sent_bytes` where m's later sends wait on flows into m, not on its own gate
+    (NVLS's phase B: 2x the bytes)."""
+    n = t.start.shape[2]
+    reach = _reach(t)
+    down = reach(np.unique(t.start[0]).tolist(), True)
+    dst = t.op_dst()
+    sent = np.zeros(n, dtype=np.int64)
+    recv = np.zeros(n, dtype=np.int64)
+    for m in range(n):
+        up = down & reach(np.unique(t.tails[0, :, m, :]).tolist(), False)
+        sent[m] = int(t.nbytes[up & (t.src == m)].sum())
+        recv[m] = int(t.nbytes[up & (dst == m)].sum())
+    return sent, recv

@@ -55,7 +55,8 @@ def candidates_frame(s: Searcher, entries: list[Entry], statuses: dict[int, str]
             e.index, candidate_key(label, c.resharding, replicas),
             statuses.get(e.index, e.status or "pruned:bound"), ch.global_batch, ch.micro_batch,
             ch.schedule, ch.recompute, ch.virtual_stages, ch.zero_stage, ch.sequence_parallel,
-            ch.layer_split, c.resharding, replicas, types, dp, max_pp, mixed, gpus, e.lb_ns,
+            ch.layer_split, ch.order, c.resharding, replicas, types, dp, max_pp, mixed, gpus,
+            e.lb_ns,
             "full" if e.full else "pipeline" if math.isfinite(e.lb_ns) else "none",
             e.headroom_GB, it, tok_s, float(row["mfu"]) if row else math.nan,
             e.lb_ns / it if row else math.nan,
@@ -67,10 +68,10 @@ def candidates_frame(s: Searcher, entries: list[Entry], statuses: dict[int, str]
 
 
 _COLUMNS = ("candidate", "key", "status", "global_batch", "micro_batch", "schedule", "recompute",
-            "virtual_stages", "zero_stage", "sequence_parallel", "layer_split", "resharding",
-            "replicas", "device_types", "dp", "max_pp", "mixed", "gpus", "lower_bound_ns",
-            "bound", "memory_headroom_GB", "iteration_time_ns", "tokens_per_s", "mfu",
-            "bound_over_time", "cost_per_million_tokens", "error")
+            "virtual_stages", "zero_stage", "sequence_parallel", "layer_split", "order",
+            "resharding", "replicas", "device_types", "dp", "max_pp", "mixed", "gpus",
+            "lower_bound_ns", "bound", "memory_headroom_GB", "iteration_time_ns", "tokens_per_s",
+            "mfu", "bound_over_time", "cost_per_million_tokens", "error")
 
 
 def plan_yaml(plan: dict[str, Any], comment: str) -> str:

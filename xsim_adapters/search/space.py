@@ -76,6 +76,7 @@ class Choice:
     zero_stage: int = 0
     sequence_parallel: bool = False
     virtual_stages: int = 1  # model chunks per stage (``interleaved`` only)
+    order: str = "tp-pp-dp"  # rank placement of each part's replicas (iter_replicas)
 
     @property
     def label(self) -> str:
@@ -83,7 +84,8 @@ class Choice:
         sched = self.schedule + (f"-v{self.virtual_stages}" if self.schedule == "interleaved"
                                  else "")
         extra = (f" z{self.zero_stage}" if self.zero_stage else "") + (
-            " sp" if self.sequence_parallel else "")
+            " sp" if self.sequence_parallel else "") + (
+            f" {self.order}" if self.order != "tp-pp-dp" else "")
         return (f"gb{self.global_batch} mb{self.micro_batch} {sched} rc-{self.recompute}"
                 f"{extra} {self.layer_split}")
 
@@ -260,23 +262,30 @@ def structures(spec: SearchSpec) -> list[Structure]:
 def choices(spec: SearchSpec) -> list[Choice]:
     """Every level-2 choice except resharding, in a fixed order."""
     sp = spec.space
-    return [Choice(gb, mb, s, r, ls, z, sq, v if s == "interleaved" else 1)
+    return [Choice(gb, mb, s, r, ls, z, sq, v if s == "interleaved" else 1, o)
             for gb in spec.global_batches for mb in sp.micro_batch
             if gb % mb == 0 for s in sp.schedules
             for v in (sp.virtual_stages if s == "interleaved" else (1,))
             for r in sp.recompute for z in sp.zero_stage for sq in sp.sequence_parallel
-            for ls in sp.layer_split]
+            for ls in sp.layer_split for o in sp.order]
 
 
 def iter_replicas(c: Candidate) -> Iterator[tuple[int, int, list[dict[str, Any]]]]:
-    """(part index, micro-batches, stages as plan dicts) of every replica, in plan order."""
+    """(part index, micro-batches, stages as plan dicts) of every replica, in plan order.
+
+    On each group a part's stage k of replica j starts at the part's base plus
+    ``(j * pp + k) * tp`` (``tp-pp-dp``: a replica's stages side by side) or
+    ``(k * count + j) * tp`` (``tp-dp-pp``: the DP peers of a stage side by side), as the
+    plan's uniform shorthand places them (plan/replicas.py)."""
+    outer = c.choice.order == "tp-dp-pp"
     for i, part in enumerate(c.parts):
         for j in range(part.count):
             stages = []
             s = 0
             for gi, (g, tp, pp) in enumerate(zip(part.groups, part.tp, part.pp, strict=True)):
                 for k in range(pp):
-                    lo = part.base_of(gi) + (j * pp + k) * tp
+                    slot = k * part.count + j if outer else j * pp + k
+                    lo = part.base_of(gi) + slot * tp
                     stages.append({"group": g, "devices": [lo, lo + tp], "tp": tp,
                                    "layers": list(c.layers[i][s])})
                     s += 1

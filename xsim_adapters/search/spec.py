@@ -35,7 +35,7 @@ from ..plan.model import (
 from ..plan.network import parse_network
 from ..plan.precision import settle_precision
 from ..plan.presets import _device_presets, _model_presets
-from ..plan.replicas import parse_groups
+from ..plan.replicas import UNIFORM_ORDERS, parse_groups
 from ..plan.sections import (
     parse_collectives,
     parse_model,
@@ -47,7 +47,7 @@ TOP_KEYS = ("name", "seed", "model", "training", "device_types", "device_groups"
 REQUIRED_KEYS = ("name", "model", "training", "device_groups")
 SPACE_KEYS = ("tp", "pp_min", "pp_max", "schedules", "virtual_stages", "micro_batch", "recompute",
               "zero_stage", "sequence_parallel", "resharding", "mix_types", "idle_groups",
-              "layer_split", "shapes_per_group")
+              "layer_split", "shapes_per_group", "order")
 BUDGET_KEYS = ("evaluations", "seconds", "wave")
 # Schedules the search offers (interleaved: m a multiple of pp and at least v layers per stage,
 # which the micro-batch and layer splits respect; docs/search.md).
@@ -77,6 +77,9 @@ class Space:
     idle_groups: bool = True  # a device group may be left out of the plan
     layer_split: tuple[str, ...] = ("balanced",)
     shapes_per_group: int = 1  # distinct replica shapes a group may be split into
+    # rank placement of a part's replicas (plan/replicas.py UNIFORM_ORDERS): tp-pp-dp puts a
+    # replica's stages on neighbouring devices, tp-dp-pp the pipeline outermost (Megatron)
+    order: tuple[str, ...] = ("tp-pp-dp",)
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,7 @@ def _parse_space(value: Any, path: str, training_raw: Mapping[str, Any],
         idle_groups=f.get_bool(m, "idle_groups", path, True),
         layer_split=_enum_list(m, "layer_split", path, LAYER_SPLITS, ("balanced",)),
         shapes_per_group=kinds,
+        order=_enum_list(m, "order", path, UNIFORM_ORDERS, ("tp-pp-dp",)),
     )
 
 
