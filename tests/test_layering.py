@@ -45,14 +45,16 @@ ROOTS = {
 # (every generator module imports trace.schema's column and kind constants, and the contract
 # must not know its producer: trace/handmade.py -> workload is a violation of issue 26).
 # "base" holds the stdlib-only helpers every layer may use. "apps" is sweep, search and the cli.
-LAYERS = ("base", "plan", "topology", "trace", "workload", "backends", "metrics", "report",
-          "api", "apps")
+# "interop" (peer formats in, e.g. Chakra ET) builds a trace with the generator's own lowering,
+# so it sits on workload; it runs nothing, so it stays below the backends.
+LAYERS = ("base", "plan", "topology", "trace", "workload", "interop", "backends", "metrics",
+          "report", "api", "apps")
 RANK = {layer: i for i, layer in enumerate(LAYERS)}
 
 # Sub-packages of xsim_adapters/ -> layer.
 FOLDER_LAYER = {
     "plan": "plan", "topology": "topology", "trace": "trace", "workload": "workload",
-    "backends": "backends", "metrics": "metrics", "report": "report",
+    "interop": "interop", "backends": "backends", "metrics": "metrics", "report": "report",
     "sweep": "apps", "search": "apps",
 }
 

@@ -183,6 +183,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ._outdir import check_output, check_output_file, output_dir
 
     check_input(args.plan, trace_ok=True)
+    if args.npus is not None and (args.format != "chakra" or args.npus < 1):
+        raise XsimError(f"--npus: a positive NPU count for --format chakra (got {args.npus} "
+                        f"with --format {args.format})")
     if args.output is None:
         suffix = ".goal" if args.format == "goal" else ""
         args.output = default_output(args.plan, f"export-{args.format}", suffix)
@@ -208,10 +211,51 @@ def cmd_export(args: argparse.Namespace) -> int:
         from .trace.export_chakra import export_chakra
 
         with output_dir(args.output, "chakra", args.force) as tmp:
-            paths = export_chakra(trace, tmp, collectives=args.collectives)
+            paths = export_chakra(trace, tmp, collectives=args.collectives, npus=args.npus)
         print(f"wrote {len(paths)} Chakra ET files ({args.collectives}) and "
               f"comm_groups.json to {args.output}")
     return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """``xsim import``: a directory of Chakra ET files as a trace directory on a plan's
+    cluster, runnable with ``xsim run TRACE_DIR`` (docs/trace.md, "Importing Chakra ET")."""
+    from . import api
+    from ._outdir import check_output
+    from .trace.export_chakra import import_chakra
+
+    import_chakra()  # a missing mlc-chakra is said before any work
+    check_input(args.plan, trace_ok=False)
+    args.output = args.output or default_output(args.et_dir, "import")
+    check_output(args.output, "trace", args.force)
+    plan = api.load_plan(args.plan)
+    from .interop.chakra_import import import_chakra_et
+
+    trace = import_chakra_et(args.et_dir, plan, prefix=args.prefix,
+                             comm_groups=args.comm_groups)
+    api.write_trace(trace, args.output, plan, force=args.force)
+    print(f"wrote {_op_counts(trace)} (imported from Chakra ET {args.et_dir}) to {args.output}")
+    return 0
+
+
+def add_import_command(add) -> None:
+    """Register ``xsim import`` (``add``: :func:`build_parser`'s sub-command adder)."""
+    i = add("import", "Read a directory of Chakra execution traces (ASTRA-sim's workload "
+                      "input, one .et file per rank) into a trace directory on a plan's "
+                      "cluster; run it with `xsim run TRACE_DIR`.", cmd_import)
+    i.add_argument("et_dir", metavar="ET_DIR",
+                   help="The directory of <prefix>.<rank>.et files (and comm_groups.json).")
+    i.add_argument("--plan", required=True, metavar="PLAN",
+                   help="The plan whose device_groups, network and collectives settings the "
+                        "ET runs on (rank r of the ET is rank r of the plan).")
+    i.add_argument("-o", "--output", default=None, metavar="DIR",
+                   help="The trace directory to write (the plan is stored in it as plan.yaml; "
+                        "default: out/<ET_DIR name>-import).")
+    i.add_argument("--prefix", default=None,
+                   help="The file prefix (default: the one prefix the directory holds).")
+    i.add_argument("--comm-groups", default=None, metavar="FILE",
+                   help="The process groups file (default: ET_DIR/comm_groups.json).")
+    i.add_argument("--force", action="store_true", help=FORCE_HELP)
 
 
 def _is_goal_file(path: Path) -> bool:
@@ -558,8 +602,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "COMM_COLL_NODE per member rank (ASTRA-sim runs its own algorithm); "
                         "'p2p' writes every flow as a send/receive pair (our exact schedule). "
                         "Default: coll.")
+    e.add_argument("--npus", type=int, default=None, metavar="N",
+                   help="Chakra only: write files for N NPUs (at least the plan's ranks); the "
+                        "ranks beyond the plan's get one idle node, for an ASTRA-sim topology "
+                        "with more NPUs than the plan has GPUs.")
     e.add_argument("--force", action="store_true", help=FORCE_HELP)
     coarsen_arg(e)
+    add_import_command(add)
 
     def run_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("plan", metavar="PLAN",
