@@ -12,7 +12,6 @@ from collections import defaultdict
 from graphlib import TopologicalSorter
 
 import numpy as np
-import pandas as pd
 import pytest
 from helpers.gen import make_plan
 

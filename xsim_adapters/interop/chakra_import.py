@@ -40,6 +40,7 @@ import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ import numpy as np
 
 from ..errors import TraceError
 from ..plan.model import Plan
-from ..trace.export_chakra import COMM_GROUPS_FILE, COLL_TYPES, import_chakra
+from ..trace.export_chakra import COLL_TYPES, COMM_GROUPS_FILE, import_chakra
 from ..trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW, PHASE_INDEX, Trace
 from ..trace.validate import validate_trace
 from ..workload.coarsen import full
@@ -169,10 +170,13 @@ def _read_rank(path: Path, r: int, num_ranks: int, plan: Plan, groups: dict[str,
             a = _attrs(node)
             t = pb.NodeType.Name(node.type) if node.type in pb.NodeType.values() else node.type
             h = len(out.h_type)
-            if r >= plan.num_ranks and not (t == "COMP_NODE" and a.get("duration_ns", 0) == 0
-                                            and node.duration_micros == 0):
-                raise TraceError(f"{where}: rank {r} is beyond the plan's {plan.num_ranks} "
-                                 "GPUs (only idle padding nodes may be there)")
+            if r >= plan.num_ranks:  # padding to an ASTRA-sim NPU count (export --npus)
+                if not (t == "COMP_NODE" and a.get("duration_ns", 0) == 0
+                        and node.duration_micros == 0 and not node.data_deps):
+                    raise TraceError(f"{where}: rank {r} is beyond the plan's {plan.num_ranks}"
+                                     " GPUs (only idle padding nodes may be there)")
+                node = pb.Node()
+                continue
             if t in ("COMP_NODE", "MEM_LOAD_NODE", "MEM_STORE_NODE"):
                 if t != "COMP_NODE" and a.get("tensor_size", 0) > 0 and hbm > 0:
                     ns = int(round(a["tensor_size"] / hbm))  # bytes / (GB/s) = ns
@@ -285,7 +289,7 @@ def _emit_ops(em: Emitter, rd: _Read, h_op: np.ndarray) -> None:
         if key not in rd.sends:
             h0 = rd.recvs[key][0][0]
             raise TraceError(f"{rd.h_where[h0]}: no send from rank {key[0]} with tag {key[2]}")
-    pairs = []
+    pairs: list[tuple[int, int, int, int, int, bool, int]] = []
     for key, sends in rd.sends.items():
         recvs = rd.recvs.get(key, [])
         if len(recvs) != len(sends):
@@ -293,20 +297,21 @@ def _emit_ops(em: Emitter, rd: _Read, h_op: np.ndarray) -> None:
                 else recvs[len(sends)][0]
             raise TraceError(f"{rd.h_where[h0]}: {len(sends)} send(s) but {len(recvs)} "
                              f"receive(s) of tag {key[2]} from rank {key[0]} to rank {key[1]}")
-        for (hs, size, notify, phase), (hr, rsize) in zip(sends, recvs, strict=True):
+        for (h_s, size, note, ph), (h_r, rsize) in zip(sends, recvs, strict=True):
             if size != rsize:
-                raise TraceError(f"{rd.h_where[hr]}: receives {rsize} bytes, its send "
-                                 f"{rd.h_where[hs]} sends {size}")
-            pairs.append((hs, hr, key[0], key[1], size, notify, phase))
+                raise TraceError(f"{rd.h_where[h_r]}: receives {rsize} bytes, its send "
+                                 f"{rd.h_where[h_s]} sends {size}")
+            pairs.append((h_s, h_r, key[0], key[1], size, note, ph))
     if not pairs:
         return
-    hs, hr, src, dst, size, notify, phase = (np.asarray(x) for x in zip(*pairs, strict=True))
-    notify = notify.astype(bool)
-    kind = np.where(notify, KIND_BARRIER, KIND_FLOW)
-    ids = em.tb.add_ops(len(hs), kind=kind, rank=src, dst=np.where(notify, -1, dst),
-                        bytes=np.where(notify, 0, size), phase=phase, **_tags(em, src))
-    h_op[hs] = ids
-    h_op[hr] = ids
+    cols = np.asarray(pairs, dtype=np.int64)  # hs, hr, src, dst, bytes, notification, phase
+    notify = cols[:, 5].astype(bool)
+    ids = em.tb.add_ops(len(cols), kind=np.where(notify, KIND_BARRIER, KIND_FLOW),
+                        rank=cols[:, 2], dst=np.where(notify, -1, cols[:, 3]),
+                        bytes=np.where(notify, 0, cols[:, 4]), phase=cols[:, 6],
+                        **_tags(em, cols[:, 2]))
+    h_op[cols[:, 0]] = ids
+    h_op[cols[:, 1]] = ids
 
 
 def _tags(em: Emitter, ranks: np.ndarray) -> dict[str, Any]:
@@ -315,6 +320,12 @@ def _tags(em: Emitter, ranks: np.ndarray) -> dict[str, Any]:
     safe = np.where(ok, ranks, 0)
     return dict(replica=np.where(ok, em.rank_replica[safe], -1),
                 stage=np.where(ok, em.rank_stage[safe], -1))
+
+
+def _coll_tags(em: Emitter, phase: int, ranks: np.ndarray, _inst: np.ndarray
+               ) -> dict[str, Any]:
+    """Tag columns of a collective's ops on ``ranks``."""
+    return dict(phase=phase, **_tags(em, ranks))
 
 
 def _emit_collectives(em: Emitter, rd: _Read) -> tuple[dict[int, np.ndarray],
@@ -337,6 +348,12 @@ def _emit_collectives(em: Emitter, rd: _Read) -> tuple[dict[int, np.ndarray],
     for (kind, members, nbytes, phase), insts in batches.items():
         k = len(insts)
         ranks = list(members)
+        if len(ranks) < 2:  # a group of one moves nothing: a join on its rank
+            ids = em.tb.add_ops(k, kind=KIND_BARRIER, rank=ranks[0], phase=phase,
+                                **_tags(em, np.asarray(ranks)))
+            for inst, op in zip(insts, ids.tolist(), strict=True):
+                ends[inst.handles[ranks[0]]] = starts[inst.handles[ranks[0]]] = np.array([op])
+            continue
         orders, sizes = em.ring(ranks, nbytes)
         pos = {rk: i for i, rk in enumerate(ranks)}
         perm = np.array([[[pos[rk] for rk in o] for o in orders]] * k, dtype=np.int64)
@@ -349,8 +366,8 @@ def _emit_collectives(em: Emitter, rd: _Read) -> tuple[dict[int, np.ndarray],
                  else ring_delay_ns(em.info, kind, orders, sizes) if c.nccl_cost else 0)
         coll = dict(n=k, kind=kind, phase=phase, bytes=nbytes,
                     ranks=",".join(map(str, orders[0])), algorithm=algos, channels=chans)
-        tails, gates = emit_lowered(em.tb, rf, mem, delay if len(ranks) > 1 else None, coll,
-                                    lambda rk, _i, ph=phase: dict(phase=ph, **_tags(em, rk)))
+        tails, gates = emit_lowered(em.tb, rf, mem, delay, coll,
+                                    partial(_coll_tags, em, phase))
         for i, inst in enumerate(insts):
             for m, rk in enumerate(ranks):
                 h = inst.handles[rk]

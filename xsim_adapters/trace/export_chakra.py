@@ -3,35 +3,46 @@
 One protobuf file per rank, ``<prefix>.<rank>.et``, in Chakra's own schema (``et_def.proto``
 of the ``mlc-chakra`` package, written with its ``protolib.encodeMessage``): a
 ``GlobalMetadata`` message, then the rank's nodes in a topological order (every dependency
-names an earlier node of the same file). Beside them ``comm_groups.json`` maps each process
-group name used by a collective node (``pg_name``) to its ranks, the file ASTRA-sim takes as
+names an earlier node of the same file). Every file has at least one node (a rank without
+work gets one 0-duration ``COMP_NODE`` named ``idle``: ASTRA-sim aborts on a file with no
+node to start from), and ``npus`` pads the export with such files for a topology of more
+NPUs than the trace has ranks. Beside them ``comm_groups.json`` maps each process group name
+used by a collective node (``pg_name``) to its ranks, the file ASTRA-sim takes as
 ``--comm-group-configuration``.
 
 Mapping (``collectives="coll"``, the default):
 
 - a compute op is a ``COMP_NODE``: ``duration_micros`` (the op's ``duration_ns`` rounded to
-  whole microseconds, the schema's unit), ``num_ops`` (its model FLOPs) and the exact
-  ``duration_ns``; a barrier (a join, or a collective's latency) is a ``COMP_NODE`` with its
-  delay, and so is a flow's start latency (trace schema 2), a ``COMP_NODE`` before the flow's
-  node on its source (:func:`.latency.latency_as_barriers`);
+  whole microseconds, the schema's unit), ``num_ops`` (its model FLOPs), the exact
+  ``duration_ns`` and ``op_kind`` "compute"; a barrier (a join, or a timed delay) is a
+  ``COMP_NODE`` with its delay and ``op_kind`` "barrier";
 - the flows of a ring collective (all-reduce, reduce-scatter, all-gather) become one
   ``COMM_COLL_NODE`` per member rank: ``comm_type``, ``comm_size`` (the collective's payload
   S per rank, bytes) and ``pg_name`` (its members): ASTRA-sim then runs its own collective
-  algorithm over its own topology;
+  algorithm over its own topology. The collective's own barriers (NVLS and tree joins, its
+  members' NCCL delays) and its flows' start latencies are inside that node too: kept apart
+  they form cycles through the node, and ASTRA-sim adds its own collective latency;
+- a flow's start latency outside such a node (trace schema 2) is a ``COMP_NODE`` before its
+  send, one per collective and member (a member's gate flows of every channel wait on the
+  same one: :func:`.latency.latency_as_barriers` with ``per_member``), since ASTRA-sim runs a
+  rank's compute nodes one at a time and would add per-channel delays up;
 - every other flow (pipeline P2P, resharding) is a ``COMM_SEND_NODE`` on its source and a
   ``COMM_RECV_NODE`` on its destination with ``comm_src``, ``comm_dst``, ``comm_size``
   (bytes) and ``comm_tag`` (the flow's op id);
 - a dependency becomes a ``data_deps`` entry on the rank where its successor starts, through
   the predecessor's node on that rank (its own node, the receive of a flow into the rank, or
   the rank's node of the predecessor's collective); any other cross-rank edge travels as a
-  0-byte message (tags from the number of ops up), exactly as in the GOAL export
-  (:mod:`.export_goal`). Edges inside one collective disappear into its node.
+  1-byte message marked ``notification`` (tags from the number of ops up; ASTRA-sim asserts
+  a message has at least one byte), as in the GOAL export (:mod:`.export_goal`). Edges
+  inside one collective disappear into its node.
 
 With ``collectives="p2p"`` every flow, ring steps included, is a send/receive pair: our exact
-schedule, the same graph as the GOAL export. Every node carries ``is_cpu_op`` = false and the
-trace's ``op_id`` (-1 for collective and notification nodes). Attribute value types are the
-ones Chakra's C++ feeder reads (``comm_src``/``comm_dst``/``comm_tag`` int32, ``comm_size``,
-``comm_type``, ``num_ops`` int64). Files are written atomically.
+schedule, the GOAL export's graph (with per-member latencies). Every node carries
+``is_cpu_op`` = false and the trace's ``op_id`` (-1 for collective, notification and idle
+nodes). Attribute value types are the ones Chakra's C++ feeder reads
+(``comm_src``/``comm_dst``/``comm_tag`` int32, ``comm_size``, ``comm_type``, ``num_ops``
+int64). The graph is held as numpy tables (:class:`ChakraGraphs`) and each rank's nodes are
+made, encoded and written one rank at a time; files are written atomically.
 """
 
 from __future__ import annotations
@@ -40,7 +51,7 @@ import heapq
 import io
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -233,9 +244,10 @@ class ChakraGraphs:
         self.e_order = np.argsort(self.e_rank, kind="stable")
         self.e_bounds = np.searchsorted(self.e_rank[self.e_order], np.arange(self.num_ranks + 1))
 
-    def nodes_of(self, r: int) -> list[ChakraNode]:
-        """Rank ``r``'s nodes in a topological order (ties: trace order); a rank without
-        work gets one 0-duration compute node (ASTRA-sim needs a node to start from)."""
+    def nodes_of(self, r: int) -> Iterator[ChakraNode]:
+        """Rank ``r``'s nodes in a topological order (ties: trace order), made one at a time;
+        a rank without work gets one 0-duration compute node (ASTRA-sim needs a node to
+        start from)."""
         sel = self.n_order[self.n_bounds[r]:self.n_bounds[r + 1]]
         keys = self.node_key[sel]
         srt = np.argsort(keys, kind="stable")
@@ -247,15 +259,15 @@ class ChakraGraphs:
         si, pi = uniq // max(len(keys), 1), uniq % max(len(keys), 1)
         order = _topological(len(keys), si, pi, self.node_o0[sel], self.node_o1[sel], r)
         if not len(order):
-            return [ChakraNode("COMP_NODE", "idle", 0, {
+            return iter([ChakraNode("COMP_NODE", "idle", 0, {
                 "num_ops": ("int64_val", 0), "duration_ns": ("int64_val", 0),
-                "op_kind": ("string_val", "idle"), "op_id": ("int64_val", -1)})]
+                "op_kind": ("string_val", "idle"), "op_id": ("int64_val", -1)})])
         pos = np.empty(len(keys), dtype=np.int64)
         pos[order] = np.arange(len(order))
         deps: list[list[int]] = [[] for _ in range(len(keys))]
         for s, p in zip(pos[si].tolist(), pos[pi].tolist(), strict=True):
             deps[s].append(p)
-        return [self._node(int(keys[i]), sorted(deps[pos[i]])) for i in order.tolist()]
+        return (self._node(int(keys[i]), sorted(deps[pos[i]])) for i in order.tolist())
 
     def _node(self, key: int, deps: list[int]) -> ChakraNode:
         code, ident = key >> SHIFT, key & ((1 << SHIFT) - 1)
@@ -304,7 +316,7 @@ def chakra_graphs(trace: Trace, collectives: Mode = "coll", npus: int | None = N
     process groups ``{pg_name: ranks}`` the collective nodes name (all in memory: for tests
     and small traces; :func:`export_chakra` streams one rank at a time)."""
     g = ChakraGraphs(trace, collectives, npus)
-    return {r: g.nodes_of(r) for r in range(g.num_ranks)}, g.groups
+    return {r: list(g.nodes_of(r)) for r in range(g.num_ranks)}, g.groups
 
 
 def _topological(k: int, si: np.ndarray, pi: np.ndarray, o0: np.ndarray, o1: np.ndarray,
@@ -332,7 +344,7 @@ def _topological(k: int, si: np.ndarray, pi: np.ndarray, o0: np.ndarray, o1: np.
     return np.asarray(out, dtype=np.int64)
 
 
-def encode_rank(nodes: list[ChakraNode], r: int, num_ranks: int, trace: Trace,
+def encode_rank(nodes: Iterable[ChakraNode], r: int, num_ranks: int, trace: Trace,
                 collectives: Mode) -> bytes:
     """The ``.et`` bytes of one rank: GlobalMetadata, then the nodes (ids 0..N-1)."""
     pb, protolib = import_chakra()
