@@ -83,7 +83,7 @@ def _expected_bytes(trace, mode: str) -> tuple[Counter, Counter, Counter]:
 
 
 @pytest.mark.parametrize("mode", ["coll", "p2p"])
-@pytest.mark.parametrize("path", plan_params(SMALL, HEAVY))
+@pytest.mark.parametrize("path", plan_params(SMALL, HEAVY), ids=[p.stem for p in SMALL])
 def test_shipped_plan_exports_as_astra_sim_reads_it(path, mode, tmp_path):
     """One non-empty file per rank, ids in a topological order (acyclic), no 0-byte
     communication node, and every byte of the trace on the rank that moves it."""
@@ -129,7 +129,7 @@ def _iteration_ns(trace, plan) -> int:
 # export -> import -> flow backend against the plan's own trace, measured 2026-12-04: coll
 # gives the same iteration time on every plan but dgx1-v100-cube-mesh (1.5 us of 449 ms).
 @pytest.mark.parametrize("mode", ["coll", "p2p"])
-@pytest.mark.parametrize("path", plan_params(SMALL, HEAVY))
+@pytest.mark.parametrize("path", plan_params(SMALL, HEAVY), ids=[p.stem for p in SMALL])
 def test_round_trip_keeps_the_iteration_time(path, mode, tmp_path):
     plan = load_plan(path)
     trace = api.generate(plan)
@@ -337,3 +337,19 @@ def test_barrier_nodes_of_our_export_come_back_as_barriers(tmp_path, plan8):
     assert (back.ops["kind"] == KIND_BARRIER).sum() >= (trace.ops["kind"] == KIND_BARRIER).sum()
     assert np.array_equal(np.sort(back.ops.loc[back.ops["kind"] == KIND_COMPUTE, "flops"]),
                           np.sort(trace.ops.loc[trace.ops["kind"] == KIND_COMPUTE, "flops"]))
+
+
+def test_a_group_of_one_is_a_join_between_its_neighbours(tmp_path, plan8):
+    """A collective over one rank moves nothing; what follows it still waits for what
+    precedes it (3 us, then 4 us: 7 us)."""
+    first = pb.Node(id=0, name="a", type=pb.COMP_NODE, duration_micros=3)
+    coll = pb.Node(id=1, name="ar", type=pb.COMM_COLL_NODE, data_deps=[0])
+    coll.attr.extend([pb.AttributeProto(name="comm_type", int64_val=pb.ALL_REDUCE),
+                      pb.AttributeProto(name="comm_size", int64_val=1024),
+                      pb.AttributeProto(name="pg_name", string_val="solo")])
+    last = pb.Node(id=2, name="b", type=pb.COMP_NODE, duration_micros=4, data_deps=[1])
+    idle = pb.Node(id=0, name="i", type=pb.COMP_NODE)
+    _write_et(tmp_path, [[first, coll, last]] + [[idle]] * 7)
+    (tmp_path / "comm_groups.json").write_text('{"solo": [0]}')
+    trace = import_chakra_et(tmp_path, plan8)
+    assert _iteration_ns(trace, plan8) == 7000

@@ -350,7 +350,7 @@ def _emit_collectives(em: Emitter, rd: _Read) -> tuple[dict[int, np.ndarray],
         ranks = list(members)
         if len(ranks) < 2:  # a group of one moves nothing: a join on its rank
             ids = em.tb.add_ops(k, kind=KIND_BARRIER, rank=ranks[0], phase=phase,
-                                **_tags(em, np.asarray(ranks)))
+                                **_tags(em, np.full(k, ranks[0])))
             for inst, op in zip(insts, ids.tolist(), strict=True):
                 ends[inst.handles[ranks[0]]] = starts[inst.handles[ranks[0]]] = np.array([op])
             continue
