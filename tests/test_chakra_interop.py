@@ -353,3 +353,24 @@ def test_a_group_of_one_is_a_join_between_its_neighbours(tmp_path, plan8):
     (tmp_path / "comm_groups.json").write_text('{"solo": [0]}')
     trace = import_chakra_et(tmp_path, plan8)
     assert _iteration_ns(trace, plan8) == 7000
+
+
+def test_astra_configs_of_a_homogeneous_and_a_mixed_plan():
+    from xsim_adapters.interop.astra_configs import astra_configs
+
+    files, warnings = astra_configs(load_plan(WORKLOADS / "homogeneous-h100.yaml"))
+    # 2 servers of 8 H100: NVLink 450 GB/s, a 400 Gb/s NIC per GPU (50 GB/s); 0.5 us scale-up,
+    # two 1 us links GPU -> leaf -> GPU
+    assert files["network.yml"] == ("topology: [ Switch, Switch ]\nnpus_count: [ 8, 2 ]\n"
+                                    "bandwidth: [ 450, 50 ]  # GB/s\n"
+                                    "latency: [ 500, 2000 ]  # ns\n")
+    assert warnings == []
+    system = json.loads(files["system.json"])
+    assert system["all-reduce-implementation"] == ["ring", "ring"]
+    assert system["local-mem-bw"] == load_plan(WORKLOADS / "homogeneous-h100.yaml") \
+        .device_types["H100-80GB"].hbm_GBps
+    _, warnings = astra_configs(load_plan(WORKLOADS / "hetero-dp-h100-a100.yaml"))
+    assert warnings == [
+        "device_types: scale-up 300-450 GB/s per GPU; written at the slowest, 300 GB/s",
+        "device_groups: NIC share 25-50 GB/s per GPU (heterogeneous NICs); written at the "
+        "slowest, 25 GB/s"]

@@ -212,9 +212,23 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         with output_dir(args.output, "chakra", args.force) as tmp:
             paths = export_chakra(trace, tmp, collectives=args.collectives, npus=args.npus)
+            extra = _write_astra_configs(plan, Path(tmp)) if args.astra_configs else ""
         print(f"wrote {len(paths)} Chakra ET files ({args.collectives}) and "
-              f"comm_groups.json to {args.output}")
+              f"comm_groups.json{extra} to {args.output}")
     return 0
+
+
+def _write_astra_configs(plan: Any, directory: Path) -> str:
+    """ASTRA-sim's network, system and memory files for ``plan`` into ``directory``; warns
+    on stderr about what they cannot express. Returns the names written, for the message."""
+    from .interop.astra_configs import astra_configs
+
+    files, warnings = astra_configs(plan)
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    for w in warnings:
+        print(f"xsim: warning: ASTRA-sim configs: {w}", file=sys.stderr)
+    return ", " + ", ".join(files)
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -606,6 +620,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Chakra only: write files for N NPUs (at least the plan's ranks); the "
                         "ranks beyond the plan's get one idle node, for an ASTRA-sim topology "
                         "with more NPUs than the plan has GPUs.")
+    e.add_argument("--astra-configs", action="store_true",
+                   help="Chakra only: also write ASTRA-sim's analytical network.yml, "
+                        "system.json and memory.json for the plan's cluster, with a warning "
+                        "for what they cannot express (docs/trace.md).")
     e.add_argument("--force", action="store_true", help=FORCE_HELP)
     coarsen_arg(e)
     add_import_command(add)
