@@ -80,7 +80,8 @@ class _Read:
 
     h_type: list[int] = field(default_factory=list)
     h_rank: list[int] = field(default_factory=list)
-    h_where: list[str] = field(default_factory=list)
+    h_id: list[int] = field(default_factory=list)  # the node id in its rank's file
+    files: list[Path] = field(default_factory=list)
     comp: list[tuple[int, int, int, float, int]] = field(default_factory=list)  # h, kind, ns,..
     sends: dict[tuple[int, int, int], list[tuple[int, int, bool, int]]] = field(
         default_factory=lambda: defaultdict(list))  # key -> [(h, bytes, notify, phase)]
@@ -88,6 +89,25 @@ class _Read:
         default_factory=lambda: defaultdict(list))  # key -> [(h, bytes)]
     colls: dict[tuple, _Coll] = field(default_factory=dict)
     deps: list[tuple[int, int]] = field(default_factory=list)  # (pred h, succ h)
+
+    def where(self, h: int) -> str:
+        """``FILE: node ID ('NAME')`` of node handle ``h`` (the name read again from its
+        file: names are not kept, so a large ET costs no memory for them)."""
+        pb, protolib = import_chakra()
+        path, want, name = self.files[self.h_rank[h]], self.h_id[h], "?"
+        with open(path, "rb") as fh:
+            node = pb.Node()
+            protolib.decodeMessage(fh, pb.GlobalMetadata())
+            while protolib.decodeMessage(fh, node):
+                if node.id == want:
+                    name = node.name
+                    break
+                node = pb.Node()
+        return _where(path, want, name)
+
+
+def _where(path: Path, node_id: int, name: str) -> str:
+    return f"{path}: node {node_id} ({name[:60]!r})"
 
 
 def et_files(directory: Path, prefix: str | None) -> tuple[str, list[Path]]:
@@ -156,7 +176,7 @@ def _read_rank(path: Path, r: int, num_ranks: int, plan: Plan, groups: dict[str,
     """Stream one rank's file into ``out`` (see the module docstring)."""
     hbm = plan.device_types[plan.rank_info(r)[0].type].hbm_GBps if r < plan.num_ranks else 0
     seen: dict[int, int] = {}
-    local_deps: list[tuple[int, int, str]] = []
+    local_deps: list[tuple[int, int]] = []
     pg_count: dict[str, int] = defaultdict(int)
     with open(path, "rb") as fh:
         meta = pb.GlobalMetadata()
@@ -164,7 +184,7 @@ def _read_rank(path: Path, r: int, num_ranks: int, plan: Plan, groups: dict[str,
             raise TraceError(f"{path}: not a Chakra ET file (no GlobalMetadata message)")
         node = pb.Node()
         while protolib.decodeMessage(fh, node):
-            where = f"{path}: node {node.id} ({node.name[:60]!r})"
+            where = _Where(path, node)
             if node.id in seen:
                 raise TraceError(f"{where}: node id {node.id} appears twice")
             a = _attrs(node)
@@ -214,17 +234,30 @@ def _read_rank(path: Path, r: int, num_ranks: int, plan: Plan, groups: dict[str,
             seen[node.id] = h
             out.h_type.append(typ)
             out.h_rank.append(r)
-            out.h_where.append(where)
-            local_deps.extend((int(d), h, where) for d in (*node.data_deps, *node.ctrl_deps))
+            out.h_id.append(int(node.id))
+            local_deps.extend((int(d), h) for d in (*node.data_deps, *node.ctrl_deps))
             node = pb.Node()
-    for d, h, where in local_deps:
+    for d, h in local_deps:
         if d not in seen:
-            raise TraceError(f"{where}: depends on node {d}, which is not in the file")
+            raise TraceError(f"{out.where(h)}: depends on node {d}, which is not in the file")
         out.deps.append((seen[d], h))
 
 
+class _Where:
+    """A node's place for a message, formatted only when one is raised."""
+
+    def __init__(self, path: Path, node: Any) -> None:
+        self.path, self.node = path, node
+
+    def __str__(self) -> str:
+        return _where(self.path, self.node.id, self.node.name)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
 def _read_coll(node: Any, a: dict[str, Any], r: int, num_ranks: int,
-               groups: dict[str, tuple], pg_count: dict[str, int], where: str, h: int,
+               groups: dict[str, tuple], pg_count: dict[str, int], where: _Where, h: int,
                out: _Read, pb: Any) -> None:
     """One collective node: its instance (made on first sight) gets this member."""
     ctype = pb.CollectiveCommType.Name(a["comm_type"]) if "comm_type" in a else "(none)"
@@ -244,7 +277,8 @@ def _read_coll(node: Any, a: dict[str, Any], r: int, num_ranks: int,
     kind, nbytes = KIND_OF[ctype], int(a["comm_size"])
     inst = out.colls.get(key)
     if inst is None:
-        inst = out.colls[key] = _Coll(kind, nbytes, members, _phase(node.name, "dp"), where)
+        inst = out.colls[key] = _Coll(kind, nbytes, members, _phase(node.name, "dp"),
+                                      str(where))
     elif (inst.kind, inst.nbytes) != (kind, nbytes) or r in inst.handles:
         raise TraceError(f"{where}: {ctype} of {nbytes} bytes does not match its peer "
                          f"{inst.where} ({inst.kind}, {inst.nbytes} bytes)")
@@ -260,7 +294,7 @@ def import_chakra_et(directory: str | os.PathLike[str], plan: Plan, prefix: str 
     prefix, files = et_files(root, prefix)
     n = len(files)
     groups = _groups(Path(comm_groups) if comm_groups else root / COMM_GROUPS_FILE, n)
-    rd = _Read()
+    rd = _Read(files=files)
     for r, path in enumerate(files):
         _read_rank(path, r, n, plan, groups, rd, pb, protolib)
     em = Emitter.for_plan(plan)
@@ -288,19 +322,19 @@ def _emit_ops(em: Emitter, rd: _Read, h_op: np.ndarray) -> None:
     for key in rd.recvs:
         if key not in rd.sends:
             h0 = rd.recvs[key][0][0]
-            raise TraceError(f"{rd.h_where[h0]}: no send from rank {key[0]} with tag {key[2]}")
+            raise TraceError(f"{rd.where(h0)}: no send from rank {key[0]} with tag {key[2]}")
     pairs: list[tuple[int, int, int, int, int, bool, int]] = []
     for key, sends in rd.sends.items():
         recvs = rd.recvs.get(key, [])
         if len(recvs) != len(sends):
             h0 = (sends + [(-1, 0, False, 0)])[len(recvs)][0] if len(sends) > len(recvs) \
                 else recvs[len(sends)][0]
-            raise TraceError(f"{rd.h_where[h0]}: {len(sends)} send(s) but {len(recvs)} "
+            raise TraceError(f"{rd.where(h0)}: {len(sends)} send(s) but {len(recvs)} "
                              f"receive(s) of tag {key[2]} from rank {key[0]} to rank {key[1]}")
         for (h_s, size, note, ph), (h_r, rsize) in zip(sends, recvs, strict=True):
             if size != rsize:
-                raise TraceError(f"{rd.h_where[h_r]}: receives {rsize} bytes, its send "
-                                 f"{rd.h_where[h_s]} sends {size}")
+                raise TraceError(f"{rd.where(h_r)}: receives {rsize} bytes, its send "
+                                 f"{rd.where(h_s)} sends {size}")
             pairs.append((h_s, h_r, key[0], key[1], size, note, ph))
     if not pairs:
         return
