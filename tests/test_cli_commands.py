@@ -13,7 +13,7 @@ from xsim_adapters import cli
 
 HETERO = REPO / "workloads" / "hetero-dp-h100-a100.yaml"
 SUBCOMMANDS = ("validate", "trace", "run", "compare", "sweep", "export", "calibrate", "backends",
-               "bench-collective", "search", "schema")
+               "bench-collective", "search", "schema", "import")
 
 
 def test_no_arguments_prints_help_and_exits_2(capsys) -> None:

@@ -49,14 +49,16 @@ ROOTS = {
 # "feasibility" is the post-load checks of a plan that need the generator's models and the
 # built topology (size, what-if events, memory): above plan, topology and workload, so that
 # plan stays input only; every command loads plans through it (26, item 1).
-LAYERS = ("base", "plan", "topology", "trace", "workload", "feasibility", "backends", "metrics",
-          "report", "api", "apps", "cli")
+# "interop" (peer formats in, e.g. Chakra ET) builds a trace with the generator's own lowering,
+# so it sits above workload; it runs nothing, so it stays below the backends.
+LAYERS = ("base", "plan", "topology", "trace", "workload", "feasibility", "interop", "backends",
+          "metrics", "report", "api", "apps", "cli")
 RANK = {layer: i for i, layer in enumerate(LAYERS)}
 
 # Sub-packages of xsim_adapters/ -> layer.
 FOLDER_LAYER = {
     "plan": "plan", "topology": "topology", "trace": "trace", "workload": "workload",
-    "backends": "backends", "metrics": "metrics", "report": "report",
+    "interop": "interop", "backends": "backends", "metrics": "metrics", "report": "report",
     "sweep": "apps", "search": "apps", "cli": "cli", "feasibility": "feasibility",
     # hand-made test traces: ring collectives lowered by the generator's ring lowering into
     # the trace contract's TraceBuilder (moved out of trace/, 26 item 4).

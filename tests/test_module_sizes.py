@@ -32,8 +32,6 @@ EXCEPTIONS: dict[str, str] = {
         "the pure-Python flow engine's hot loop, kept in one frame for speed (noqa C901 there)",
     "xsim_adapters/metrics/ranks.py:rank_metrics":
         "memory-staged: each column freed before the sort (the metrics' peak); split with bench",
-    "xsim_adapters/trace/export_chakra.py:chakra_graphs":
-        "Chakra export; h/chakra is adding the importer beside it now: split after that merge",
     "plugins/htsim/xsim_htsim/_input.py:write_input":
         "the driver's binary input, section by section in format order; needs an htsim build",
     "xsim_adapters/plan/model.py":

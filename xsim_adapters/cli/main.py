@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import PlanWarning, XsimError
 from .args import common_args
 from .calibrate import add_calibrate_arguments, cmd_calibrate
+from .interop import add_import_arguments, cmd_import
 from .plan import add_schema_arguments, add_validate_arguments, cmd_schema, cmd_validate
 from .run import (
     add_backends_arguments,
@@ -65,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                   "simulator's format: GOAL text for LogGOPSim/ATLAHS, or Chakra "
                   "execution traces (protobuf, one .et file per rank) for ASTRA-sim.",
         cmd_export, add_export_arguments)
+    add("import", "Read a directory of Chakra execution traces (ASTRA-sim's workload input, one "
+                  ".et file per rank) into a trace directory on a plan's cluster; run it with "
+                  "`xsim run TRACE_DIR`.", cmd_import, add_import_arguments)
     add("run", "Run one backend on a plan or trace and write the timeline, per-rank "
                "metrics, summary and pictures.", cmd_run, add_run_arguments)
     add("compare", "Run several backends on the identical trace and topology and write "

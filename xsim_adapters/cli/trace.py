@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..errors import XsimError
 from .args import check_input, coarsen_arg, common_args, default_output
 
 
@@ -83,6 +84,14 @@ def add_export_arguments(sp: argparse.ArgumentParser) -> None:
                          "COMM_COLL_NODE per member rank (ASTRA-sim runs its own algorithm); "
                          "'p2p' writes every flow as a send/receive pair (our exact schedule). "
                          "Default: coll.")
+    sp.add_argument("--npus", type=int, default=None, metavar="N",
+                    help="Chakra only: write files for N NPUs (at least the plan's ranks); the "
+                         "ranks beyond the plan's get one idle node, for an ASTRA-sim topology "
+                         "with more NPUs than the plan has GPUs.")
+    sp.add_argument("--astra-configs", action="store_true",
+                    help="Chakra only: also write ASTRA-sim's analytical network.yml, "
+                         "system.json and memory.json for the plan's cluster, with a warning "
+                         "for what they cannot express (docs/trace.md).")
     common_args(sp, force=True, progress=False)
     coarsen_arg(sp)
 
@@ -92,6 +101,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .._outdir import check_output, check_output_file, output_dir
 
     check_input(args.plan, trace_ok=True)
+    if args.npus is not None and (args.format != "chakra" or args.npus < 1):
+        raise XsimError(f"--npus: a positive NPU count for --format chakra (got {args.npus} "
+                        f"with --format {args.format})")
     if args.output is None:
         suffix = ".goal" if args.format == "goal" else ""
         args.output = default_output(args.plan, f"export-{args.format}", suffix)
@@ -115,10 +127,24 @@ def cmd_export(args: argparse.Namespace) -> int:
         from ..trace.export_chakra import export_chakra
 
         with output_dir(args.output, "chakra", args.force) as tmp:
-            paths = export_chakra(trace, tmp, collectives=args.collectives)
+            paths = export_chakra(trace, tmp, collectives=args.collectives, npus=args.npus)
+            extra = _write_astra_configs(plan, Path(tmp)) if args.astra_configs else ""
         print(f"wrote {len(paths)} Chakra ET files ({args.collectives}) and "
-              f"comm_groups.json to {args.output}")
+              f"comm_groups.json{extra} to {args.output}")
     return 0
+
+
+def _write_astra_configs(plan: Any, directory: Path) -> str:
+    """ASTRA-sim's network, system and memory files for ``plan`` into ``directory``; warns
+    on stderr about what they cannot express. Returns the names written, for the message."""
+    from ..interop.astra_configs import astra_configs
+
+    files, warnings = astra_configs(plan)
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    for w in warnings:
+        print(f"xsim: warning: ASTRA-sim configs: {w}", file=sys.stderr)
+    return ", " + ", ".join(files)
 
 
 def _is_goal_file(path: Path) -> bool:

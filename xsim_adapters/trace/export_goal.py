@@ -40,14 +40,15 @@ class RankProgram:
     requires: list[tuple[int, int]] = field(default_factory=list)  # (label, required label)
 
 
-def rank_programs(trace: Trace) -> dict[int, RankProgram]:
+def rank_programs(trace: Trace, latency_per_member: bool = False) -> dict[int, RankProgram]:
     """Per-rank local schedules of ``trace`` (the mapping in the module docstring).
 
     Labels: ``2*op_id`` for an op's vertex on its owner (a flow's send), ``2*op_id + 1`` for a
     flow's recv, labels from ``2*num_ops`` on for notification messages (op_id -1); a flow's
-    start latency is the calc of a barrier numbered after the trace's ops.
+    start latency is the calc of a barrier numbered after the trace's ops (with
+    ``latency_per_member`` one per collective and member, as the Chakra export writes them).
     """
-    trace = latency_as_barriers(trace)
+    trace = latency_as_barriers(trace, per_member=latency_per_member)
     ops = trace.ops
     n = len(ops)
     kind = ops["kind"].to_numpy()
