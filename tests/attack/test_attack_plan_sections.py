@@ -94,7 +94,8 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("typo-training", _training(micro_bach=1), "validate",
      "training.micro_bach: unknown key (did you mean micro_batch?); expected one of "
      "global_batch, micro_batch, schedule, optimizer, zero_stage, recompute, sequence_parallel, "
-     "causal_attention_halving, flash_attention, virtual_stages, overlap, precision, dropout, "
+     "causal_attention_halving, flash_attention, virtual_stages, overlap, fsdp, precision, "
+     "dropout, "
      "grad_reduce_dtype, grad_accumulation_fusion"),
     ("typo-top-level", _with(HOMOGENEOUS, lambda d: d.update(replica=d.pop("replicas"))),
      "validate", "replica: unknown key (did you mean replicas?); expected one of name, seed, "
