@@ -79,7 +79,7 @@ CASES = [
         "training.shedule: unknown key (did you mean schedule?); expected one of global_batch, "
         "micro_batch, schedule, "
         "optimizer, zero_stage, recompute, sequence_parallel, causal_attention_halving, "
-        "flash_attention, virtual_stages, overlap, precision, dropout, grad_reduce_dtype, "
+        "flash_attention, virtual_stages, overlap, fsdp, precision, dropout, grad_reduce_dtype, "
         "grad_accumulation_fusion",
     ),
     (
