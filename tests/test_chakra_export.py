@@ -23,7 +23,8 @@ from xsim_adapters.workload import generate
 
 pytest.importorskip("chakra.schema.protobuf.et_def_pb2", reason="needs mlc-chakra (extra [chakra])")
 from chakra.schema.protobuf import et_def_pb2 as pb  # noqa: E402
-from chakra.src.third_party.utils.protolib import decodeMessage  # noqa: E402
+from helpers.chakra import node_attrs as _attrs  # noqa: E402
+from helpers.chakra import read_et as _read  # noqa: E402
 
 from xsim_adapters.trace.export_chakra import COLL_TYPES, export_chakra  # noqa: E402
 
@@ -43,23 +44,6 @@ def trace(request):
     plan = make_plan([[("h100", 0, 2, 0, 2), ("h100", 2, 4, 2, 4)], [("h100", 8, 12, 0, 4)]],
                      **extra)
     return generate(plan)
-
-
-def _read(path):
-    """Chakra's own reader: GlobalMetadata, then Node messages until EOF."""
-    with open(path, "rb") as fh:
-        meta = pb.GlobalMetadata()
-        assert decodeMessage(fh, meta)
-        nodes = []
-        while True:
-            node = pb.Node()
-            if not decodeMessage(fh, node):
-                return meta, nodes
-            nodes.append(node)
-
-
-def _attrs(node) -> dict:
-    return {a.name: getattr(a, a.WhichOneof("value")) for a in node.attr}
 
 
 @pytest.fixture(scope="module", params=["coll", "p2p"])

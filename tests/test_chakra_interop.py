@@ -23,7 +23,9 @@ from xsim_adapters.trace.schema import KIND_BARRIER, KIND_COMPUTE, KIND_FLOW
 
 pytest.importorskip("chakra.schema.protobuf.et_def_pb2", reason="needs mlc-chakra (extra [chakra])")
 from chakra.schema.protobuf import et_def_pb2 as pb  # noqa: E402
-from chakra.src.third_party.utils.protolib import decodeMessage, encodeMessage  # noqa: E402
+from chakra.src.third_party.utils.protolib import encodeMessage  # noqa: E402
+from helpers.chakra import node_attrs as _attrs  # noqa: E402
+from helpers.chakra import read_et as _read  # noqa: E402
 
 from xsim_adapters.interop.chakra_import import import_chakra_et  # noqa: E402
 from xsim_adapters.trace.export_chakra import COLL_TYPES, export_chakra  # noqa: E402
@@ -39,22 +41,6 @@ SMALL = [p for p in sorted(WORKLOADS.glob("*.yaml")) if _gpus(p) <= 16]
 # more than 100k ops: tens of seconds per export, import or replay on 2 cores
 HEAVY = frozenset({"hetero-dp-h100-a100", "moe-hetero-h100-a100-by-speed",
                    "hetero-pipeline-reshard"})
-
-
-def _read(path):
-    with open(path, "rb") as fh:
-        meta = pb.GlobalMetadata()
-        assert decodeMessage(fh, meta)
-        nodes = []
-        while True:
-            node = pb.Node()
-            if not decodeMessage(fh, node):
-                return meta, nodes
-            nodes.append(node)
-
-
-def _attrs(node) -> dict:
-    return {a.name: getattr(a, a.WhichOneof("value")) for a in node.attr}
 
 
 def test_the_small_plans_are_the_ten_shipped_ones_of_at_most_16_gpus():
